@@ -1,0 +1,370 @@
+//! Declaring the topology (`topology apply`) and reading it back (`topology status`).
+//!
+//! Shard queues carry no x-arguments by default, so that the pika recipe's
+//! `queue_declare(queue, durable=True)` redeclares them without a 406. The opt-in
+//! flags add arguments; publishers must then declare identically.
+
+use lapin::options::{
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::protocol::AMQPSoftError;
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{Channel, Connection, ExchangeKind};
+
+use crate::broker::soft_error;
+use crate::names::Names;
+use crate::shard::ShardCount;
+
+/// Queue type of the shard queues. The dead-letter queue is always classic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueType {
+    #[default]
+    Classic,
+    /// Implies single-active-consumer: quorum queues ignore exclusive consumers.
+    Quorum,
+}
+
+impl std::str::FromStr for QueueType {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "classic" => Ok(Self::Classic),
+            "quorum" => Ok(Self::Quorum),
+            other => Err(format!("expected `classic` or `quorum`, got `{other}`")),
+        }
+    }
+}
+
+/// How the shard queues are declared.
+#[derive(Debug, Clone)]
+pub struct TopologyOptions {
+    pub shards: ShardCount,
+    /// `x-single-active-consumer`: the broker picks one consumer, the rest wait.
+    /// Off by default (exclusive consumers do the same without queue arguments).
+    pub single_active_consumer: bool,
+    pub queue_type: QueueType,
+    /// Quorum queues only: `x-delivery-limit`. Kept well above the worker's
+    /// crash-loop limit because on 3.x reconnects and failovers count too.
+    /// Default 20.
+    pub delivery_limit: u32,
+}
+
+impl Default for TopologyOptions {
+    fn default() -> Self {
+        Self {
+            shards: ShardCount::default(),
+            single_active_consumer: false,
+            queue_type: QueueType::Classic,
+            delivery_limit: 20,
+        }
+    }
+}
+
+impl TopologyOptions {
+    /// Whether consumers take the shard with an exclusive consumer (true) or rely
+    /// on the queue's single-active-consumer (false).
+    pub fn exclusive_consumers(&self) -> bool {
+        !self.single_active_consumer && self.queue_type == QueueType::Classic
+    }
+
+    /// The x-arguments of every shard queue: none by default.
+    pub fn shard_queue_arguments(&self, names: &Names) -> FieldTable {
+        let mut args = FieldTable::default();
+        if self.single_active_consumer || self.queue_type == QueueType::Quorum {
+            args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+        }
+        if self.queue_type == QueueType::Quorum {
+            args.insert("x-queue-type".into(), text("quorum"));
+            args.insert(
+                "x-delivery-limit".into(),
+                AMQPValue::LongLongInt(i64::from(self.delivery_limit)),
+            );
+            args.insert(
+                "x-dead-letter-exchange".into(),
+                text(&names.dead_letter_exchange),
+            );
+            args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
+            args.insert("x-overflow".into(), text("reject-publish"));
+        }
+        args
+    }
+}
+
+fn text(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
+}
+
+fn describe(args: &FieldTable) -> String {
+    args.inner()
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                AMQPValue::Boolean(b) => b.to_string(),
+                AMQPValue::LongLongInt(n) => n.to_string(),
+                other => format!("{other:?}"),
+            };
+            format!("{k}={v}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What `apply` declared.
+#[derive(Debug, Clone)]
+pub struct ApplyReport {
+    pub shard_queues: Vec<String>,
+    /// The x-arguments publishers must declare the shard queues with, when any.
+    pub publishers_must_declare: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeclareError {
+    #[error(
+        "queue `{queue}` already exists with {argument} = {current} but this apply declares {declared}: \
+         apply with the flags it was created with, or drain and delete it to change it"
+    )]
+    Conflict {
+        queue: String,
+        argument: String,
+        current: String,
+        declared: String,
+    },
+    #[error("{what} `{name}` was refused: {reply}")]
+    Refused {
+        what: &'static str,
+        name: String,
+        reply: String,
+    },
+    #[error("queue `{0}` does not exist: run `shardline topology apply`")]
+    Missing(String),
+    #[error("broker error: {0}")]
+    Broker(#[from] lapin::Error),
+}
+
+/// Declares exchanges, shard queues, bindings and the dead-letter queue. Idempotent.
+pub async fn apply(
+    conn: &Connection,
+    names: &Names,
+    opts: &TopologyOptions,
+) -> Result<ApplyReport, DeclareError> {
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    let ch = conn.create_channel().await?;
+    declare_exchange(&ch, &names.exchange, ExchangeKind::Direct, durable).await?;
+    declare_exchange(
+        &ch,
+        &names.dead_letter_exchange,
+        ExchangeKind::Topic,
+        durable,
+    )
+    .await?;
+
+    let args = opts.shard_queue_arguments(names);
+    let mut shard_queues = Vec::with_capacity(usize::from(opts.shards.get()));
+    for shard in opts.shards.ids() {
+        let queue = names.shard_queue(shard);
+        declare_queue(&ch, &queue, &args).await?;
+        ch.queue_bind(
+            queue.as_str().into(),
+            names.exchange.as_str().into(),
+            Names::routing_key(shard).into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+        shard_queues.push(queue);
+    }
+    declare_queue(&ch, &names.dead_letter_queue, &FieldTable::default()).await?;
+    ch.queue_bind(
+        names.dead_letter_queue.as_str().into(),
+        names.dead_letter_exchange.as_str().into(),
+        "#".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
+    close_quietly(&ch).await;
+    Ok(ApplyReport {
+        shard_queues,
+        publishers_must_declare: (!args.inner().is_empty()).then(|| describe(&args)),
+    })
+}
+
+async fn declare_exchange(
+    ch: &Channel,
+    name: &str,
+    kind: ExchangeKind,
+    options: ExchangeDeclareOptions,
+) -> Result<(), DeclareError> {
+    ch.exchange_declare(name.into(), kind, options, FieldTable::default())
+        .await
+        .map_err(
+            |e| match soft_error(&e, AMQPSoftError::PRECONDITIONFAILED) {
+                Some(reply) => DeclareError::Refused {
+                    what: "exchange",
+                    name: name.to_owned(),
+                    reply,
+                },
+                None => e.into(),
+            },
+        )
+}
+
+/// Declares one durable queue with `args`.
+async fn declare_queue(ch: &Channel, queue: &str, args: &FieldTable) -> Result<(), DeclareError> {
+    ch.queue_declare(queue.into(), QueueDeclareOptions::durable(), args.clone())
+        .await
+        .map_err(
+            |e| match soft_error(&e, AMQPSoftError::PRECONDITIONFAILED) {
+                Some(reply) => conflict(queue, &reply),
+                None => e.into(),
+            },
+        )?;
+    Ok(())
+}
+
+/// Reads RabbitMQ's "inequivalent arg 'x-queue-type' for queue 'q' in vhost '/':
+/// received none but current is the value 'quorum' of type 'longstr'" into one line.
+fn conflict(queue: &str, reply: &str) -> DeclareError {
+    let first_quoted = |s: &str| s.split('\'').nth(1).map(str::to_owned);
+    let value = |s: &str| {
+        if s.trim_start().starts_with("none") {
+            "none".to_owned()
+        } else {
+            first_quoted(s).map_or_else(|| "another value".into(), |v| format!("'{v}'"))
+        }
+    };
+    let (head, values) = reply.split_once("received ").unwrap_or((reply, ""));
+    let (declared, current) = values
+        .split_once(" but current is ")
+        .unwrap_or((values, ""));
+    DeclareError::Conflict {
+        queue: queue.to_owned(),
+        argument: first_quoted(head).unwrap_or_else(|| "an argument".into()),
+        current: value(current),
+        declared: value(declared),
+    }
+}
+
+/// Depth and consumers of one queue, read with a passive declare.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardStatus {
+    pub queue: String,
+    pub messages: u32,
+    pub consumers: u32,
+}
+
+/// Depth and consumer count of `queue`.
+pub async fn queue_status(conn: &Connection, queue: &str) -> Result<ShardStatus, DeclareError> {
+    let ch = conn.create_channel().await?;
+    let declared = ch
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| match soft_error(&e, AMQPSoftError::NOTFOUND) {
+            Some(_) => DeclareError::Missing(queue.to_owned()),
+            None => e.into(),
+        })?;
+    close_quietly(&ch).await;
+    Ok(ShardStatus {
+        queue: queue.to_owned(),
+        messages: declared.message_count(),
+        consumers: declared.consumer_count(),
+    })
+}
+
+/// Deletes everything `apply` declared under `names`: for throwaway runs.
+pub async fn delete(
+    conn: &Connection,
+    names: &Names,
+    shards: ShardCount,
+) -> Result<(), DeclareError> {
+    let ch = conn.create_channel().await?;
+    for shard in shards.ids() {
+        ch.queue_delete(
+            names.shard_queue(shard).into(),
+            QueueDeleteOptions::default(),
+        )
+        .await?;
+    }
+    ch.queue_delete(
+        names.dead_letter_queue.as_str().into(),
+        QueueDeleteOptions::default(),
+    )
+    .await?;
+    for exchange in [&names.exchange, &names.dead_letter_exchange] {
+        ch.exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+            .await?;
+    }
+    close_quietly(&ch).await;
+    Ok(())
+}
+
+async fn close_quietly(ch: &Channel) {
+    if let Err(e) = ch.close(200, "done".into()).await {
+        tracing::debug!(error = %e, "closing a declaration channel");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_shard_queues_have_no_arguments() {
+        let opts = TopologyOptions::default();
+        assert!(
+            opts.shard_queue_arguments(&Names::default())
+                .inner()
+                .is_empty()
+        );
+        assert!(opts.exclusive_consumers());
+    }
+
+    #[test]
+    fn quorum_implies_single_active_consumer_and_a_dead_letter_backstop() {
+        let opts = TopologyOptions {
+            queue_type: QueueType::Quorum,
+            ..TopologyOptions::default()
+        };
+        let args = opts.shard_queue_arguments(&Names::default());
+        let keys: Vec<&str> = args.inner().keys().map(|k| k.as_str()).collect();
+        for key in [
+            "x-single-active-consumer",
+            "x-queue-type",
+            "x-delivery-limit",
+            "x-dead-letter-exchange",
+            "x-dead-letter-strategy",
+            "x-overflow",
+        ] {
+            assert!(keys.contains(&key), "{key}");
+        }
+        assert!(!opts.exclusive_consumers());
+    }
+
+    #[test]
+    fn conflict_names_queue_argument_and_values() {
+        let e = conflict(
+            "order.events.shard.0",
+            "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue \
+             'order.events.shard.0' in vhost '/': received none but current is the \
+             value 'quorum' of type 'longstr'",
+        );
+        let line = e.to_string();
+        assert!(line.contains("`order.events.shard.0`"), "{line}");
+        assert!(line.contains("x-queue-type = 'quorum'"), "{line}");
+        assert!(line.contains("declares none"), "{line}");
+        assert!(!line.contains('\n'));
+    }
+}

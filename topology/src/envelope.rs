@@ -1,0 +1,344 @@
+//! The JSON event envelope (SPEC §2): parsing, validation and the dedup key.
+//!
+//! ```json
+//! {"order_id": "A1024", "event": "payment.captured", "seq": 3,
+//!  "event_id": "optional", "occurred_at": "2026-11-29T10:00:00Z", "data": {}}
+//! ```
+//! Unknown fields are kept: the worker hands handlers the original bytes, so the
+//! envelope is a view onto them, never a re-encoding.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+use std::time::SystemTime;
+
+use md5::{Digest, Md5};
+use serde::Deserialize;
+use serde_json::Number;
+
+/// Longest `order_id`, `event` or `event_id`, in bytes: they travel in Redis keys
+/// and HTTP headers.
+pub const MAX_FIELD_BYTES: usize = 256;
+
+/// Largest accepted `seq`: 2^63 − 1, so it fits every signed 64-bit store.
+pub const MAX_SEQ: u64 = i64::MAX as u64;
+
+/// The fields of an event that shardline acts on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    pub order_id: String,
+    pub event: String,
+    /// Per-order sequence number (`seq`, alias `version`); events without one are
+    /// deduplicated but not sequence-gated.
+    pub seq: Option<u64>,
+    pub event_id: Option<String>,
+}
+
+/// Why a body is not an envelope. The two kinds are the dead-letter reasons
+/// `decode` and `invalid`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvelopeError {
+    /// Not UTF-8 JSON at all.
+    #[error("not UTF-8 JSON: {0}")]
+    Decode(String),
+    /// JSON, but not a valid envelope (or over the size limit).
+    #[error("invalid envelope: {0}")]
+    Invalid(String),
+}
+
+#[derive(Deserialize)]
+struct Wire<'a> {
+    #[serde(borrow, default)]
+    order_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    event: Option<Cow<'a, str>>,
+    #[serde(default)]
+    seq: Option<Number>,
+    #[serde(default)]
+    version: Option<Number>,
+    #[serde(borrow, default)]
+    event_id: Option<Cow<'a, str>>,
+}
+
+impl Envelope {
+    /// Parses and validates a message body of at most `max_bytes`.
+    pub fn parse(body: &[u8], max_bytes: usize) -> Result<Self, EnvelopeError> {
+        if body.len() > max_bytes {
+            return Err(EnvelopeError::Invalid(format!(
+                "body of {} bytes is over the {max_bytes}-byte limit",
+                body.len()
+            )));
+        }
+        let wire: Wire<'_> = serde_json::from_slice(body).map_err(|e| match e.classify() {
+            serde_json::error::Category::Data => EnvelopeError::Invalid(e.to_string()),
+            _ => EnvelopeError::Decode(e.to_string()),
+        })?;
+        let seq = match (wire.seq, wire.version) {
+            (Some(_), Some(_)) => {
+                return Err(invalid("both `seq` and its alias `version` are present"));
+            }
+            (Some(n), None) | (None, Some(n)) => Some(parse_seq(&n)?),
+            (None, None) => None,
+        };
+        Ok(Self {
+            order_id: required_field("order_id", wire.order_id)?,
+            event: required_field("event", wire.event)?,
+            seq,
+            event_id: wire
+                .event_id
+                .map(|id| checked_field("event_id", id))
+                .transpose()?,
+        })
+    }
+
+    /// The dedup key `{order_id}:{event}:{seq | event_id | md5(body)}`, each field
+    /// with `%` and `:` escaped, so two different events never share a key.
+    pub fn dedup_key(&self, body: &[u8]) -> String {
+        let mut key = String::with_capacity(self.order_id.len() + self.event.len() + 34);
+        escape_into(&mut key, &self.order_id);
+        key.push(':');
+        escape_into(&mut key, &self.event);
+        key.push(':');
+        match (self.seq, &self.event_id) {
+            (Some(seq), _) => {
+                let _ = write!(key, "{seq}");
+            }
+            (None, Some(id)) => escape_into(&mut key, id),
+            (None, None) => {
+                for byte in Md5::digest(body) {
+                    let _ = write!(key, "{byte:02x}");
+                }
+            }
+        }
+        key
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> EnvelopeError {
+    EnvelopeError::Invalid(msg.into())
+}
+
+fn parse_seq(n: &Number) -> Result<u64, EnvelopeError> {
+    match n.as_u64() {
+        Some(seq) if (1..=MAX_SEQ).contains(&seq) => Ok(seq),
+        _ => Err(invalid(format!(
+            "`seq` must be an integer from 1 to 2^63-1, got {n}"
+        ))),
+    }
+}
+
+fn required_field(name: &str, value: Option<Cow<'_, str>>) -> Result<String, EnvelopeError> {
+    match value {
+        Some(v) => checked_field(name, v),
+        None => Err(invalid(format!("`{name}` is missing"))),
+    }
+}
+
+fn checked_field(name: &str, value: Cow<'_, str>) -> Result<String, EnvelopeError> {
+    if value.is_empty() {
+        return Err(invalid(format!("`{name}` is empty")));
+    }
+    if value.len() > MAX_FIELD_BYTES {
+        return Err(invalid(format!(
+            "`{name}` is {} bytes, over the {MAX_FIELD_BYTES}-byte limit",
+            value.len()
+        )));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(invalid(format!("`{name}` contains a control character")));
+    }
+    Ok(value.into_owned())
+}
+
+fn escape_into(out: &mut String, field: &str) {
+    for c in field.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            ':' => out.push_str("%3A"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// An event to publish, built from command-line flags or by the load generator.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub order_id: String,
+    pub event: String,
+    pub seq: Option<u64>,
+    pub event_id: Option<String>,
+    /// The `data` object; `null` when absent.
+    pub data: serde_json::Value,
+}
+
+impl NewEvent {
+    /// The envelope's JSON body, with `occurred_at` set to now. Fails when the
+    /// fields would not pass [`Envelope::parse`].
+    pub fn to_body(&self) -> Result<Vec<u8>, EnvelopeError> {
+        let mut object = serde_json::Map::new();
+        object.insert("order_id".into(), self.order_id.clone().into());
+        object.insert("event".into(), self.event.clone().into());
+        if let Some(seq) = self.seq {
+            object.insert("seq".into(), seq.into());
+        }
+        if let Some(id) = &self.event_id {
+            object.insert("event_id".into(), id.clone().into());
+        }
+        object.insert(
+            "occurred_at".into(),
+            humantime::format_rfc3339_millis(SystemTime::now())
+                .to_string()
+                .into(),
+        );
+        if !self.data.is_null() {
+            object.insert("data".into(), self.data.clone());
+        }
+        let body = serde_json::to_vec(&serde_json::Value::Object(object))
+            .map_err(|e| EnvelopeError::Invalid(e.to_string()))?;
+        Envelope::parse(&body, usize::MAX)?;
+        Ok(body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMIT: usize = 1024 * 1024;
+
+    fn parse(body: &str) -> Result<Envelope, EnvelopeError> {
+        Envelope::parse(body.as_bytes(), LIMIT)
+    }
+
+    fn is_invalid(body: &str) -> bool {
+        matches!(parse(body), Err(EnvelopeError::Invalid(_)))
+    }
+
+    #[test]
+    fn parses_a_full_envelope() {
+        let env = parse(
+            r#"{"order_id":"A1024","event":"payment.captured","seq":3,"event_id":"e-1","data":{"x":1},"extra":true}"#,
+        )
+        .unwrap();
+        assert_eq!(env.order_id, "A1024");
+        assert_eq!(env.event, "payment.captured");
+        assert_eq!(env.seq, Some(3));
+        assert_eq!(env.event_id.as_deref(), Some("e-1"));
+    }
+
+    #[test]
+    fn version_is_an_alias_of_seq() {
+        assert_eq!(
+            parse(r#"{"order_id":"A","event":"e","version":7}"#)
+                .unwrap()
+                .seq,
+            Some(7)
+        );
+        assert!(is_invalid(
+            r#"{"order_id":"A","event":"e","version":7,"seq":7}"#
+        ));
+    }
+
+    #[test]
+    fn seq_must_be_a_positive_63_bit_integer() {
+        for bad in [
+            "0",
+            "-1",
+            "\"3\"",
+            "3.0",
+            "1.5",
+            "1180591620717411303424",
+            "9223372036854775808",
+        ] {
+            assert!(
+                is_invalid(&format!(r#"{{"order_id":"A","event":"e","seq":{bad}}}"#)),
+                "{bad}"
+            );
+        }
+        let max = parse(r#"{"order_id":"A","event":"e","seq":9223372036854775807}"#).unwrap();
+        assert_eq!(max.seq, Some(MAX_SEQ));
+    }
+
+    #[test]
+    fn required_fields_are_checked() {
+        assert!(is_invalid(r#"{"event":"e"}"#));
+        assert!(is_invalid(r#"{"order_id":"","event":"e"}"#));
+        assert!(is_invalid(r#"{"order_id":12,"event":"e"}"#));
+        assert!(is_invalid(r#"{"order_id":"A\u0007","event":"e"}"#));
+        assert!(is_invalid(&format!(
+            r#"{{"order_id":"{}","event":"e"}}"#,
+            "x".repeat(257)
+        )));
+        assert!(is_invalid(r#"[1,2]"#));
+        assert!(is_invalid(r#""text""#));
+        assert!(is_invalid(r#"{"order_id":"A","event":"e","event_id":5}"#));
+    }
+
+    #[test]
+    fn non_json_is_a_decode_error() {
+        for body in [
+            &b"not json"[..],
+            b"{\"order_id\":",
+            b"",
+            b"{\"order_id\":\"\xff\",\"event\":\"e\"}",
+        ] {
+            assert!(
+                matches!(Envelope::parse(body, LIMIT), Err(EnvelopeError::Decode(_))),
+                "{body:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn oversize_bodies_are_invalid() {
+        let body = format!(
+            r#"{{"order_id":"A","event":"e","pad":"{}"}}"#,
+            "x".repeat(100)
+        );
+        assert!(matches!(
+            Envelope::parse(body.as_bytes(), 50),
+            Err(EnvelopeError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn dedup_key_prefers_seq_then_event_id_then_body_digest() {
+        let with_seq = parse(r#"{"order_id":"A","event":"e","seq":3,"event_id":"x"}"#).unwrap();
+        assert_eq!(with_seq.dedup_key(b""), "A:e:3");
+        let with_id = parse(r#"{"order_id":"A","event":"e","event_id":"x:1"}"#).unwrap();
+        assert_eq!(with_id.dedup_key(b""), "A:e:x%3A1");
+        let body = br#"{"order_id":"A","event":"e"}"#;
+        let bare = Envelope::parse(body, LIMIT).unwrap();
+        // python3: hashlib.md5(b'{"order_id":"A","event":"e"}').hexdigest()
+        assert_eq!(bare.dedup_key(body), "A:e:89617dba872fbb2d4224d2aa3640f7ba");
+    }
+
+    #[test]
+    fn dedup_key_escapes_separators() {
+        let a = parse(r#"{"order_id":"A:e","event":"1","seq":2}"#).unwrap();
+        let b = parse(r#"{"order_id":"A","event":"e:1","seq":2}"#).unwrap();
+        assert_ne!(a.dedup_key(b""), b.dedup_key(b""));
+        assert_eq!(a.dedup_key(b""), "A%3Ae:1:2");
+        let pct = parse(r#"{"order_id":"100%3A","event":"e","seq":1}"#).unwrap();
+        assert_eq!(pct.dedup_key(b""), "100%253A:e:1");
+    }
+
+    #[test]
+    fn new_event_round_trips_through_parse() {
+        let event = NewEvent {
+            order_id: "注文-42".into(),
+            event: "order.created".into(),
+            seq: Some(1),
+            event_id: None,
+            data: serde_json::json!({"total": 10}),
+        };
+        let body = event.to_body().unwrap();
+        let env = Envelope::parse(&body, LIMIT).unwrap();
+        assert_eq!(env.order_id, "注文-42");
+        assert_eq!(env.seq, Some(1));
+        let bad = NewEvent {
+            order_id: String::new(),
+            ..event
+        };
+        assert!(bad.to_body().is_err());
+    }
+}

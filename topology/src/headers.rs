@@ -1,0 +1,298 @@
+//! AMQP properties and headers: what the publisher sets, what the worker reads,
+//! and what a dead letter carries (SPEC §2, §3).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+
+/// Publish time in milliseconds since the Unix epoch (signed 64-bit).
+pub const PUBLISHED_AT_MS: &str = "x-published-at-ms";
+/// W3C trace context.
+pub const TRACEPARENT: &str = "traceparent";
+pub const TRACESTATE: &str = "tracestate";
+
+/// Dead-letter headers.
+pub const FAIL_REASON: &str = "x-fail-reason";
+pub const ERROR: &str = "x-error";
+pub const RETRY_COUNT: &str = "x-retry-count";
+pub const SHARD: &str = "x-shard";
+pub const ORIGINAL_ROUTING_KEY: &str = "x-original-routing-key";
+pub const FIRST_FAILED_AT: &str = "x-first-failed-at";
+pub const DEAD_LETTER_ID: &str = "x-dead-letter-id";
+
+/// Longest `x-error` text; longer messages are cut at a character boundary.
+pub const MAX_ERROR_CHARS: usize = 1024;
+
+const PERSISTENT: u8 = 2;
+const JSON: &str = "application/json";
+
+/// Why an event was dead-lettered: the `x-fail-reason` header and the routing key
+/// on the dead-letter exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailReason {
+    /// Not UTF-8 JSON.
+    Decode,
+    /// JSON that is not a valid envelope, or an oversize body.
+    Invalid,
+    /// The handler failed permanently or past the retry limit.
+    Handler,
+    /// The handler timed out on its last attempt.
+    Timeout,
+    SeqGap,
+    Late,
+    CrashLoop,
+    Quarantined,
+}
+
+impl FailReason {
+    pub const ALL: [Self; 8] = [
+        Self::Decode,
+        Self::Invalid,
+        Self::Handler,
+        Self::Timeout,
+        Self::SeqGap,
+        Self::Late,
+        Self::CrashLoop,
+        Self::Quarantined,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Decode => "decode",
+            Self::Invalid => "invalid",
+            Self::Handler => "handler",
+            Self::Timeout => "timeout",
+            Self::SeqGap => "seq-gap",
+            Self::Late => "late",
+            Self::CrashLoop => "crash-loop",
+            Self::Quarantined => "quarantined",
+        }
+    }
+}
+
+impl fmt::Display for FailReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for FailReason {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| format!("unknown reason `{s}`"))
+    }
+}
+
+/// Properties of a newly published event: persistent JSON with a message id,
+/// a timestamp, the publish time in milliseconds and a W3C trace context.
+pub fn event_properties(
+    message_id: &str,
+    published_at: SystemTime,
+    traceparent: &str,
+) -> BasicProperties {
+    let since_epoch = published_at.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let mut headers = FieldTable::default();
+    headers.insert(
+        PUBLISHED_AT_MS.into(),
+        AMQPValue::LongLongInt(i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)),
+    );
+    headers.insert(TRACEPARENT.into(), long_string(traceparent));
+    let mut props = BasicProperties::default()
+        .with_delivery_mode(PERSISTENT)
+        .with_content_type(JSON.into())
+        .with_timestamp(since_epoch.as_secs())
+        .with_headers(headers);
+    if let Ok(id) = ShortString::try_new(message_id) {
+        props = props.with_message_id(id);
+    }
+    props
+}
+
+/// A fresh W3C `traceparent` (version 00, sampled).
+pub fn new_traceparent() -> String {
+    let trace: u128 = rand::random::<u128>().max(1);
+    let span: u64 = rand::random::<u64>().max(1);
+    format!("00-{trace:032x}-{span:016x}-01")
+}
+
+/// Whether `value` is a well-formed W3C `traceparent` (version 00).
+pub fn is_valid_traceparent(value: &str) -> bool {
+    let parts: Vec<&str> = value.split('-').collect();
+    let hex = |s: &str, len: usize| {
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    matches!(parts.as_slice(), [v, t, s, f]
+        if *v == "00" && hex(t, 32) && hex(s, 16) && hex(f, 2)
+            && t.bytes().any(|b| b != b'0') && s.bytes().any(|b| b != b'0'))
+}
+
+/// A header value, if present.
+pub fn header<'a>(props: &'a BasicProperties, name: &str) -> Option<&'a AMQPValue> {
+    props.headers().as_ref()?.inner().get(name)
+}
+
+/// A header as text: a long or short string that is valid UTF-8.
+pub fn header_str<'a>(props: &'a BasicProperties, name: &str) -> Option<&'a str> {
+    match header(props, name)? {
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok(),
+        AMQPValue::ShortString(s) => Some(s.as_str()),
+        _ => None,
+    }
+}
+
+/// A header as a signed integer, whatever integer type the publisher chose.
+pub fn header_i64(props: &BasicProperties, name: &str) -> Option<i64> {
+    match header(props, name)? {
+        AMQPValue::ShortShortInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortShortUInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortUInt(v) => Some(i64::from(*v)),
+        AMQPValue::LongInt(v) => Some(i64::from(*v)),
+        AMQPValue::LongUInt(v) => Some(i64::from(*v)),
+        AMQPValue::LongLongInt(v) => Some(*v),
+        AMQPValue::Timestamp(v) => i64::try_from(*v).ok(),
+        _ => None,
+    }
+}
+
+/// What the worker knows about a failure when it dead-letters an event.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    pub reason: FailReason,
+    pub error: String,
+    /// Handler attempts made (0 when the event never reached the handler).
+    pub retry_count: u32,
+    pub shard: u16,
+    pub original_routing_key: String,
+    pub first_failed_at: SystemTime,
+    /// Unique id the DLQ commands address the dead letter by.
+    pub id: String,
+}
+
+impl DeadLetter {
+    /// The original properties with the dead-letter headers added. Existing
+    /// headers (trace context included) are kept; a re-dead-lettered replay gets
+    /// fresh values.
+    pub fn properties(&self, original: &BasicProperties) -> BasicProperties {
+        let mut headers = original.headers().clone().unwrap_or_default();
+        headers.insert(FAIL_REASON.into(), long_string(self.reason.as_str()));
+        headers.insert(
+            ERROR.into(),
+            long_string(&truncate(&self.error, MAX_ERROR_CHARS)),
+        );
+        headers.insert(
+            RETRY_COUNT.into(),
+            AMQPValue::LongLongInt(i64::from(self.retry_count)),
+        );
+        headers.insert(SHARD.into(), AMQPValue::LongLongInt(i64::from(self.shard)));
+        headers.insert(
+            ORIGINAL_ROUTING_KEY.into(),
+            long_string(&self.original_routing_key),
+        );
+        headers.insert(
+            FIRST_FAILED_AT.into(),
+            long_string(&humantime::format_rfc3339_millis(self.first_failed_at).to_string()),
+        );
+        headers.insert(DEAD_LETTER_ID.into(), long_string(&self.id));
+        let props = original.clone().with_headers(headers);
+        if props.delivery_mode().is_none() {
+            props.with_delivery_mode(PERSISTENT)
+        } else {
+            props
+        }
+    }
+}
+
+fn long_string(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
+}
+
+fn truncate(s: &str, max_chars: usize) -> String {
+    match s.char_indices().nth(max_chars) {
+        Some((cut, _)) => format!("{}…", &s[..cut]),
+        None => s.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_properties_carry_spec_fields() {
+        let tp = new_traceparent();
+        let props = event_properties("m-1", SystemTime::now(), &tp);
+        assert_eq!(*props.delivery_mode(), Some(2));
+        assert_eq!(
+            props.content_type().as_ref().map(|s| s.as_str()),
+            Some(JSON)
+        );
+        assert_eq!(props.message_id().as_ref().map(|s| s.as_str()), Some("m-1"));
+        assert!(props.timestamp().is_some());
+        assert!(header_i64(&props, PUBLISHED_AT_MS).is_some_and(|ms| ms > 0));
+        assert_eq!(header_str(&props, TRACEPARENT), Some(tp.as_str()));
+        assert!(is_valid_traceparent(&tp));
+    }
+
+    #[test]
+    fn overlong_message_ids_are_left_out_not_fatal() {
+        let props = event_properties(&"x".repeat(300), SystemTime::now(), &new_traceparent());
+        assert!(props.message_id().is_none());
+    }
+
+    #[test]
+    fn traceparent_validation() {
+        assert!(is_valid_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        for bad in [
+            "garbage",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+        ] {
+            assert!(!is_valid_traceparent(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn dead_letter_headers_extend_the_original() {
+        let original = event_properties("m-1", SystemTime::now(), &new_traceparent());
+        let dl = DeadLetter {
+            reason: FailReason::Handler,
+            error: "é".repeat(2000),
+            retry_count: 5,
+            shard: 3,
+            original_routing_key: "shard.3".into(),
+            first_failed_at: SystemTime::now(),
+            id: "dl-1".into(),
+        };
+        let props = dl.properties(&original);
+        assert_eq!(header_str(&props, FAIL_REASON), Some("handler"));
+        assert_eq!(header_i64(&props, RETRY_COUNT), Some(5));
+        assert_eq!(header_i64(&props, SHARD), Some(3));
+        assert_eq!(header_str(&props, DEAD_LETTER_ID), Some("dl-1"));
+        assert!(header_str(&props, TRACEPARENT).is_some());
+        assert_eq!(
+            header_str(&props, ERROR).map(|e| e.chars().count()),
+            Some(MAX_ERROR_CHARS + 1)
+        );
+        assert_eq!(props.message_id(), original.message_id());
+    }
+
+    #[test]
+    fn reasons_round_trip() {
+        for r in FailReason::ALL {
+            assert_eq!(r.as_str().parse::<FailReason>(), Ok(r));
+        }
+    }
+}
