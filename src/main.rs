@@ -1,1 +1,171 @@
-fn main() {}
+//! The `shardline` command line: parses flags (with `SHARDLINE_*` environment
+//! fallbacks), sets up logging and dispatches to one module per subcommand group.
+
+mod bench;
+mod demo;
+mod publish;
+mod scratch;
+mod telemetry;
+mod topology;
+mod worker;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use shardline_topology::{Names, ShardCount};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "shardline",
+    version,
+    about = "RabbitMQ shard-per-queue worker fleet"
+)]
+struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Flags every subcommand accepts, before or after its name.
+#[derive(Debug, Clone, Args)]
+pub struct GlobalArgs {
+    /// RabbitMQ URL (`amqps://` for TLS); the vhost is the URL's path.
+    #[arg(
+        long,
+        global = true,
+        env = "SHARDLINE_AMQP_URL",
+        hide_env_values = true,
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    pub amqp_url: String,
+    /// Redis URL (`rediss://` for TLS); a path `/N` selects database N.
+    #[arg(
+        long,
+        global = true,
+        env = "SHARDLINE_REDIS_URL",
+        hide_env_values = true,
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub redis_url: String,
+    /// Prefix of every Redis key shardline writes.
+    #[arg(
+        long,
+        global = true,
+        env = "SHARDLINE_REDIS_PREFIX",
+        default_value = "shardline:"
+    )]
+    pub redis_prefix: String,
+    /// Number of shards N. Queue arguments are immutable, so growing N is a migration.
+    #[arg(long, global = true, env = "SHARDLINE_SHARDS", default_value_t = ShardCount::default())]
+    pub shards: ShardCount,
+    /// Serve Prometheus metrics and health on this address (off unless given).
+    #[arg(long, global = true, env = "SHARDLINE_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+    #[arg(long, global = true, env = "SHARDLINE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Direct exchange events are published to.
+    #[arg(
+        long,
+        global = true,
+        env = "SHARDLINE_EXCHANGE",
+        default_value = "order.sharding"
+    )]
+    pub exchange: String,
+    /// Shard queue `i` is named `{queue-prefix}{i}`.
+    #[arg(
+        long,
+        global = true,
+        env = "SHARDLINE_QUEUE_PREFIX",
+        default_value = "order.events.shard."
+    )]
+    pub queue_prefix: String,
+    /// Topic exchange dead letters are published to (routing key = the reason).
+    #[arg(
+        long,
+        global = true,
+        env = "SHARDLINE_DEAD_LETTER_EXCHANGE",
+        default_value = "order.sharding.dlx"
+    )]
+    pub dead_letter_exchange: String,
+    /// Queue the dead-letter exchange delivers to.
+    #[arg(
+        long,
+        global = true,
+        env = "SHARDLINE_DEAD_LETTER_QUEUE",
+        default_value = "order.events.dlq"
+    )]
+    pub dead_letter_queue: String,
+}
+
+impl GlobalArgs {
+    pub fn names(&self) -> Names {
+        Names {
+            exchange: self.exchange.clone(),
+            queue_prefix: self.queue_prefix.clone(),
+            dead_letter_exchange: self.dead_letter_exchange.clone(),
+            dead_letter_queue: self.dead_letter_queue.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Declare or inspect the exchanges and queues.
+    #[command(subcommand)]
+    Topology(topology::TopologyCommand),
+    /// Publish one event from flags, or JSON lines from a file or stdin.
+    Publish(publish::PublishArgs),
+    /// Generate load: K orders with E events each, interleaved.
+    Load(publish::LoadArgs),
+    /// Consume shards: decode, deduplicate, call the handler, ack or dead-letter.
+    Worker(worker::WorkerArgs),
+    /// Run the whole pipeline end to end on throwaway names, with a report.
+    Demo(demo::DemoArgs),
+    /// Measure the worker draining a fixed load against a raw consume loop.
+    Bench(bench::BenchArgs),
+}
+
+/// Exit code 3: a check found something to alert on.
+pub const EXIT_ATTENTION: u8 = 3;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init(cli.global.log_format);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let shutdown = CancellationToken::new();
+    let result = runtime.block_on(async {
+        tokio::spawn(telemetry::cancel_on_signal(shutdown.clone()));
+        let global = cli.global;
+        match cli.command {
+            Command::Topology(cmd) => topology::run(&global, cmd).await,
+            Command::Publish(args) => publish::publish(&global, args, shutdown).await,
+            Command::Load(args) => publish::load(&global, args, shutdown).await,
+            Command::Worker(args) => worker::run(&global, args, shutdown).await,
+            Command::Demo(args) => demo::run(&global, args, shutdown).await,
+            Command::Bench(args) => bench::run(&global, args, shutdown).await,
+        }
+    });
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,36 @@
-//! placeholder
+//! shardline's publisher: confirmed, ordered publishing to the shard exchange.
+//!
+//! Each event goes to `shard.{md5(order_id) mod N}` on the sharding exchange,
+//! persistent, `mandatory`, with publisher confirms. At most
+//! [`Config::window`] events are unconfirmed at a time (backpressure); a nack
+//! or a return is a typed [`PublishError`], never a log line. Per-order order
+//! holds across reconnects: unconfirmed events are re-sent in their original
+//! order before anything new. Modules, in the order an event meets them:
+//!
+//! - [`config`]: connection, window and reconnect settings.
+//! - [`publisher`]: shard routing, sending, confirms and reconnection.
+//! - [`window`]: the unconfirmed events, in order; backpressure and re-send order.
+//! - [`latency`]: publish → confirm latency histogram (p50/p99).
+//! - [`error`]: what went wrong, shaped by what the caller does next.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), shardline_publisher::PublishError> {
+//! use shardline_publisher::{Config, Publisher};
+//! let mut publisher = Publisher::connect(Config::default()).await?;
+//! publisher
+//!     .publish(br#"{"order_id":"A1024","event":"order.created","seq":1}"#.to_vec())
+//!     .await?;
+//! publisher.close().await?;
+//! # Ok(()) }
+//! ```
+
+pub mod config;
+pub mod error;
+pub mod latency;
+pub mod publisher;
+mod window;
+
+pub use config::Config;
+pub use error::PublishError;
+pub use latency::LatencyHistogram;
+pub use publisher::{Counts, Publisher};

@@ -1,1 +1,31 @@
-//! placeholder
+//! shardline's shard consumers.
+//!
+//! One serial consumer per shard; each delivery goes
+//! decode → dedup claim → handler (retried in place) → dedup commit → ack,
+//! or, when it cannot succeed, → dead-letter (confirmed) → ack. Modules in flow order:
+//!
+//! - [`config`]: the worker's settings and the retry policy.
+//! - [`supervisor`]: the broker connection, its reconnection, one task per shard.
+//! - [`shard`]: one shard's consumer: exclusive consume or standby, drain on stop.
+//! - [`process`]: one delivery to an [`Outcome`], callable without a broker.
+//! - [`dedup`]: the two-phase Redis claim (`processing` lease, then `done`).
+//! - [`store`]: one Redis connection per shard; outages pause the shard.
+//! - [`handler`]: the [`Handler`] trait, its errors and the built-in handlers.
+//! - [`settle`]: the one place an outcome becomes ack or dead-letter-then-ack.
+//! - [`stats`]: counters of what happened, for reports and metrics.
+
+pub mod config;
+pub mod dedup;
+pub mod handler;
+pub mod process;
+pub mod settle;
+pub mod shard;
+pub mod stats;
+pub mod store;
+pub mod supervisor;
+
+pub use config::{Config, RetryPolicy};
+pub use handler::{Event, Handler, HandlerError};
+pub use process::Outcome;
+pub use stats::Stats;
+pub use supervisor::{WorkerError, run};

@@ -1,0 +1,54 @@
+//! Publisher configuration: a plain struct, filled by the CLI or by code.
+
+use std::time::Duration;
+
+use shardline_topology::{Names, ShardCount};
+
+/// How a [`Publisher`](crate::Publisher) connects and how hard it pushes.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// RabbitMQ URL (`amqps://` for TLS); the vhost is the URL's path.
+    /// Default `amqp://guest:guest@127.0.0.1:5672/%2f`.
+    pub amqp_url: String,
+    /// Exchange and queue names; events go to `names.exchange`. Default: the pika
+    /// recipe's names.
+    pub names: Names,
+    /// Number of shards `N`; must match the topology and the workers. Default 16.
+    pub shards: ShardCount,
+    /// Most events sent but not yet confirmed. At the bound a publish first waits
+    /// for the oldest confirm (backpressure). Larger windows hide more round trips
+    /// but re-send more after a connection loss. Default 256; 0 is treated as 1.
+    pub window: usize,
+    /// Connection name shown by `rabbitmqctl list_connections`. Default
+    /// `shardline-publisher`.
+    pub connection_name: String,
+    /// Largest body [`Publisher::publish`](crate::Publisher::publish) accepts, in
+    /// bytes. Only a sanity bound: the worker's own limit (default 1 MiB) decides
+    /// what it processes. Default 16 MiB.
+    pub max_body_bytes: usize,
+    /// First pause before reconnecting after the connection or channel is lost;
+    /// doubled per failed attempt. Default 100 ms.
+    pub reconnect_min: Duration,
+    /// Longest pause between reconnect attempts. Default 5 s.
+    pub reconnect_max: Duration,
+    /// How long one outage may last before publishing fails with
+    /// [`PublishError::Disconnected`](crate::PublishError::Disconnected); the
+    /// unconfirmed events stay queued and a later call tries again. Default 60 s.
+    pub reconnect_give_up: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            names: Names::default(),
+            shards: ShardCount::default(),
+            window: 256,
+            connection_name: "shardline-publisher".into(),
+            max_body_bytes: 16 * 1024 * 1024,
+            reconnect_min: Duration::from_millis(100),
+            reconnect_max: Duration::from_secs(5),
+            reconnect_give_up: Duration::from_secs(60),
+        }
+    }
+}

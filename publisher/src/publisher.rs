@@ -1,0 +1,457 @@
+//! The publisher: routes each event to its shard and publishes it confirmed,
+//! in call order, re-sending what was unconfirmed after a connection loss.
+//!
+//! One channel carries every event, so the broker sees them in call order; the
+//! unconfirmed ones are kept (see [`crate::window`]) and after a loss are
+//! re-sent, in that order, on a fresh channel before anything new. This loop is
+//! the only owner of reconnection (lapin's auto-recover stays off). Re-sending
+//! may duplicate an event whose confirm was lost in flight; the worker's dedup
+//! absorbs that, while a gap or a reordering would not be absorbed.
+
+use std::time::{Instant, SystemTime};
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::types::{FieldTable, ShortString};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ErrorKind, ExchangeKind, PublisherConfirm,
+};
+use shardline_topology::broker::soft_error;
+use shardline_topology::{Envelope, NewEvent, ShardId, headers, redact_url};
+
+use crate::config::Config;
+use crate::error::PublishError;
+use crate::latency::LatencyHistogram;
+use crate::window::{Outgoing, Unconfirmed};
+
+const MANDATORY: BasicPublishOptions = BasicPublishOptions {
+    mandatory: true,
+    immediate: false,
+};
+
+/// Running totals of one publisher.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Events accepted by a publish call (sent, or queued to be re-sent).
+    pub published: u64,
+    /// Events the broker confirmed (acked and routed).
+    pub confirmed: u64,
+    /// Sends repeated on a new channel after a loss.
+    pub resent: u64,
+    /// Channels (and, when needed, connections) re-opened after a loss.
+    pub reconnects: u64,
+}
+
+/// A confirmed, ordered publisher over one connection and one channel.
+///
+/// Not cancel-safe in the strict sense: dropping a publish future half way may
+/// re-send some events on the next call (in order); it never loses or reorders them.
+pub struct Publisher {
+    config: Config,
+    exchange: ShortString,
+    conn: Option<Connection>,
+    channel: Option<Channel>,
+    unconfirmed: Unconfirmed<PublisherConfirm>,
+    /// True while the channel may hold a send we did not see complete (a
+    /// failed or abandoned send): the next operation starts on a fresh channel.
+    channel_suspect: bool,
+    counts: Counts,
+    latency: LatencyHistogram,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("url", &redact_url(&self.config.amqp_url))
+            .field("exchange", &self.config.names.exchange)
+            .field("unconfirmed", &self.unconfirmed.len())
+            .field("counts", &self.counts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Publisher {
+    /// Connects, checks that the exchange exists and turns on publisher confirms.
+    /// Fails at once (no retry) when the broker cannot be reached.
+    pub async fn connect(config: Config) -> Result<Self, PublishError> {
+        let exchange = short("exchange", &config.names.exchange)?;
+        let conn = shardline_topology::connect(&config.amqp_url, &config.connection_name).await?;
+        let channel = open_channel(&conn, &exchange, &config.names.exchange).await?;
+        tracing::debug!(
+            url = %redact_url(&config.amqp_url),
+            exchange = %config.names.exchange,
+            window = config.window,
+            "publisher connected"
+        );
+        Ok(Self {
+            unconfirmed: Unconfirmed::new(config.window),
+            config,
+            exchange,
+            conn: Some(conn),
+            channel: Some(channel),
+            channel_suspect: false,
+            counts: Counts::default(),
+            latency: LatencyHistogram::default(),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn counts(&self) -> Counts {
+        self.counts
+    }
+
+    /// Publish → confirm latency of every confirmed event.
+    pub fn latency(&self) -> &LatencyHistogram {
+        &self.latency
+    }
+
+    /// Events sent or queued but not confirmed yet.
+    pub fn unconfirmed(&self) -> usize {
+        self.unconfirmed.len()
+    }
+
+    /// The shard an order's events go to.
+    pub fn shard_of(&self, order_id: &str) -> ShardId {
+        self.config.shards.shard_of(order_id)
+    }
+
+    /// Publishes an envelope body to its order's shard, unchanged (unknown fields
+    /// are kept). A body that is not a valid envelope is refused, nothing sent.
+    ///
+    /// Returns once the event is sent; its confirm is awaited later (when the
+    /// window is full, or by [`flush`](Self::flush)), and a negative confirm is
+    /// returned by whichever call settles it.
+    pub async fn publish(&mut self, body: Vec<u8>) -> Result<(), PublishError> {
+        let envelope = Envelope::parse(&body, self.config.max_body_bytes)?;
+        self.publish_envelope(&envelope, body).await
+    }
+
+    /// Like [`publish`](Self::publish) for a body already parsed into `envelope`.
+    pub async fn publish_envelope(
+        &mut self,
+        envelope: &Envelope,
+        body: Vec<u8>,
+    ) -> Result<(), PublishError> {
+        let shard = self.shard_of(&envelope.order_id);
+        let props = new_event_properties(envelope.event_id.as_deref());
+        self.publish_to_shard(shard, body, props).await
+    }
+
+    /// Publishes a generated event (the `publish` flags, the load generator).
+    pub async fn publish_event(&mut self, event: &NewEvent) -> Result<(), PublishError> {
+        let body = event.to_body()?;
+        let shard = self.shard_of(&event.order_id);
+        let props = new_event_properties(event.event_id.as_deref());
+        self.publish_to_shard(shard, body, props).await
+    }
+
+    /// Publishes any body with the given properties to one shard: for bodies that
+    /// are not envelopes (tests, demos) and for republishing stored properties
+    /// (DLQ replay). No validation; `properties` are sent as given.
+    pub async fn publish_to_shard(
+        &mut self,
+        shard: ShardId,
+        body: Vec<u8>,
+        properties: BasicProperties,
+    ) -> Result<(), PublishError> {
+        let routing_key = short(
+            "routing key",
+            &shardline_topology::Names::routing_key(shard),
+        )?;
+        while self.unconfirmed.is_full() {
+            self.settle_oldest().await?;
+        }
+        self.unconfirmed.push(Outgoing {
+            routing_key,
+            body,
+            properties,
+        });
+        self.counts.published += 1;
+        self.send_unsent().await
+    }
+
+    /// Waits until every event sent so far is confirmed; the first negative
+    /// confirm is returned as an error.
+    pub async fn flush(&mut self) -> Result<(), PublishError> {
+        while !self.unconfirmed.is_empty() {
+            self.settle_oldest().await?;
+        }
+        Ok(())
+    }
+
+    /// Flushes, then closes the channel and the connection.
+    pub async fn close(mut self) -> Result<(), PublishError> {
+        self.flush().await?;
+        if let Some(channel) = self.channel.take()
+            && let Err(e) = channel.close(200, "publisher closing".into()).await
+        {
+            tracing::debug!(error = %e, "closing the publisher channel");
+        }
+        if let Some(conn) = self.conn.take()
+            && let Err(e) = conn.close(200, "publisher closing".into()).await
+        {
+            tracing::debug!(error = %e, "closing the publisher connection");
+        }
+        tracing::debug!(
+            published = self.counts.published,
+            confirmed = self.counts.confirmed,
+            "publisher closed"
+        );
+        Ok(())
+    }
+
+    /// Sends every unsent event in order, re-opening the channel first when needed.
+    async fn send_unsent(&mut self) -> Result<(), PublishError> {
+        loop {
+            if self.channel_suspect || self.channel.is_none() {
+                self.reconnect().await?;
+            }
+            let Some(channel) = self.channel.clone() else {
+                continue;
+            };
+            while let Some(event) = self.unconfirmed.next_unsent() {
+                self.channel_suspect = true;
+                let sent = channel
+                    .basic_publish(
+                        self.exchange.clone(),
+                        event.routing_key.clone(),
+                        MANDATORY,
+                        &event.body,
+                        event.properties.clone(),
+                    )
+                    .await;
+                match sent {
+                    Ok(confirm) => {
+                        self.unconfirmed.mark_sent(confirm, Instant::now());
+                        self.channel_suspect = false;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "publish failed: the channel is gone");
+                        // The reason the channel closed is on the confirms of what
+                        // was sent before; settle those to learn whether a new
+                        // channel can help.
+                        self.settle_before_loss().await?;
+                        break;
+                    }
+                }
+            }
+            if !self.channel_suspect {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Awaits the oldest event's confirm and accounts for it.
+    async fn settle_oldest(&mut self) -> Result<(), PublishError> {
+        loop {
+            if self.unconfirmed.is_empty() {
+                return Ok(());
+            }
+            if self.channel_suspect || self.unconfirmed.first_unsent() == 0 {
+                self.send_unsent().await?;
+            }
+            let Some(confirm) = self.unconfirmed.oldest_confirm() else {
+                continue;
+            };
+            match confirm.await {
+                Ok(confirmation) => return self.settled(confirmation),
+                Err(e) => {
+                    self.check_recoverable(e)?;
+                    self.channel_suspect = true;
+                }
+            }
+        }
+    }
+
+    /// After a failed send: settles the confirms that resolve on the lost
+    /// channel (acks count as confirmed) up to the first channel error.
+    async fn settle_before_loss(&mut self) -> Result<(), PublishError> {
+        while let Some(confirm) = self.unconfirmed.oldest_confirm() {
+            match confirm.await {
+                Ok(confirmation) => self.settled(confirmation)?,
+                Err(e) => return self.check_recoverable(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the oldest event and turns its confirmation into a result.
+    fn settled(&mut self, confirmation: Confirmation) -> Result<(), PublishError> {
+        let Some(entry) = self.unconfirmed.pop_oldest() else {
+            return Ok(());
+        };
+        let exchange = || self.config.names.exchange.clone();
+        let routing_key = || entry.event.routing_key.to_string();
+        match confirmation {
+            Confirmation::Ack(None) | Confirmation::NotRequested => {
+                self.counts.confirmed += 1;
+                if let Some(sent) = entry.first_sent {
+                    self.latency.record(sent.elapsed());
+                }
+                Ok(())
+            }
+            Confirmation::Ack(Some(_returned)) => Err(PublishError::Unroutable {
+                exchange: exchange(),
+                routing_key: routing_key(),
+            }),
+            Confirmation::Nack(_) => Err(PublishError::Nacked {
+                exchange: exchange(),
+                routing_key: routing_key(),
+            }),
+        }
+    }
+
+    /// Whether a new channel can cure `e`; the error to return when it cannot.
+    fn check_recoverable(&self, e: lapin::Error) -> Result<(), PublishError> {
+        if soft_error(&e, AMQPSoftError::NOTFOUND).is_some() {
+            return Err(PublishError::ExchangeMissing {
+                exchange: self.config.names.exchange.clone(),
+            });
+        }
+        match e.kind() {
+            // A channel-level refusal (permissions, size) repeats on any channel.
+            ErrorKind::ProtocolError(p) if matches!(p.kind(), AMQPErrorKind::Soft(_)) => {
+                Err(PublishError::Refused {
+                    reply: p.get_message().to_string(),
+                })
+            }
+            _ if !e.can_be_recovered() => Err(PublishError::Broker(e)),
+            _ => {
+                tracing::warn!(error = %e, unconfirmed = self.unconfirmed.len(), "publisher channel lost");
+                Ok(())
+            }
+        }
+    }
+
+    /// Opens a new channel (and connection, when that is gone too) with capped
+    /// exponential backoff; every unconfirmed event becomes unsent again.
+    async fn reconnect(&mut self) -> Result<(), PublishError> {
+        self.channel_suspect = true;
+        let resend = self.unconfirmed.forget_confirms();
+        if let Some(old) = self.channel.take()
+            && old.status().connected()
+        {
+            // An abandoned send may still be in this channel: close it so that
+            // nothing it holds can overtake the re-sends.
+            if let Err(e) = old.close(200, "publisher re-opening".into()).await {
+                tracing::debug!(error = %e, "closing the old publisher channel");
+            }
+        }
+        let started = Instant::now();
+        let mut delay = self.config.reconnect_min;
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            match self.reopen().await {
+                Ok(()) => {
+                    self.counts.reconnects += 1;
+                    self.counts.resent += resend as u64;
+                    self.channel_suspect = false;
+                    tracing::info!(attempt, resend, "publisher reconnected");
+                    return Ok(());
+                }
+                Err(e @ (PublishError::ExchangeMissing { .. } | PublishError::Name { .. })) => {
+                    return Err(e);
+                }
+                Err(e) => {
+                    if started.elapsed() + delay > self.config.reconnect_give_up {
+                        return Err(PublishError::Disconnected {
+                            url: redact_url(&self.config.amqp_url),
+                            after: self.config.reconnect_give_up,
+                            unconfirmed: self.unconfirmed.len(),
+                            cause: e.to_string(),
+                        });
+                    }
+                    tracing::warn!(attempt, error = %e, retry_in = ?delay, "publisher reconnect failed");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(self.config.reconnect_max);
+                }
+            }
+        }
+    }
+
+    /// A new channel on the current connection if it is alive, else a new connection.
+    async fn reopen(&mut self) -> Result<(), PublishError> {
+        let alive = self.conn.as_ref().is_some_and(|c| c.status().connected());
+        if !alive {
+            self.conn = None;
+            let conn =
+                shardline_topology::connect(&self.config.amqp_url, &self.config.connection_name)
+                    .await?;
+            self.conn = Some(conn);
+        }
+        let Some(conn) = self.conn.as_ref() else {
+            return Ok(());
+        };
+        let channel = open_channel(conn, &self.exchange, &self.config.names.exchange).await?;
+        self.channel = Some(channel);
+        Ok(())
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        if !self.unconfirmed.is_empty() {
+            tracing::warn!(
+                unconfirmed = self.unconfirmed.len(),
+                "publisher dropped with unconfirmed events (call flush or close first)"
+            );
+        }
+    }
+}
+
+/// Properties of a new event: message id = its event id, else a fresh uuid; a
+/// new trace.
+fn new_event_properties(event_id: Option<&str>) -> BasicProperties {
+    let generated;
+    let message_id = match event_id {
+        Some(id) => id,
+        None => {
+            generated = uuid::Uuid::new_v4().to_string();
+            &generated
+        }
+    };
+    headers::event_properties(message_id, SystemTime::now(), &headers::new_traceparent())
+}
+
+/// A confirm-mode channel, after checking that `exchange` exists (a publish to a
+/// missing exchange would only show as a channel closed later).
+async fn open_channel(
+    conn: &Connection,
+    exchange: &ShortString,
+    exchange_name: &str,
+) -> Result<Channel, PublishError> {
+    let channel = conn.create_channel().await?;
+    let passive = ExchangeDeclareOptions {
+        passive: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    channel
+        .exchange_declare(
+            exchange.clone(),
+            ExchangeKind::Direct,
+            passive,
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| match soft_error(&e, AMQPSoftError::NOTFOUND) {
+            Some(_) => PublishError::ExchangeMissing {
+                exchange: exchange_name.to_owned(),
+            },
+            None => e.into(),
+        })?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
+fn short(what: &'static str, value: &str) -> Result<ShortString, PublishError> {
+    ShortString::try_new(value).map_err(|_| PublishError::Name {
+        what,
+        value: value.to_owned(),
+    })
+}

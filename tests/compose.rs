@@ -1,0 +1,582 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The container files agree with the binary and with each other.
+//!
+//! `docker-compose.yml`, `Dockerfile` and `.dockerignore` are parsed (no Docker engine
+//! needed); every command they give shardline is then run through the real CLI with
+//! `--help` appended, which parses each flag and value and connects to nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Deserialize;
+use serde_yaml::Value;
+
+/// Subcommands a container may run (the long-running and one-shot ones).
+const SUBCOMMANDS: &[&str] = &["topology", "worker", "load", "publish"];
+/// The binary's default shard count (`--shards` / `SHARDLINE_SHARDS`).
+const DEFAULT_SHARDS: u32 = 16;
+const ENTRYPOINT: &str = "/usr/local/bin/shardline";
+
+fn repo_file(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(name)
+}
+
+fn read(name: &str) -> String {
+    let path = repo_file(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+// ---------------------------------------------------------------- docker-compose.yml
+
+#[derive(Debug, Deserialize)]
+struct Compose {
+    services: BTreeMap<String, Service>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Service {
+    image: Option<String>,
+    build: Option<Build>,
+    entrypoint: Option<Words>,
+    command: Option<Words>,
+    environment: Option<Value>,
+    depends_on: Option<Value>,
+    healthcheck: Option<Healthcheck>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Build {
+    Context(String),
+    Full { context: String },
+}
+
+/// Compose accepts a command as a list or as one string.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum Words {
+    List(Vec<String>),
+    Line(String),
+}
+
+impl Words {
+    fn to_vec(&self) -> Vec<String> {
+        match self {
+            Words::List(words) => words.clone(),
+            Words::Line(line) => line.split_whitespace().map(str::to_owned).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct Healthcheck {
+    test: Words,
+}
+
+impl Service {
+    fn is_shardline(&self) -> bool {
+        self.build.is_some() || self.image.as_deref() == Some("shardline:local")
+    }
+
+    fn command(&self) -> Vec<String> {
+        self.command.as_ref().map(Words::to_vec).unwrap_or_default()
+    }
+
+    /// `environment:` as a map or as a list of `KEY=VALUE`.
+    fn env(&self) -> BTreeMap<String, String> {
+        let scalar = |v: &Value| match v {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            Value::Bool(b) => b.to_string(),
+            Value::Null => String::new(),
+            other => panic!("environment value {other:?} is not a scalar"),
+        };
+        match &self.environment {
+            None => BTreeMap::new(),
+            Some(Value::Mapping(map)) => map.iter().map(|(k, v)| (scalar(k), scalar(v))).collect(),
+            Some(Value::Sequence(items)) => items
+                .iter()
+                .map(|item| {
+                    let item = scalar(item);
+                    let (k, v) = item.split_once('=').unwrap_or((&item, ""));
+                    (k.to_owned(), v.to_owned())
+                })
+                .collect(),
+            Some(other) => panic!("environment {other:?} is neither a map nor a list"),
+        }
+    }
+
+    /// `depends_on:` as service → condition (the list form means `service_started`).
+    fn depends_on(&self) -> BTreeMap<String, String> {
+        match &self.depends_on {
+            None => BTreeMap::new(),
+            Some(Value::Sequence(names)) => names
+                .iter()
+                .map(|n| (n.as_str().unwrap().to_owned(), "service_started".to_owned()))
+                .collect(),
+            Some(Value::Mapping(map)) => map
+                .iter()
+                .map(|(k, v)| {
+                    let condition = v
+                        .get("condition")
+                        .and_then(Value::as_str)
+                        .unwrap_or("service_started");
+                    (k.as_str().unwrap().to_owned(), condition.to_owned())
+                })
+                .collect(),
+            Some(other) => panic!("depends_on {other:?} is neither a map nor a list"),
+        }
+    }
+
+    fn shards(&self) -> u32 {
+        let from_flag = flag_value(&self.command(), "--shards");
+        let from_env = self.env().get("SHARDLINE_SHARDS").cloned();
+        from_flag
+            .or(from_env)
+            .map_or(DEFAULT_SHARDS, |n| n.parse().expect("shard count"))
+    }
+}
+
+fn compose() -> Compose {
+    let mut value: Value = serde_yaml::from_str(&read("docker-compose.yml")).unwrap();
+    // Compose resolves YAML merge keys (`<<: *anchor`); serde_yaml does so on request.
+    value.apply_merge().unwrap();
+    assert!(
+        value.get("version").is_none(),
+        "the compose spec has no `version:` key"
+    );
+    serde_yaml::from_value(value).unwrap()
+}
+
+fn service<'a>(compose: &'a Compose, name: &str) -> &'a Service {
+    compose
+        .services
+        .get(name)
+        .unwrap_or_else(|| panic!("docker-compose.yml has no service `{name}`"))
+}
+
+/// The value of `--flag V` or `--flag=V`.
+fn flag_value(args: &[String], flag: &str) -> Option<String> {
+    let prefix = format!("{flag}=");
+    args.iter().enumerate().find_map(|(i, arg)| {
+        if arg == flag {
+            args.get(i + 1).cloned()
+        } else {
+            arg.strip_prefix(&prefix).map(str::to_owned)
+        }
+    })
+}
+
+/// `all`, or a comma list of shards `n` and inclusive ranges `a-b`.
+fn parse_assign(spec: &str, shards: u32) -> Result<BTreeSet<u32>, String> {
+    if spec == "all" {
+        return Ok((0..shards).collect());
+    }
+    let mut set = BTreeSet::new();
+    for item in spec.split(',') {
+        let (lo, hi) = item.split_once('-').unwrap_or((item, item));
+        let lo: u32 = lo.trim().parse().map_err(|e| format!("`{item}`: {e}"))?;
+        let hi: u32 = hi.trim().parse().map_err(|e| format!("`{item}`: {e}"))?;
+        if lo > hi || hi >= shards {
+            return Err(format!("`{item}` is not a range within 0..{shards}"));
+        }
+        for shard in lo..=hi {
+            if !set.insert(shard) {
+                return Err(format!("shard {shard} listed twice in `{spec}`"));
+            }
+        }
+    }
+    Ok(set)
+}
+
+fn assigned(compose: &Compose, name: &str) -> BTreeSet<u32> {
+    let worker = service(compose, name);
+    let command = worker.command();
+    assert_eq!(
+        command.first().map(String::as_str),
+        Some("worker"),
+        "{name}"
+    );
+    let spec = flag_value(&command, "--assign")
+        .unwrap_or_else(|| panic!("{name} has no --assign: {command:?}"));
+    parse_assign(&spec, worker.shards()).unwrap_or_else(|e| panic!("{name} --assign: {e}"))
+}
+
+#[test]
+fn compose_has_the_fleet() {
+    let compose = compose();
+    for name in [
+        "rabbitmq",
+        "redis",
+        "topology",
+        "worker-a",
+        "worker-b",
+        "worker-standby",
+        "publisher",
+    ] {
+        service(&compose, name);
+    }
+}
+
+#[test]
+fn workers_split_the_shards_and_the_standby_covers_all() {
+    let compose = compose();
+    let shards = service(&compose, "worker-a").shards();
+    for name in ["worker-b", "worker-standby", "topology", "publisher"] {
+        assert_eq!(
+            service(&compose, name).shards(),
+            shards,
+            "{name} must agree on the shard count"
+        );
+    }
+    let a = assigned(&compose, "worker-a");
+    let b = assigned(&compose, "worker-b");
+    assert!(
+        a.is_disjoint(&b),
+        "worker-a and worker-b overlap: {:?}",
+        a.intersection(&b).collect::<Vec<_>>()
+    );
+    let union: BTreeSet<u32> = a.union(&b).copied().collect();
+    assert_eq!(
+        union,
+        (0..shards).collect(),
+        "worker-a and worker-b must cover 0..{shards}"
+    );
+    let standby = service(&compose, "worker-standby").command();
+    assert_eq!(
+        flag_value(&standby, "--assign").as_deref(),
+        Some("all"),
+        "{standby:?}"
+    );
+}
+
+#[test]
+fn shardline_services_run_a_real_subcommand_of_one_image() {
+    let compose = compose();
+    let shardline: Vec<_> = compose
+        .services
+        .iter()
+        .filter(|(_, s)| s.is_shardline())
+        .collect();
+    assert!(shardline.len() >= 5, "{:?}", compose.services.keys());
+    for (name, s) in shardline {
+        match &s.build {
+            Some(Build::Context(c) | Build::Full { context: c }) => {
+                assert!(c == "." || c == "./", "{name}: build context {c}");
+            }
+            None => panic!("{name}: no `build: .`"),
+        }
+        assert_eq!(s.image.as_deref(), Some("shardline:local"), "{name}");
+        assert!(
+            s.entrypoint.is_none(),
+            "{name}: keep the image's entrypoint, so that `command` is the subcommand"
+        );
+        let command = s.command();
+        let first = command.first().map(String::as_str).unwrap_or("");
+        assert!(
+            SUBCOMMANDS.contains(&first),
+            "{name}: command {command:?} does not start with one of {SUBCOMMANDS:?}"
+        );
+        let env = s.env();
+        assert_eq!(
+            env.get("SHARDLINE_AMQP_URL").map(String::as_str),
+            Some("amqp://guest:guest@rabbitmq:5672/%2f"),
+            "{name}"
+        );
+        assert_eq!(
+            env.get("SHARDLINE_REDIS_URL").map(String::as_str),
+            Some("redis://redis:6379"),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        service(&compose, "topology").command(),
+        ["topology", "apply"]
+    );
+    assert_eq!(
+        service(&compose, "publisher")
+            .command()
+            .first()
+            .map(String::as_str),
+        Some("load")
+    );
+}
+
+#[test]
+fn services_start_in_order() {
+    let compose = compose();
+    let topology = service(&compose, "topology").depends_on();
+    assert_eq!(
+        topology.get("rabbitmq").map(String::as_str),
+        Some("service_healthy")
+    );
+    for name in ["worker-a", "worker-b", "worker-standby", "publisher"] {
+        let deps = service(&compose, name).depends_on();
+        assert_eq!(
+            deps.get("topology").map(String::as_str),
+            Some("service_completed_successfully"),
+            "{name}: {deps:?}"
+        );
+        assert_eq!(
+            deps.get("rabbitmq").map(String::as_str),
+            Some("service_healthy"),
+            "{name}: {deps:?}"
+        );
+    }
+    for name in ["worker-a", "worker-b", "worker-standby"] {
+        let deps = service(&compose, name).depends_on();
+        assert_eq!(
+            deps.get("redis").map(String::as_str),
+            Some("service_healthy"),
+            "{name}: {deps:?}"
+        );
+    }
+}
+
+#[test]
+fn broker_and_redis_are_health_checked_and_redis_never_evicts() {
+    let compose = compose();
+    let rabbitmq = service(&compose, "rabbitmq");
+    assert!(
+        rabbitmq
+            .image
+            .as_deref()
+            .unwrap()
+            .starts_with("rabbitmq:3.10-management")
+    );
+    let test = rabbitmq.healthcheck.as_ref().unwrap().test.to_vec();
+    assert!(
+        test.iter().any(|w| w == "rabbitmq-diagnostics") && test.iter().any(|w| w == "ping"),
+        "{test:?}"
+    );
+
+    let redis = service(&compose, "redis");
+    assert!(redis.image.as_deref().unwrap().starts_with("redis:7"));
+    let test = redis.healthcheck.as_ref().unwrap().test.to_vec();
+    assert!(
+        test.iter().any(|w| w == "redis-cli") && test.iter().any(|w| w == "ping"),
+        "{test:?}"
+    );
+    assert_eq!(
+        flag_value(&redis.command(), "--maxmemory-policy").as_deref(),
+        Some("noeviction"),
+        "dedup keys must not be evicted"
+    );
+}
+
+// ---------------------------------------------------------------- Dockerfile
+
+#[derive(Debug)]
+struct Stage {
+    name: Option<String>,
+    /// (instruction in upper case, its arguments), continuation lines joined.
+    instructions: Vec<(String, String)>,
+}
+
+fn dockerfile() -> Vec<Stage> {
+    let text = read("Dockerfile");
+    let mut logical = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('#') || (current.is_empty() && trimmed.is_empty()) {
+            continue;
+        }
+        match trimmed.strip_suffix('\\') {
+            Some(head) => {
+                current.push_str(head);
+                current.push(' ');
+            }
+            None => {
+                current.push_str(trimmed);
+                logical.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    assert!(current.is_empty(), "Dockerfile ends in a continuation");
+
+    let mut stages: Vec<Stage> = Vec::new();
+    for line in logical {
+        let (instruction, args) = line.split_once(char::is_whitespace).unwrap_or((&line, ""));
+        let instruction = instruction.to_ascii_uppercase();
+        let args = args.trim().to_owned();
+        if instruction == "FROM" {
+            let words: Vec<&str> = args.split_whitespace().collect();
+            let name = match words.as_slice() {
+                [.., as_, name] if as_.eq_ignore_ascii_case("as") => Some((*name).to_owned()),
+                _ => None,
+            };
+            stages.push(Stage {
+                name,
+                instructions: vec![(instruction, args)],
+            });
+        } else {
+            stages
+                .last_mut()
+                .expect("an instruction before the first FROM")
+                .instructions
+                .push((instruction, args));
+        }
+    }
+    stages
+}
+
+impl Stage {
+    fn all(&self, instruction: &str) -> impl Iterator<Item = &str> {
+        self.instructions
+            .iter()
+            .filter(move |(i, _)| i == instruction)
+            .map(|(_, args)| args.as_str())
+    }
+
+    /// The last `ENTRYPOINT`/`CMD` of the stage, which must be in exec (JSON) form.
+    fn exec_form(&self, instruction: &str) -> Vec<String> {
+        let args = self
+            .all(instruction)
+            .last()
+            .unwrap_or_else(|| panic!("the final stage has no {instruction}"));
+        serde_json::from_str(args)
+            .unwrap_or_else(|e| panic!("{instruction} {args} is not in exec form: {e}"))
+    }
+}
+
+#[test]
+fn dockerfile_builds_the_binary_and_runs_it_unprivileged() {
+    let stages = dockerfile();
+    assert!(stages.len() >= 2, "a multi-stage build");
+    let runtime = stages.last().unwrap();
+
+    assert_eq!(runtime.exec_form("ENTRYPOINT"), [ENTRYPOINT]);
+    let cmd = runtime.exec_form("CMD");
+    assert!(
+        SUBCOMMANDS.contains(&cmd.first().map(String::as_str).unwrap_or("")),
+        "{cmd:?}"
+    );
+
+    // The runtime stage copies the binary from a stage that builds package shardline.
+    let copy = runtime
+        .all("COPY")
+        .find(|args| args.split_whitespace().last() == Some(ENTRYPOINT))
+        .unwrap_or_else(|| panic!("the final stage copies nothing to {ENTRYPOINT}"));
+    let from = copy
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("--from="))
+        .expect("the binary comes from a build stage");
+    let builder = stages
+        .iter()
+        .find(|s| s.name.as_deref() == Some(from))
+        .unwrap_or_else(|| panic!("no stage named {from}"));
+    let builds_shardline = builder.all("RUN").any(|run| {
+        let words: Vec<&str> = run.split_whitespace().collect();
+        let package = words
+            .windows(2)
+            .any(|w| (w[0] == "-p" || w[0] == "--package") && w[1] == "shardline")
+            || words.contains(&"--package=shardline");
+        run.contains("cargo build")
+            && words.contains(&"--release")
+            && words.contains(&"--locked")
+            && package
+    });
+    assert!(
+        builds_shardline,
+        "stage {from} must run `cargo build --release --locked -p shardline`"
+    );
+
+    let user = runtime
+        .all("USER")
+        .last()
+        .expect("the final stage sets a USER");
+    let user = user.split(':').next().unwrap();
+    assert!(user != "root" && user != "0", "USER {user} is root");
+}
+
+#[test]
+fn dockerignore_keeps_build_output_and_git_out() {
+    let text = read(".dockerignore");
+    let patterns: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| l.trim_start_matches('/').trim_end_matches('/'))
+        .collect();
+    assert!(patterns.contains(&"target"), "{patterns:?}");
+    assert!(patterns.contains(&".git"), "{patterns:?}");
+}
+
+// ---------------------------------------------------------------- against the real CLI
+
+/// `shardline ARGS... --help` with exactly ENV: clap parses every flag and value before
+/// it, so an unknown flag or a bad value fails here rather than in a container.
+fn cli_accepts(args: &[String], env: &BTreeMap<String, String>) -> Result<(), String> {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_shardline"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("SHARDLINE_") {
+            cmd.env_remove(key);
+        }
+    }
+    let output = cmd.args(args).arg("--help").envs(env).output().unwrap();
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`shardline {} --help` exited {}: {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
+#[test]
+fn the_cli_accepts_every_container_command() {
+    let compose = compose();
+    let mut failures = Vec::new();
+    for (name, s) in compose.services.iter().filter(|(_, s)| s.is_shardline()) {
+        if let Err(e) = cli_accepts(&s.command(), &s.env()) {
+            failures.push(format!("{name}: {e}"));
+        }
+    }
+    let cmd = dockerfile().last().unwrap().exec_form("CMD");
+    if let Err(e) = cli_accepts(&cmd, &BTreeMap::new()) {
+        failures.push(format!("Dockerfile CMD: {e}"));
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+// ---------------------------------------------------------------- scripts
+
+#[cfg(unix)]
+#[test]
+fn entry_point_scripts_are_executable() {
+    use std::os::unix::fs::PermissionsExt;
+    for name in [
+        ".ci/run",
+        "scripts/test",
+        "scripts/services",
+        "scripts/demo",
+    ] {
+        let path = repo_file(name);
+        let mode = std::fs::metadata(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .permissions()
+            .mode();
+        assert!(mode & 0o111 != 0, "{name} is not executable");
+    }
+}
+
+#[test]
+fn parse_assign_reads_lists_and_ranges() {
+    assert_eq!(
+        parse_assign("all", 4).unwrap(),
+        BTreeSet::from([0, 1, 2, 3])
+    );
+    assert_eq!(
+        parse_assign("0-2,5", 8).unwrap(),
+        BTreeSet::from([0, 1, 2, 5])
+    );
+    assert!(parse_assign("0-8", 8).is_err());
+    assert!(parse_assign("3-1", 8).is_err());
+    assert!(parse_assign("1,1", 8).is_err());
+    assert!(parse_assign("x", 8).is_err());
+}

@@ -1,0 +1,54 @@
+//! kill -9 mid-stream: nothing lost, order kept, at most the in-flight event of
+//! each shard repeated.
+
+use std::time::Duration;
+
+use crate::harness::{
+    Downstream, PROCESSING, Publisher, Reply, STARTUP, TestEnv, Worker, all_ok,
+    assert_in_order_and_complete, describe, interleaved, ok_keys, order_ids, repeats_per_shard,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_stream_loses_nothing() {
+    let env = TestEnv::new("crash").await;
+    env.apply_topology().await;
+    let conn = env.connect().await;
+    let downstream =
+        Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(15))).await;
+    let events = interleaved(&order_ids("crash", 120), 5, env.shards);
+    Publisher::connect(&env).await.publish(&events).await;
+
+    let mut first = Worker::start(&env, "first", &downstream.url(), &[]);
+    let third = events.len() / 3;
+    downstream
+        .wait_for("a third of the events", PROCESSING, |calls| {
+            ok_keys(calls).len() >= third
+        })
+        .await;
+    first.kill9();
+    first.wait_exit(STARTUP).await;
+    let at_kill = downstream.calls();
+    assert!(
+        ok_keys(&at_kill).len() < events.len(),
+        "the stream ended before the kill: the test proves nothing\n{}",
+        describe(&at_kill)
+    );
+
+    let _second = Worker::start(&env, "second", &downstream.url(), &[]);
+    env.wait_consumers(&conn, 1, STARTUP).await;
+    downstream
+        .wait_for("every event after the restart", PROCESSING, |calls| {
+            all_ok(calls, &events)
+        })
+        .await;
+    env.wait_shard_queues_drained(PROCESSING).await;
+
+    let calls = downstream.calls();
+    assert_in_order_and_complete(&calls, &events);
+    let repeats = repeats_per_shard(&calls, &env);
+    assert!(
+        repeats.values().all(|n| *n <= 1),
+        "more than the in-flight event repeated on a shard: {repeats:?}\n{}",
+        describe(&calls)
+    );
+}

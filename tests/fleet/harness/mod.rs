@@ -1,0 +1,156 @@
+//! The fleet-test harness, in the order a test uses it:
+//!
+//! - [`env`]: a unique vhost and Redis prefix per test, removed on drop.
+//! - [`downstream`]: the HTTP service the worker calls, recording and scripted.
+//! - [`worker`]: `shardline worker` child processes with their logs.
+//! - [`publish`]: raw, confirmed publishing of envelopes and malformed bodies.
+//! - this module: checks on what the downstream saw.
+
+pub mod downstream;
+pub mod env;
+pub mod publish;
+pub mod worker;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
+use shardline_topology::headers::is_valid_traceparent;
+
+pub use downstream::{Call, Downstream, Reply, describe};
+pub use env::{SHARDS, TestEnv};
+pub use publish::{Event, Publisher, interleaved, order_ids};
+pub use worker::Worker;
+
+/// Bound on start-up waits (a worker owning its shards, a standby standing by).
+pub const STARTUP: Duration = Duration::from_secs(30);
+/// Bound on a test's whole stream being processed (2 cores, 4 tests at once).
+pub const PROCESSING: Duration = Duration::from_secs(120);
+
+/// Keys answered 2xx (answer handed back).
+pub fn ok_keys(calls: &[Call]) -> HashSet<&str> {
+    calls
+        .iter()
+        .filter(|c| c.ok() && c.completed)
+        .map(Call::key)
+        .collect()
+}
+
+/// Whether every one of `events` was answered 2xx.
+pub fn all_ok(calls: &[Call], events: &[Event]) -> bool {
+    let ok = ok_keys(calls);
+    events.iter().all(|e| ok.contains(e.key().as_str()))
+}
+
+/// Every event of `events` reached the downstream, and per order the seqs of the
+/// calls, in arrival order, never go backwards (a repeated call of the same seq
+/// is allowed).
+pub fn assert_in_order_and_complete(calls: &[Call], events: &[Event]) {
+    let mut expected: BTreeMap<&str, BTreeSet<u64>> = BTreeMap::new();
+    for e in events {
+        expected
+            .entry(e.order_id.as_str())
+            .or_default()
+            .insert(e.seq);
+    }
+    let mut seen: HashMap<&str, Vec<u64>> = HashMap::new();
+    for c in calls {
+        if let (Some(order), Some(seq)) = (c.order_id.as_deref(), c.seq) {
+            seen.entry(order).or_default().push(seq);
+        }
+    }
+    for (order, seqs) in &expected {
+        let got = seen.get(order).cloned().unwrap_or_default();
+        assert!(
+            got.windows(2).all(|w| w[0] <= w[1]),
+            "order {order}: downstream saw seqs {got:?}, out of order"
+        );
+        let got_set: BTreeSet<u64> = got.iter().copied().collect();
+        assert_eq!(
+            &got_set, seqs,
+            "order {order}: downstream saw seqs {got:?}, expected each of {seqs:?}"
+        );
+    }
+}
+
+/// Every event reached the downstream exactly once, and nothing else did.
+pub fn assert_exactly_once(calls: &[Call], events: &[Event]) {
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    for c in calls {
+        *count.entry(c.key()).or_default() += 1;
+    }
+    let repeated: Vec<_> = count.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "keys called more than once: {repeated:?}"
+    );
+    let expected: HashSet<String> = events.iter().map(Event::key).collect();
+    let unexpected: Vec<_> = count.keys().filter(|k| !expected.contains(**k)).collect();
+    assert!(unexpected.is_empty(), "unexpected keys: {unexpected:?}");
+    let missing: Vec<_> = expected
+        .iter()
+        .filter(|k| !count.contains_key(k.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "never called: {missing:?}");
+    assert_eq!(calls.len(), events.len(), "{}", describe(calls));
+}
+
+/// Calls beyond the first per key, by shard (of the order).
+pub fn repeats_per_shard(calls: &[Call], env: &TestEnv) -> BTreeMap<u16, usize> {
+    let mut per_shard: BTreeMap<u16, (usize, HashSet<&str>)> = BTreeMap::new();
+    for c in calls {
+        let shard = env.shard_of(c.order_id.as_deref().unwrap_or(""));
+        let entry = per_shard.entry(shard).or_default();
+        entry.0 += 1;
+        entry.1.insert(c.key());
+    }
+    per_shard
+        .into_iter()
+        .map(|(shard, (n, keys))| (shard, n - keys.len()))
+        .collect()
+}
+
+/// The request of every call: POST to the handler path, the original body, and
+/// the headers SPEC §3 names, consistent with the envelope.
+pub fn assert_request_shape(calls: &[Call], events: &[Event], env: &TestEnv) {
+    let by_key: HashMap<String, &Event> = events.iter().map(|e| (e.key(), e)).collect();
+    for c in calls {
+        let e = by_key
+            .get(c.key())
+            .unwrap_or_else(|| panic!("call with unexpected Idempotency-Key: {c:?}"));
+        assert_eq!(c.method, "POST", "{c:?}");
+        assert_eq!(c.path, "/events", "{c:?}");
+        assert_eq!(c.body, e.body, "handler must get the original bytes: {c:?}");
+        assert_eq!(
+            c.key(),
+            format!("{}:{}:{}", e.order_id, e.event, e.seq),
+            "Idempotency-Key"
+        );
+        assert_eq!(c.event.as_deref(), Some(e.event.as_str()), "{c:?}");
+        assert_eq!(c.header("x-order-id"), Some(e.order_id.as_str()), "{c:?}");
+        assert_eq!(c.header("x-seq"), Some(e.seq.to_string().as_str()), "{c:?}");
+        assert_eq!(c.shard(), Some(env.shard_of(&e.order_id)), "X-Shard: {c:?}");
+        assert!(c.attempt().is_some_and(|a| a >= 1), "X-Attempt: {c:?}");
+        assert!(
+            c.header("traceparent").is_some_and(is_valid_traceparent),
+            "traceparent: {c:?}"
+        );
+    }
+}
+
+/// Order ids `{prefix}-{i}` chosen so that every shard has exactly `per_shard` of them.
+pub fn orders_covering_shards(prefix: &str, per_shard: usize, env: &TestEnv) -> Vec<String> {
+    let mut count = [0usize; SHARDS as usize];
+    let mut out = Vec::new();
+    for i in 0.. {
+        if count.iter().all(|n| *n == per_shard) {
+            break;
+        }
+        let id = format!("{prefix}-{i}");
+        let shard = usize::from(env.shard_of(&id));
+        if count[shard] < per_shard {
+            count[shard] += 1;
+            out.push(id);
+        }
+    }
+    out
+}

@@ -1,0 +1,145 @@
+//! A `shardline worker` child process with its log in a file.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+
+use super::env::{SHARDS, TestEnv};
+
+const BIN: &str = env!("CARGO_BIN_EXE_shardline");
+
+pub struct Worker {
+    pub name: String,
+    pub log: PathBuf,
+    child: Child,
+    pid: u32,
+}
+
+impl Worker {
+    /// `shardline worker --handler HANDLER` on every shard of `env`, small retry
+    /// delays, then `extra` flags (which may override them).
+    pub fn start(env: &TestEnv, name: &str, handler: &str, extra: &[&str]) -> Self {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fleet");
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join(format!("{}-{name}.log", env.id));
+        let file = File::create(&log).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.arg("worker")
+            .args(env.global_args())
+            .args(["--handler", handler, "--worker-name", name])
+            .args(["--retry-base", "10ms", "--retry-cap", "100ms"])
+            .args(extra)
+            .env("NO_COLOR", "1")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .kill_on_drop(true);
+        let child = cmd.spawn().unwrap();
+        let pid = child.id().unwrap();
+        Self {
+            name: name.to_owned(),
+            log,
+            child,
+            pid,
+        }
+    }
+
+    /// SIGKILL: no chance to ack or close anything.
+    pub fn kill9(&mut self) {
+        self.child.start_kill().unwrap();
+    }
+
+    pub fn sigterm(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -TERM {} failed", self.pid);
+    }
+
+    /// Waits for the process to exit; fails the test if it is still running after `timeout`.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        match tokio::time::timeout(timeout, self.child.wait()).await {
+            Ok(status) => status.unwrap(),
+            Err(_) => panic!(
+                "worker {} still running {timeout:?} after being told to stop; log tail:\n{}",
+                self.name,
+                self.log_tail(40)
+            ),
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = self.log_text();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Shards named (`shard=N`) on log lines containing `needle`.
+    pub fn logged_shards(&self, needle: &str) -> BTreeSet<u16> {
+        self.log_text()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .filter_map(shard_field)
+            .collect()
+    }
+
+    /// Waits until lines containing `needle` name every shard; fails loudly.
+    pub async fn wait_log_all_shards(&mut self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let seen = self.logged_shards(needle);
+            if seen.len() == usize::from(SHARDS) {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "worker {} exited ({status}) before logging `{needle}` for every shard; log tail:\n{}",
+                    self.name,
+                    self.log_tail(40)
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "worker {}: `{needle}` logged for shards {seen:?} only after {timeout:?}; log tail:\n{}",
+                self.name,
+                self.log_tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- worker {} log ({}), last 60 lines ----\n{}\n---- end of worker {} log ----",
+                self.name,
+                self.log.display(),
+                self.log_tail(60),
+                self.name
+            );
+        }
+        let _ = self.child.start_kill();
+    }
+}
+
+/// The value of the first `shard=N` field on a log line.
+fn shard_field(line: &str) -> Option<u16> {
+    let at = line.find("shard=")? + "shard=".len();
+    let digits: String = line[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}

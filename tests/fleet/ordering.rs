@@ -1,0 +1,33 @@
+//! Events of one order reach the downstream in seq order, exactly once, while
+//! orders on different shards run in parallel.
+
+use crate::harness::{
+    Downstream, PROCESSING, Publisher, STARTUP, TestEnv, Worker, all_ok, assert_exactly_once,
+    assert_in_order_and_complete, assert_request_shape, interleaved, order_ids,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_order_arrives_in_sequence_exactly_once() {
+    let env = TestEnv::new("order").await;
+    env.apply_topology().await;
+    let conn = env.connect().await;
+    let downstream = Downstream::start().await;
+    let _worker = Worker::start(&env, "w1", &downstream.url(), &[]);
+    env.wait_consumers(&conn, 1, STARTUP).await;
+
+    // Seq 1 of all 200 orders, then seq 2, …: every shard queue interleaves orders.
+    let events = interleaved(&order_ids("ord", 200), 5, env.shards);
+    Publisher::connect(&env).await.publish(&events).await;
+
+    downstream
+        .wait_for("all 1000 events answered", PROCESSING, |calls| {
+            all_ok(calls, &events)
+        })
+        .await;
+    // Everything acked: no redelivery can add calls after this point.
+    env.wait_shard_queues_drained(PROCESSING).await;
+    let calls = downstream.calls();
+    assert_exactly_once(&calls, &events);
+    assert_in_order_and_complete(&calls, &events);
+    assert_request_shape(&calls, &events, &env);
+}

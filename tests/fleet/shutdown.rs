@@ -1,0 +1,73 @@
+//! SIGTERM: stop consuming, finish and ack the in-flight event, exit 0; a
+//! restarted worker delivers the rest.
+
+use std::time::{Duration, Instant};
+
+use crate::harness::{
+    Downstream, PROCESSING, Publisher, Reply, STARTUP, TestEnv, Worker, all_ok,
+    assert_exactly_once, assert_in_order_and_complete, describe, interleaved, ok_keys, order_ids,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_the_in_flight_event_and_exits_0() {
+    let env = TestEnv::new("stop").await;
+    env.apply_topology().await;
+    let conn = env.connect().await;
+    let downstream =
+        Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(200))).await;
+    let events = interleaved(&order_ids("stop", 64), 2, env.shards);
+    Publisher::connect(&env).await.publish(&events).await;
+
+    let mut first = Worker::start(&env, "first", &downstream.url(), &[]);
+    downstream
+        .wait_for("16 calls", PROCESSING, |calls| calls.len() >= 16)
+        .await;
+    let signalled = Instant::now();
+    first.sigterm();
+    let arrived_before_signal = downstream.calls().len();
+    let status = first.wait_exit(Duration::from_secs(10)).await;
+    let took = signalled.elapsed();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "SIGTERM must exit 0 (took {took:?}); log tail:\n{}",
+        first.log_tail(40)
+    );
+
+    let calls = downstream.calls();
+    let done = ok_keys(&calls).len();
+    assert!(
+        done < events.len(),
+        "the stream ended before SIGTERM: the test proves nothing"
+    );
+    let abandoned: Vec<_> = calls[..arrived_before_signal]
+        .iter()
+        .filter(|c| !c.completed)
+        .collect();
+    assert!(
+        abandoned.is_empty(),
+        "calls in flight at SIGTERM were abandoned: {abandoned:?}"
+    );
+    // Each event the downstream completed was acked; nothing else was.
+    let backlog = env.shard_backlog().await;
+    assert_eq!(
+        backlog,
+        (events.len() - done) as u64,
+        "after exit the shard queues hold {backlog} of {} events, {done} of which were \
+         processed:\n{}",
+        events.len(),
+        describe(&calls)
+    );
+
+    let _second = Worker::start(&env, "second", &downstream.url(), &[]);
+    env.wait_consumers(&conn, 1, STARTUP).await;
+    downstream
+        .wait_for("every event after the restart", PROCESSING, |calls| {
+            all_ok(calls, &events)
+        })
+        .await;
+    env.wait_shard_queues_drained(PROCESSING).await;
+    let calls = downstream.calls();
+    assert_in_order_and_complete(&calls, &events);
+    assert_exactly_once(&calls, &events);
+}

@@ -1,0 +1,174 @@
+//! `shardline topology apply`: idempotent, accepts the pika recipe's redeclare,
+//! refuses a conflicting queue with a one-line error.
+
+use lapin::options::QueueDeclareOptions;
+use lapin::types::{AMQPValue, FieldTable, LongString};
+
+use crate::harness::env::rabbitmqctl;
+use crate::harness::{SHARDS, TestEnv};
+
+/// Queues (name, durable, arguments), exchanges and bindings of the vhost, sorted.
+async fn snapshot(env: &TestEnv) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (what, columns) in [
+        ("list_queues", &["name", "durable", "arguments"][..]),
+        (
+            "list_exchanges",
+            &["name", "type", "durable", "arguments"][..],
+        ),
+        (
+            "list_bindings",
+            &[
+                "source_name",
+                "destination_name",
+                "routing_key",
+                "arguments",
+            ][..],
+        ),
+    ] {
+        let mut args = vec!["-q", what, "-p", &env.vhost, "--no-table-headers"];
+        args.extend_from_slice(columns);
+        for line in rabbitmqctl(&args).await.lines() {
+            lines.push(format!("{what}: {line}"));
+        }
+    }
+    lines.sort();
+    lines
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_twice_changes_nothing_and_accepts_pika_redeclares() {
+    let env = TestEnv::new("topo-idem").await;
+    env.apply_topology().await;
+    let first = snapshot(&env).await;
+
+    for shard in 0..SHARDS {
+        let queue = env.shard_queue(shard);
+        assert!(
+            first.contains(&format!("list_queues: {queue}\ttrue\t[]")),
+            "shard queue {queue} missing, not durable or with arguments:\n{}",
+            first.join("\n")
+        );
+        assert!(
+            first.contains(&format!(
+                "list_bindings: order.sharding\t{queue}\tshard.{shard}\t[]"
+            )),
+            "binding of {queue} missing:\n{}",
+            first.join("\n")
+        );
+    }
+    assert!(
+        !first
+            .iter()
+            .any(|l| l.contains(&format!("{}{SHARDS}\t", env.names.queue_prefix))),
+        "more shard queues than --shards {SHARDS}"
+    );
+    for expected in [
+        "list_queues: order.events.dlq\ttrue\t[]",
+        "list_exchanges: order.sharding\tdirect\ttrue\t[]",
+        "list_exchanges: order.sharding.dlx\ttopic\ttrue\t[]",
+        "list_bindings: order.sharding.dlx\torder.events.dlq\t#\t[]",
+    ] {
+        assert!(
+            first.iter().any(|l| l == expected),
+            "missing `{expected}`:\n{}",
+            first.join("\n")
+        );
+    }
+
+    env.apply_topology().await;
+    assert_eq!(
+        first,
+        snapshot(&env).await,
+        "the second apply changed the topology"
+    );
+
+    // The pika recipe: queue_declare(queue, durable=True), no arguments. A 406 here
+    // would close the channel and fail every later declare too.
+    let conn = env.connect().await;
+    let channel = conn.create_channel().await.unwrap();
+    for shard in 0..SHARDS {
+        let queue = env.shard_queue(shard);
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::durable(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("pika-style redeclare of {queue} refused: {e}"));
+    }
+    assert_eq!(first, snapshot(&env).await);
+}
+
+fn long_string(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
+}
+
+/// Pre-declares shard queue 0 with `argument`, then `topology apply` must exit 1
+/// with one error line naming the queue and the argument, and leave it alone.
+async fn apply_against_conflicting_queue(argument: &str, value: AMQPValue) {
+    let env = TestEnv::new("topo-conflict").await;
+    let queue = env.shard_queue(0);
+    let conn = env.connect().await;
+    let channel = conn.create_channel().await.unwrap();
+    let mut args = FieldTable::default();
+    args.insert(argument.into(), value);
+    channel
+        .queue_declare(queue.as_str().into(), QueueDeclareOptions::durable(), args)
+        .await
+        .unwrap();
+
+    let out = env.cli(&["topology", "apply"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report = format!(
+        "status {}\nstdout:\n{}\nstderr:\n{stderr}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.trim_start().to_ascii_lowercase().starts_with("error"))
+        .collect();
+    assert_eq!(errors.len(), 1, "expected one error line: {report}");
+    assert!(
+        errors[0].contains(&queue),
+        "error line must name {queue}: {report}"
+    );
+    assert!(
+        errors[0].contains(argument),
+        "error line must name {argument}: {report}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "{report}"
+    );
+
+    let queues = rabbitmqctl(&[
+        "-q",
+        "list_queues",
+        "-p",
+        &env.vhost,
+        "--no-table-headers",
+        "name",
+        "arguments",
+    ])
+    .await;
+    assert!(
+        queues
+            .lines()
+            .any(|l| l.starts_with(&format!("{queue}\t")) && l.contains(argument)),
+        "the conflicting queue must be left as it was:\n{queues}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_refuses_a_queue_with_other_arguments_in_one_line() {
+    apply_against_conflicting_queue("x-max-length", AMQPValue::LongInt(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_refuses_a_quorum_queue_in_one_line() {
+    apply_against_conflicting_queue("x-queue-type", long_string("quorum")).await;
+}

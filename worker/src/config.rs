@@ -1,0 +1,152 @@
+//! The worker's settings. Parsing flags and environment happens in the binary.
+
+use std::time::Duration;
+
+use shardline_topology::{Names, ShardCount, ShardId};
+
+/// Everything one worker process needs to consume its shards.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// RabbitMQ URL; `amqps://` for TLS. Default the local broker's `/` vhost.
+    pub amqp_url: String,
+    /// Redis URL; `rediss://` for TLS.
+    pub redis_url: String,
+    /// Prefix of every Redis key. Default `shardline:`.
+    pub redis_prefix: String,
+    pub names: Names,
+    pub shards: ShardCount,
+    /// Shards this worker consumes (or stands by for). Default all.
+    pub assign: Vec<ShardId>,
+    /// Events read ahead per shard (the consumer's prefetch window). Processing
+    /// stays serial whatever the value; more read-ahead hides broker round trips.
+    /// Default 1.
+    pub prefetch: u16,
+    /// Take each shard with an exclusive consumer (classic queues without
+    /// single-active-consumer). When false the queue's single-active-consumer
+    /// decides which consumer is active. Default true.
+    pub exclusive: bool,
+    pub retry: RetryPolicy,
+    /// Longest one handler attempt may take; past it the attempt fails as
+    /// retryable (`timeout`). Default 30 s.
+    pub handler_timeout: Duration,
+    /// On stop, how long the in-flight event may still take before it is left
+    /// unacked (and its claim released). Default 10 s.
+    pub drain_timeout: Duration,
+    /// How long a `done` dedup key lives. Longer catches later duplicates at the
+    /// cost of Redis memory (one key per event). Default 7 days.
+    pub dedup_ttl: Duration,
+    /// Largest body accepted; larger ones are dead-lettered `invalid`. Default 1 MiB.
+    pub max_body_bytes: usize,
+    /// How often a standby retries taking a shard held by another worker.
+    /// Default 1 s.
+    pub standby_retry: Duration,
+    /// Shown in the broker's connection list and in logs.
+    pub worker_name: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            redis_url: "redis://127.0.0.1:6379".into(),
+            redis_prefix: "shardline:".into(),
+            names: Names::default(),
+            shards: ShardCount::default(),
+            assign: ShardCount::default().ids().collect(),
+            prefetch: 1,
+            exclusive: true,
+            retry: RetryPolicy::default(),
+            handler_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(10),
+            dedup_ttl: Duration::from_secs(7 * 24 * 3600),
+            max_body_bytes: 1024 * 1024,
+            standby_retry: Duration::from_secs(1),
+            worker_name: "shardline-worker".into(),
+        }
+    }
+}
+
+impl Config {
+    /// The claim lease: one handler attempt plus 30 s, renewed before each attempt.
+    pub fn lease(&self) -> Duration {
+        self.handler_timeout + Duration::from_secs(30)
+    }
+}
+
+/// In-place retries: exponential backoff with jitter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    /// Handler attempts in all, the first included. Default 5.
+    pub max_attempts: u32,
+    /// Delay after the first failure. Default 100 ms.
+    pub base: Duration,
+    /// Growth per attempt. Default 2.
+    pub factor: f64,
+    /// Longest delay. Default 5 s.
+    pub cap: Duration,
+    /// Each delay is varied by up to ± this fraction. Default 0.3.
+    pub jitter: f64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            base: Duration::from_millis(100),
+            factor: 2.0,
+            cap: Duration::from_secs(5),
+            jitter: 0.3,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The delay before attempt `failed + 1`, given `unit` in `[0, 1)` as the
+    /// random draw.
+    pub fn delay(&self, failed: u32, unit: f64) -> Duration {
+        let exponent = i32::try_from(failed.saturating_sub(1)).unwrap_or(i32::MAX);
+        let raw = self.base.as_secs_f64() * self.factor.powi(exponent);
+        let capped = raw.min(self.cap.as_secs_f64());
+        let spread = 1.0 + self.jitter * (2.0 * unit - 1.0);
+        Duration::from_secs_f64((capped * spread).max(0.0))
+    }
+
+    /// The delay before the next attempt, with a fresh random draw.
+    pub fn next_delay(&self, failed: u32) -> Duration {
+        self.delay(failed, rand::random::<f64>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_by_factor_and_stops_at_cap() {
+        let p = RetryPolicy::default();
+        let mid = 0.5; // no jitter
+        assert_eq!(p.delay(1, mid), Duration::from_millis(100));
+        assert_eq!(p.delay(2, mid), Duration::from_millis(200));
+        assert_eq!(p.delay(4, mid), Duration::from_millis(800));
+        assert_eq!(p.delay(10, mid), Duration::from_secs(5));
+        assert_eq!(p.delay(1000, mid), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn jitter_stays_within_its_fraction() {
+        let p = RetryPolicy::default();
+        assert_eq!(p.delay(1, 0.0), Duration::from_millis(70));
+        let high = p.delay(1, 0.999_999);
+        assert!(high > Duration::from_millis(129) && high <= Duration::from_millis(130));
+        for _ in 0..100 {
+            let d = p.next_delay(3);
+            assert!(d >= Duration::from_millis(280) && d <= Duration::from_millis(520));
+        }
+    }
+
+    #[test]
+    fn lease_covers_one_attempt_plus_margin() {
+        let c = Config::default();
+        assert_eq!(c.lease(), Duration::from_secs(60));
+    }
+}

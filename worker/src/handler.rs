@@ -1,0 +1,229 @@
+//! What the worker calls for each event, and the built-in handlers.
+//!
+//! Handlers never see broker types: they get the decoded [`Event`] and answer
+//! with success, a retryable error or a permanent one.
+
+use std::io::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use shardline_topology::headers::is_valid_traceparent;
+use shardline_topology::{Envelope, ShardId};
+
+/// One event as a handler sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Event<'a> {
+    pub envelope: &'a Envelope,
+    /// The message body exactly as published (unknown fields included).
+    pub body: &'a [u8],
+    /// The dedup key; pass it downstream so that side can be idempotent too.
+    pub dedup_key: &'a str,
+    pub shard: ShardId,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    /// The W3C trace context the event arrived with, when well-formed.
+    pub traceparent: Option<&'a str>,
+    /// When the publisher sent it (`x-published-at-ms`), when known.
+    pub published_at_ms: Option<i64>,
+}
+
+/// How a handler failed, shaped by what the worker does next.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandlerError {
+    /// Worth another attempt (downstream busy, 5xx, connection refused…).
+    #[error("{0}")]
+    Retryable(String),
+    /// Will never succeed as is: dead-letter now.
+    #[error("{0}")]
+    Permanent(String),
+    /// The attempt took longer than the handler timeout; retryable.
+    #[error("handler timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+/// Processes one event. Called serially per shard; must be safe to call again
+/// for the same event (the dedup key tells repeats apart).
+#[async_trait]
+pub trait Handler: Send + Sync + 'static {
+    async fn handle(&self, event: &Event<'_>) -> Result<(), HandlerError>;
+}
+
+/// Acknowledges every event: for benchmarks and dry runs.
+#[derive(Debug, Default)]
+pub struct Noop;
+
+#[async_trait]
+impl Handler for Noop {
+    async fn handle(&self, _event: &Event<'_>) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+/// Prints each event to stdout as one JSON line.
+#[derive(Debug, Default)]
+pub struct Log;
+
+#[async_trait]
+impl Handler for Log {
+    async fn handle(&self, event: &Event<'_>) -> Result<(), HandlerError> {
+        // The body parsed as an envelope, so it is a JSON object and embeds as is.
+        let body = String::from_utf8_lossy(event.body);
+        let line = format!(
+            "{{\"shard\":{},\"dedup_key\":{},\"attempt\":{},\"event\":{}}}\n",
+            event.shard,
+            serde_json::Value::from(event.dedup_key),
+            event.attempt,
+            body.trim(),
+        );
+        std::io::stdout()
+            .lock()
+            .write_all(line.as_bytes())
+            .map_err(|e| HandlerError::Retryable(format!("writing to stdout: {e}")))
+    }
+}
+
+/// Forwards each event to a URL (POST, original body).
+///
+/// 2xx is success; 408, 429, 5xx and transport errors are retryable; any other
+/// status is permanent.
+#[derive(Debug, Clone)]
+pub struct Http {
+    client: reqwest::Client,
+    url: reqwest::Url,
+}
+
+impl Http {
+    pub fn new(url: &str) -> Result<Self, HandlerSpecError> {
+        let url = reqwest::Url::parse(url).map_err(|e| HandlerSpecError::Url {
+            url: url.to_owned(),
+            cause: e.to_string(),
+        })?;
+        let client = reqwest::Client::builder()
+            .build()
+            .map_err(|e| HandlerSpecError::Client(e.to_string()))?;
+        Ok(Self { client, url })
+    }
+}
+
+#[async_trait]
+impl Handler for Http {
+    async fn handle(&self, event: &Event<'_>) -> Result<(), HandlerError> {
+        let mut request = self
+            .client
+            .post(self.url.clone())
+            .header("content-type", "application/json")
+            .header("idempotency-key", header_value(event.dedup_key))
+            .header("x-shard", event.shard.get().to_string())
+            .header("x-order-id", header_value(&event.envelope.order_id))
+            .header("x-attempt", event.attempt.to_string());
+        if let Some(seq) = event.envelope.seq {
+            request = request.header("x-seq", seq.to_string());
+        }
+        if let Some(tp) = event.traceparent.filter(|tp| is_valid_traceparent(tp)) {
+            request = request.header("traceparent", tp);
+        }
+        let response = request
+            .body(event.body.to_vec())
+            .send()
+            .await
+            .map_err(|e| HandlerError::Retryable(format!("POST {}: {e}", self.url)))?;
+        classify(response.status().as_u16())
+    }
+}
+
+/// The status mapping of SPEC §3.
+fn classify(status: u16) -> Result<(), HandlerError> {
+    match status {
+        200..=299 => Ok(()),
+        408 | 429 | 500..=599 => Err(HandlerError::Retryable(format!(
+            "downstream answered {status}"
+        ))),
+        _ => Err(HandlerError::Permanent(format!(
+            "downstream answered {status}"
+        ))),
+    }
+}
+
+/// `value` with `%`, control characters and non-ASCII bytes percent-encoded, so
+/// any order id travels in an HTTP header.
+pub fn header_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for byte in value.bytes() {
+        if (0x20..0x7f).contains(&byte) && byte != b'%' {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerSpecError {
+    #[error("--handler must be an http(s):// URL, `log` or `noop`, got `{0}`")]
+    Unknown(String),
+    #[error("--handler URL `{url}` is not valid: {cause}")]
+    Url { url: String, cause: String },
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+}
+
+/// The built-in handler a `--handler` value names.
+pub fn from_spec(spec: &str) -> Result<Arc<dyn Handler>, HandlerSpecError> {
+    match spec {
+        "noop" => Ok(Arc::new(Noop)),
+        "log" => Ok(Arc::new(Log)),
+        s if s.starts_with("http://") || s.starts_with("https://") => Ok(Arc::new(Http::new(s)?)),
+        other => Err(HandlerSpecError::Unknown(other.to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_mapping() {
+        assert_eq!(classify(200), Ok(()));
+        assert_eq!(classify(204), Ok(()));
+        for retryable in [408, 429, 500, 503, 599] {
+            assert!(matches!(
+                classify(retryable),
+                Err(HandlerError::Retryable(_))
+            ));
+        }
+        for permanent in [400, 404, 409, 422, 301] {
+            assert!(matches!(
+                classify(permanent),
+                Err(HandlerError::Permanent(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn header_values_are_percent_encoded() {
+        assert_eq!(
+            header_value("A1024:order.created:3"),
+            "A1024:order.created:3"
+        );
+        assert_eq!(header_value("é"), "%C3%A9");
+        assert_eq!(header_value("100%"), "100%25");
+        assert_eq!(header_value("a\nb"), "a%0Ab");
+    }
+
+    #[test]
+    fn handler_specs() {
+        assert!(from_spec("noop").is_ok());
+        assert!(from_spec("log").is_ok());
+        assert!(from_spec("http://127.0.0.1:8080/events").is_ok());
+        assert!(matches!(
+            from_spec("ftp://x"),
+            Err(HandlerSpecError::Unknown(_))
+        ));
+        assert!(matches!(
+            from_spec("http://"),
+            Err(HandlerSpecError::Url { .. })
+        ));
+    }
+}

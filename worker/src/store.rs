@@ -1,0 +1,98 @@
+//! Redis access for one shard: a connection checked out once and kept, and
+//! outages waited out (no processing without dedup).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use deadpool_redis::{Connection, Pool};
+use redis::{Cmd, FromRedisValue, RedisError};
+
+use crate::stats::Stats;
+
+/// Backoff between reconnection attempts while Redis is down.
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Whether Redis is reachable, shared by the shards of one worker so that an
+/// outage is logged once, not once per shard or event.
+#[derive(Debug, Default)]
+pub struct RedisHealth {
+    down: AtomicBool,
+}
+
+impl RedisHealth {
+    pub fn is_up(&self) -> bool {
+        !self.down.load(Ordering::Relaxed)
+    }
+
+    fn went_down(&self, error: &RedisError, stats: &Stats) {
+        if !self.down.swap(true, Ordering::Relaxed) {
+            Stats::bump(&stats.redis_outages);
+            tracing::error!(error = %error, "Redis unreachable: shards paused until it returns");
+        }
+    }
+
+    fn came_back(&self) {
+        if self.down.swap(false, Ordering::Relaxed) {
+            tracing::info!("Redis reachable again: shards resumed");
+        }
+    }
+}
+
+/// One shard's Redis connection. Round trips per event: the claim and the commit.
+pub struct RedisSlot {
+    pool: Pool,
+    conn: Option<Connection>,
+    health: Arc<RedisHealth>,
+    stats: Arc<Stats>,
+}
+
+impl RedisSlot {
+    pub fn new(pool: Pool, health: Arc<RedisHealth>, stats: Arc<Stats>) -> Self {
+        Self {
+            pool,
+            conn: None,
+            health,
+            stats,
+        }
+    }
+
+    /// Runs `cmd`, waiting out any outage: the shard pauses rather than
+    /// processing without dedup. Cancel by dropping the future.
+    pub async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> T {
+        let mut backoff = RETRY_MIN;
+        loop {
+            match self.try_query(cmd).await {
+                Ok(value) => {
+                    self.health.came_back();
+                    return value;
+                }
+                Err(error) => {
+                    self.conn = None;
+                    self.health.went_down(&error, &self.stats);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    async fn try_query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> Result<T, RedisError> {
+        let conn = match &mut self.conn {
+            Some(conn) => conn,
+            None => {
+                let fresh = self.pool.get().await.map_err(pool_error)?;
+                self.conn.insert(fresh)
+            }
+        };
+        cmd.query_async(conn).await
+    }
+}
+
+fn pool_error(e: deadpool_redis::PoolError) -> RedisError {
+    match e {
+        deadpool_redis::PoolError::Backend(e) => e,
+        other => RedisError::from(std::io::Error::other(other.to_string())),
+    }
+}

@@ -1,0 +1,244 @@
+//! The worker's broker connection and its shard tasks.
+//!
+//! The supervisor is the one owner of reconnection: when the connection fails,
+//! every shard task stops (abandoning its in-flight event, which the broker
+//! redelivers), and the supervisor reconnects with capped backoff and starts
+//! them again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::Connection;
+use shardline_topology::broker::{self, BrokerError, redact_url};
+use shardline_topology::declare::DeclareError;
+use shardline_topology::{ShardId, declare};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::handler::Handler;
+use crate::process::Processor;
+use crate::settle::ShardContext;
+use crate::shard::{ShardError, consume_shard};
+use crate::stats::Stats;
+use crate::store::{RedisHealth, RedisSlot};
+
+const RECONNECT_MIN: Duration = Duration::from_millis(200);
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    #[error(transparent)]
+    Topology(#[from] DeclareError),
+    #[error("--redis-url {url}: {cause}")]
+    Redis { url: String, cause: String },
+    #[error("--assign selects no shard")]
+    NoShards,
+    #[error("--prefetch must be at least 1")]
+    Prefetch,
+}
+
+/// Runs the worker until `shutdown` is cancelled: one consumer per assigned
+/// shard, reconnecting as long as it takes once the first connection worked.
+pub async fn run(
+    config: Config,
+    handler: Arc<dyn Handler>,
+    stats: Arc<Stats>,
+    shutdown: CancellationToken,
+) -> Result<(), WorkerError> {
+    if config.assign.is_empty() {
+        return Err(WorkerError::NoShards);
+    }
+    if config.prefetch == 0 {
+        return Err(WorkerError::Prefetch);
+    }
+    let config = Arc::new(config);
+    let pool = redis_pool(&config)?;
+    warn_if_redis_may_evict(&pool).await;
+    let health = Arc::new(RedisHealth::default());
+    let contexts: Vec<Arc<ShardContext>> = config
+        .assign
+        .iter()
+        .map(|&shard| {
+            Arc::new(ShardContext {
+                processor: Processor::new(&config, shard, handler.clone(), stats.clone()),
+                names: config.names.clone(),
+                shard,
+                stats: stats.clone(),
+            })
+        })
+        .collect();
+
+    let name = connection_name(&config);
+    let mut conn = broker::connect(&config.amqp_url, &name).await?;
+    check_queues(&conn, &config).await?;
+    tracing::info!(
+        worker = %config.worker_name, shards = config.assign.len(), amqp = %redact_url(&config.amqp_url),
+        "worker connected"
+    );
+    loop {
+        let conn_arc = Arc::new(conn);
+        let lost = run_shards(&conn_arc, &config, &contexts, &pool, &health, &shutdown).await;
+        if let Err(e) = conn_arc.close(200, "shutdown".into()).await {
+            tracing::debug!(error = %e, "closing the broker connection");
+        }
+        if !lost || shutdown.is_cancelled() {
+            tracing::info!("worker stopped");
+            return Ok(());
+        }
+        match reconnect(&config, &name, &shutdown, &stats).await {
+            Some(fresh) => conn = fresh,
+            None => return Ok(()),
+        }
+    }
+}
+
+/// Runs every shard task on `conn`; returns whether the connection was lost
+/// (rather than the worker told to stop).
+async fn run_shards(
+    conn: &Arc<Connection>,
+    config: &Arc<Config>,
+    contexts: &[Arc<ShardContext>],
+    pool: &deadpool_redis::Pool,
+    health: &Arc<RedisHealth>,
+    shutdown: &CancellationToken,
+) -> bool {
+    let conn_lost = CancellationToken::new();
+    let mut events = conn.events_listener();
+    let watcher = {
+        let conn_lost = conn_lost.clone();
+        tokio::spawn(async move {
+            while let Some(event) = events.next().await {
+                if let lapin::Event::Error(e) = event {
+                    tracing::warn!(error = %e, "broker connection failed");
+                    conn_lost.cancel();
+                    return;
+                }
+            }
+        })
+    };
+    let mut tasks = JoinSet::new();
+    for ctx in contexts {
+        let (conn, config, ctx) = (conn.clone(), config.clone(), ctx.clone());
+        let (shutdown, conn_lost) = (shutdown.clone(), conn_lost.clone());
+        let mut redis = RedisSlot::new(pool.clone(), health.clone(), ctx.stats.clone());
+        tasks.spawn(async move {
+            let result =
+                consume_shard(&conn, &config, &ctx, &mut redis, &shutdown, &conn_lost).await;
+            (ctx.shard, result)
+        });
+    }
+    let mut lost = false;
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((_, Ok(()))) => {}
+            Ok((shard, Err(e))) => {
+                if !lost && !shutdown.is_cancelled() {
+                    log_shard_failure(shard, &e);
+                }
+                lost = true;
+                conn_lost.cancel();
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "shard task crashed; restarting the connection");
+                lost = true;
+                conn_lost.cancel();
+            }
+        }
+    }
+    watcher.abort();
+    lost
+}
+
+fn log_shard_failure(shard: ShardId, e: &ShardError) {
+    tracing::warn!(shard = %shard, error = %e, "shard consumer stopped; reconnecting");
+}
+
+/// Reconnects with capped exponential backoff until it works or the worker is
+/// told to stop.
+async fn reconnect(
+    config: &Config,
+    name: &str,
+    shutdown: &CancellationToken,
+    stats: &Stats,
+) -> Option<Connection> {
+    let mut backoff = RECONNECT_MIN;
+    let mut tries = 0u32;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shutdown.cancelled() => return None,
+        }
+        tries += 1;
+        match broker::connect(&config.amqp_url, name).await {
+            Ok(conn) => {
+                Stats::bump(&stats.broker_reconnects);
+                tracing::info!(tries, "reconnected to the broker");
+                return Some(conn);
+            }
+            Err(e) => tracing::warn!(tries, error = %e, "reconnect failed"),
+        }
+        backoff = (backoff * 2).min(RECONNECT_MAX);
+    }
+}
+
+fn connection_name(config: &Config) -> String {
+    let shards: Vec<String> = config.assign.iter().map(ShardId::to_string).collect();
+    format!(
+        "shardline worker {} shards {}",
+        config.worker_name,
+        shards.join(",")
+    )
+}
+
+/// Fails at start-up, naming the queue, when the topology was not applied.
+async fn check_queues(conn: &Connection, config: &Config) -> Result<(), WorkerError> {
+    for &shard in &config.assign {
+        declare::queue_status(conn, &config.names.shard_queue(shard)).await?;
+    }
+    Ok(())
+}
+
+fn redis_pool(config: &Config) -> Result<deadpool_redis::Pool, WorkerError> {
+    let redis_error = |cause: String| WorkerError::Redis {
+        url: redact_url(&config.redis_url),
+        cause: broker::scrub(&cause, &config.redis_url),
+    };
+    let mut pool_config = deadpool_redis::Config::from_url(config.redis_url.as_str());
+    // One connection held per shard, plus a spare for start-up checks.
+    pool_config.pool = Some(deadpool_redis::PoolConfig::new(config.assign.len() + 1));
+    pool_config
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .map_err(|e| redis_error(e.to_string()))
+}
+
+/// Warns when Redis may evict dedup keys (SPEC §3: anything but `noeviction`).
+async fn warn_if_redis_may_evict(pool: &deadpool_redis::Pool) {
+    let policy: Result<Vec<String>, String> = async {
+        let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+        redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async(&mut *conn)
+            .await
+            .map_err(|e| e.to_string())
+    }
+    .await;
+    match policy {
+        Ok(pair) => match pair.get(1).map(String::as_str) {
+            Some("noeviction") => {}
+            Some(other) => tracing::warn!(
+                policy = other,
+                "Redis maxmemory-policy is not `noeviction`: dedup and sequence keys may be evicted \
+                 under memory pressure, letting duplicates through; set `maxmemory-policy noeviction`"
+            ),
+            None => {}
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read Redis maxmemory-policy (Redis unreachable or CONFIG disabled)")
+        }
+    }
+}
