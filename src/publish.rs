@@ -170,9 +170,9 @@ async fn finish(mut publisher: Publisher, interrupted: bool) -> anyhow::Result<E
     let url = redact_url(&publisher.config().amqp_url);
     publisher.close().await?;
     println!(
-        "{}published {} events ({} confirmed) to exchange {exchange} at {url}",
+        "{}published {} ({} confirmed) to exchange {exchange} at {url}",
         if interrupted { "interrupted: " } else { "" },
-        counts.published,
+        events(counts.published),
         counts.confirmed,
     );
     Ok(ExitCode::SUCCESS)
@@ -230,6 +230,14 @@ async fn read_line(
         }
     }
     Ok(true)
+}
+
+fn events(n: u64) -> String {
+    if n == 1 {
+        "1 event".to_owned()
+    } else {
+        format!("{n} events")
+    }
 }
 
 fn is_blank(line: &[u8]) -> bool {
@@ -362,13 +370,13 @@ impl fmt::Display for LoadReport {
         };
         write!(
             f,
-            "{}published {} events ({} confirmed) in {:.2} s: {:.0} events/s; confirm latency p50 {}, p99 {}",
+            "{}published {} ({} confirmed) in {:.2} s: {:.0} events/s; confirm latency p50 {}, p99 {}",
             if self.interrupted {
                 "interrupted: "
             } else {
                 ""
             },
-            self.events,
+            events(self.events),
             self.confirmed,
             self.elapsed.as_secs_f64(),
             self.rate(),

@@ -23,7 +23,11 @@ pub enum TopologyCommand {
 pub struct ApplyArgs {
     /// Declare the shard queues with `x-single-active-consumer` (greenfield
     /// topologies only: publishers must then declare the queues identically).
-    #[arg(long, env = "SHARDLINE_SINGLE_ACTIVE_CONSUMER")]
+    #[arg(
+        long,
+        env = "SHARDLINE_SINGLE_ACTIVE_CONSUMER",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub single_active_consumer: bool,
     /// Shard queue type; `quorum` implies single-active-consumer and adds a
     /// delivery limit and a dead-letter backstop.

@@ -33,7 +33,8 @@ pub enum PublishError {
     /// The broker refused to take responsibility for the event (for example a
     /// full queue with `x-overflow=reject-publish`).
     #[error(
-        "broker nacked the event for routing key {routing_key} on exchange {exchange}: it was not stored"
+        "broker nacked the event for routing key {routing_key} on exchange {exchange}: it was not stored \
+         (a queue at its length limit with x-overflow=reject-publish?)"
     )]
     Nacked {
         exchange: String,

@@ -19,6 +19,7 @@ async fn kill_9_mid_stream_loses_nothing() {
     Publisher::connect(&env).await.publish(&events).await;
 
     let mut first = Worker::start(&env, "first", &downstream.url(), &[]);
+    first.wait_consuming(&env, &conn).await;
     let third = events.len() / 3;
     downstream
         .wait_for("a third of the events", PROCESSING, |calls| {
@@ -34,8 +35,8 @@ async fn kill_9_mid_stream_loses_nothing() {
         describe(&at_kill)
     );
 
-    let _second = Worker::start(&env, "second", &downstream.url(), &[]);
-    env.wait_consumers(&conn, 1, STARTUP).await;
+    let mut second = Worker::start(&env, "second", &downstream.url(), &[]);
+    second.wait_consuming(&env, &conn).await;
     downstream
         .wait_for("every event after the restart", PROCESSING, |calls| {
             all_ok(calls, &events)

@@ -9,8 +9,7 @@ use shardline_topology::declare::queue_status;
 use shardline_topology::headers::{self, header_i64, header_str};
 
 use crate::harness::{
-    Call, Downstream, Event, PROCESSING, Publisher, Reply, STARTUP, TestEnv, Worker, all_ok,
-    describe,
+    Call, Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, Worker, all_ok, describe,
 };
 
 fn calls_for<'a>(calls: &'a [Call], key: &str) -> Vec<&'a Call> {
@@ -47,7 +46,7 @@ async fn retries_in_place_and_dead_letters_what_cannot_succeed() {
         })
         .await
     };
-    let _worker = Worker::start(
+    let mut worker = Worker::start(
         &env,
         "w1",
         &downstream.url(),
@@ -60,7 +59,7 @@ async fn retries_in_place_and_dead_letters_what_cannot_succeed() {
             "50ms",
         ],
     );
-    env.wait_consumers(&conn, 1, STARTUP).await;
+    worker.wait_consuming(&env, &conn).await;
 
     let publisher = Publisher::connect(&env).await;
     let z_shard = z[0].shard;

@@ -2,7 +2,7 @@
 //! orders on different shards run in parallel.
 
 use crate::harness::{
-    Downstream, PROCESSING, Publisher, STARTUP, TestEnv, Worker, all_ok, assert_exactly_once,
+    Downstream, PROCESSING, Publisher, TestEnv, Worker, all_ok, assert_exactly_once,
     assert_in_order_and_complete, assert_request_shape, interleaved, order_ids,
 };
 
@@ -12,8 +12,8 @@ async fn each_order_arrives_in_sequence_exactly_once() {
     env.apply_topology().await;
     let conn = env.connect().await;
     let downstream = Downstream::start().await;
-    let _worker = Worker::start(&env, "w1", &downstream.url(), &[]);
-    env.wait_consumers(&conn, 1, STARTUP).await;
+    let mut worker = Worker::start(&env, "w1", &downstream.url(), &[]);
+    worker.wait_consuming(&env, &conn).await;
 
     // Seq 1 of all 200 orders, then seq 2, …: every shard queue interleaves orders.
     let events = interleaved(&order_ids("ord", 200), 5, env.shards);

@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use crate::harness::{
-    Downstream, PROCESSING, Publisher, Reply, STARTUP, TestEnv, Worker, all_ok,
-    assert_exactly_once, assert_in_order_and_complete, describe, interleaved, ok_keys, order_ids,
+    Downstream, PROCESSING, Publisher, Reply, TestEnv, Worker, all_ok, assert_exactly_once,
+    assert_in_order_and_complete, describe, interleaved, ok_keys, order_ids,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -19,6 +19,7 @@ async fn sigterm_drains_the_in_flight_event_and_exits_0() {
     Publisher::connect(&env).await.publish(&events).await;
 
     let mut first = Worker::start(&env, "first", &downstream.url(), &[]);
+    first.wait_consuming(&env, &conn).await;
     downstream
         .wait_for("16 calls", PROCESSING, |calls| calls.len() >= 16)
         .await;
@@ -59,8 +60,8 @@ async fn sigterm_drains_the_in_flight_event_and_exits_0() {
         describe(&calls)
     );
 
-    let _second = Worker::start(&env, "second", &downstream.url(), &[]);
-    env.wait_consumers(&conn, 1, STARTUP).await;
+    let mut second = Worker::start(&env, "second", &downstream.url(), &[]);
+    second.wait_consuming(&env, &conn).await;
     downstream
         .wait_for("every event after the restart", PROCESSING, |calls| {
             all_ok(calls, &events)

@@ -2,7 +2,7 @@
 //! HTTP call (SPEC §5, Tracing).
 
 use crate::harness::{
-    Downstream, PROCESSING, Publisher, STARTUP, TestEnv, Worker, all_ok, interleaved, order_ids,
+    Downstream, PROCESSING, Publisher, TestEnv, Worker, all_ok, interleaved, order_ids,
 };
 
 fn trace_id(traceparent: &str) -> Option<&str> {
@@ -15,8 +15,8 @@ async fn downstream_calls_continue_the_publishers_trace() {
     env.apply_topology().await;
     let conn = env.connect().await;
     let downstream = Downstream::start().await;
-    let _worker = Worker::start(&env, "w1", &downstream.url(), &[]);
-    env.wait_consumers(&conn, 1, STARTUP).await;
+    let mut worker = Worker::start(&env, "w1", &downstream.url(), &[]);
+    worker.wait_consuming(&env, &conn).await;
 
     let events = interleaved(&order_ids("trace", 4), 2, env.shards);
     Publisher::connect(&env).await.publish(&events).await;

@@ -112,7 +112,11 @@ async fn run_shards(
         let conn_lost = conn_lost.clone();
         tokio::spawn(async move {
             while let Some(event) = events.next().await {
-                if let lapin::Event::Error(e) = event {
+                // Channel errors (a standby's refused consume) are the shard's
+                // business; only connection errors end every shard.
+                if let lapin::Event::Error(e) = event
+                    && !e.is_amqp_soft_error()
+                {
                     tracing::warn!(error = %e, "broker connection failed");
                     conn_lost.cancel();
                     return;

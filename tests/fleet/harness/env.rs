@@ -120,22 +120,6 @@ impl TestEnv {
         out
     }
 
-    /// Waits until every shard queue has exactly `consumers` consumers.
-    pub async fn wait_consumers(&self, conn: &Connection, consumers: u32, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let statuses = self.shard_statuses(conn).await;
-            if statuses.iter().all(|s| s.consumers == consumers) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "shard queues did not reach {consumers} consumer(s) each within {timeout:?}: {statuses:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
     /// `(messages, messages_unacknowledged)` of every queue in the vhost, as
     /// `rabbitmqctl` sees it (`messages` counts ready and unacked).
     pub async fn queue_depths(&self) -> BTreeMap<String, (u64, u64)> {

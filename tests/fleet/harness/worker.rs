@@ -1,13 +1,15 @@
 //! A `shardline worker` child process with its log in a file.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use lapin::Connection;
 use tokio::process::{Child, Command};
 
+use super::STARTUP;
 use super::env::{SHARDS, TestEnv};
 
 const BIN: &str = env!("CARGO_BIN_EXE_shardline");
@@ -20,18 +22,22 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// `shardline worker --handler HANDLER` on every shard of `env`, small retry
-    /// delays, then `extra` flags (which may override them).
+    /// `shardline worker --handler HANDLER` on every shard of `env` with `extra`
+    /// flags, and small retry delays unless `extra` sets them.
     pub fn start(env: &TestEnv, name: &str, handler: &str, extra: &[&str]) -> Self {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fleet");
         std::fs::create_dir_all(&dir).unwrap();
         let log = dir.join(format!("{}-{name}.log", env.id));
         let file = File::create(&log).unwrap();
         let mut cmd = Command::new(BIN);
-        cmd.arg("worker")
-            .args(env.global_args())
+        cmd.arg("worker");
+        for (flag, value) in [("--retry-base", "10ms"), ("--retry-cap", "100ms")] {
+            if !extra.contains(&flag) {
+                cmd.args([flag, value]);
+            }
+        }
+        cmd.args(env.global_args())
             .args(["--handler", handler, "--worker-name", name])
-            .args(["--retry-base", "10ms", "--retry-cap", "100ms"])
             .args(extra)
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info")
@@ -84,6 +90,35 @@ impl Worker {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// Waits until every shard queue has exactly one consumer (this worker, when
+    /// no other runs); fails loudly, at once if the worker exits.
+    pub async fn wait_consuming(&mut self, env: &TestEnv, conn: &Connection) {
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            let statuses = env.shard_statuses(conn).await;
+            if statuses.iter().all(|s| s.consumers == 1) {
+                return;
+            }
+            self.fail_if_exited("consuming every shard");
+            assert!(
+                Instant::now() < deadline,
+                "worker {}: shard queues without exactly one consumer after {STARTUP:?}: {statuses:?}",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn fail_if_exited(&mut self, before: &str) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "worker {} exited ({status}) before {before}; log tail:\n{}",
+                self.name,
+                self.log_tail(40)
+            );
+        }
+    }
+
     /// Shards named (`shard=N`) on log lines containing `needle`.
     pub fn logged_shards(&self, needle: &str) -> BTreeSet<u16> {
         self.log_text()
@@ -93,24 +128,40 @@ impl Worker {
             .collect()
     }
 
+    /// How many lines containing `needle` name each shard.
+    pub fn logged_shard_counts(&self, needle: &str) -> BTreeMap<u16, usize> {
+        let mut counts = BTreeMap::new();
+        for shard in self
+            .log_text()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .filter_map(shard_field)
+        {
+            *counts.entry(shard).or_default() += 1;
+        }
+        counts
+    }
+
     /// Waits until lines containing `needle` name every shard; fails loudly.
     pub async fn wait_log_all_shards(&mut self, needle: &str, timeout: Duration) {
+        let all: Vec<u16> = (0..SHARDS).collect();
+        self.wait_log_shards(needle, &all, timeout).await;
+    }
+
+    /// Waits until lines containing `needle` name each of `shards`; fails loudly,
+    /// at once if the worker exits.
+    pub async fn wait_log_shards(&mut self, needle: &str, shards: &[u16], timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
             let seen = self.logged_shards(needle);
-            if seen.len() == usize::from(SHARDS) {
+            if shards.iter().all(|s| seen.contains(s)) {
                 return;
             }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "worker {} exited ({status}) before logging `{needle}` for every shard; log tail:\n{}",
-                    self.name,
-                    self.log_tail(40)
-                );
-            }
+            self.fail_if_exited(&format!("logging `{needle}` for shards {shards:?}"));
             assert!(
                 Instant::now() < deadline,
-                "worker {}: `{needle}` logged for shards {seen:?} only after {timeout:?}; log tail:\n{}",
+                "worker {}: `{needle}` logged for shards {seen:?} only, after {timeout:?}, \
+                 expected {shards:?}; log tail:\n{}",
                 self.name,
                 self.log_tail(40)
             );
