@@ -130,7 +130,7 @@ async fn measure(
         let started = Instant::now();
         match kind {
             Kind::Raw => raw_drain(global, &scratch, prefetch, args.events).await?,
-            Kind::Worker => worker_drain(global, &scratch, prefetch, args.events).await?,
+            Kind::Worker => worker_drain(&scratch, prefetch, args.events).await?,
         }
         Ok::<_, anyhow::Error>(args.events as f64 / started.elapsed().as_secs_f64())
     }
@@ -248,22 +248,10 @@ async fn raw_drain(
     })
 }
 
-async fn worker_drain(
-    global: &GlobalArgs,
-    scratch: &Scratch,
-    prefetch: u16,
-    total: u64,
-) -> anyhow::Result<()> {
+async fn worker_drain(scratch: &Scratch, prefetch: u16, total: u64) -> anyhow::Result<()> {
     let config = Config {
-        amqp_url: global.amqp_url.clone(),
-        redis_url: global.redis_url.clone(),
-        redis_prefix: scratch.redis_prefix.clone(),
-        names: scratch.names.clone(),
-        shards: global.shards,
-        assign: global.shards.ids().collect(),
         prefetch,
-        worker_name: "bench".into(),
-        ..Config::default()
+        ..scratch.worker_config("bench")
     };
     let stats = Arc::new(Stats::default());
     let stop = CancellationToken::new();

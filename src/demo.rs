@@ -78,19 +78,12 @@ async fn run_on(
     let stats = Arc::new(Stats::default());
     let stop = shutdown.child_token();
     let config = Config {
-        amqp_url: global.amqp_url.clone(),
-        redis_url: global.redis_url.clone(),
-        redis_prefix: scratch.redis_prefix.clone(),
-        names: scratch.names.clone(),
-        shards: global.shards,
-        assign: global.shards.ids().collect(),
         // Short backoff keeps the demo brisk; the policy is the production one.
         retry: RetryPolicy {
             base: Duration::from_millis(10),
             ..RetryPolicy::default()
         },
-        worker_name: "demo".into(),
-        ..Config::default()
+        ..scratch.worker_config("demo")
     };
     let worker = tokio::spawn(shardline_worker::run(
         config,

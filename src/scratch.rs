@@ -37,6 +37,20 @@ impl Scratch {
         Ok(scratch)
     }
 
+    /// A worker configuration for every shard of this run's names.
+    pub fn worker_config(&self, worker_name: &str) -> shardline_worker::Config {
+        shardline_worker::Config {
+            amqp_url: self.amqp_url.clone(),
+            redis_url: self.redis_url.clone(),
+            redis_prefix: self.redis_prefix.clone(),
+            names: self.names.clone(),
+            shards: self.shards,
+            assign: self.shards.ids().collect(),
+            worker_name: worker_name.into(),
+            ..shardline_worker::Config::default()
+        }
+    }
+
     /// Deletes the queues, exchanges and Redis keys of this run.
     pub async fn remove(&self) -> anyhow::Result<()> {
         let conn = broker::connect(&self.amqp_url, "shardline cleanup").await?;

@@ -55,18 +55,61 @@ impl Dedup {
         format!("{}{dedup_key}", self.prefix)
     }
 
-    /// Claims `dedup_key` for one handler run: one round trip on the usual path.
-    pub async fn claim(&self, redis: &mut RedisSlot, dedup_key: &str, redelivered: bool) -> Claim {
-        let key = self.key(dedup_key);
+    fn claim_cmd(&self, key: &str) -> Cmd {
         let mut set = Cmd::new();
         set.arg("SET")
-            .arg(&key)
+            .arg(key)
             .arg(PROCESSING)
             .arg("NX")
             .arg("PX")
             .arg(self.lease_ms)
             .arg("GET");
-        let previous: Option<String> = redis.query(&set).await;
+        set
+    }
+
+    fn commit_cmd(&self, key: &str) -> Cmd {
+        let mut set = Cmd::new();
+        set.arg("SET")
+            .arg(key)
+            .arg(DONE)
+            .arg("EX")
+            .arg(self.ttl_secs);
+        set
+    }
+
+    /// Claims `dedup_key` for one handler run: one round trip on the usual path.
+    pub async fn claim(&self, redis: &mut RedisSlot, dedup_key: &str, redelivered: bool) -> Claim {
+        let previous: Option<String> = redis.query(&self.claim_cmd(&self.key(dedup_key))).await;
+        self.claimed(redis, dedup_key, previous, redelivered).await
+    }
+
+    /// Commits `done_key` and claims `next_key` in one round trip: the next
+    /// event's claim rides along with this one's commit. Redis runs them in
+    /// order, so a next event that repeats this one finds it `done`.
+    pub async fn commit_and_claim(
+        &self,
+        redis: &mut RedisSlot,
+        done_key: &str,
+        next_key: &str,
+        next_redelivered: bool,
+    ) -> Claim {
+        let mut pipe = redis::pipe();
+        pipe.add_command(self.commit_cmd(&self.key(done_key)))
+            .ignore()
+            .add_command(self.claim_cmd(&self.key(next_key)));
+        let (previous,): (Option<String>,) = redis.query_pipeline(&pipe).await;
+        self.claimed(redis, next_key, previous, next_redelivered)
+            .await
+    }
+
+    /// What a claim's `GET` answer means.
+    async fn claimed(
+        &self,
+        redis: &mut RedisSlot,
+        dedup_key: &str,
+        previous: Option<String>,
+        redelivered: bool,
+    ) -> Claim {
         match previous.as_deref() {
             None => Claim::Claimed,
             Some(DONE) => Claim::Duplicate,
@@ -75,7 +118,9 @@ impl Dedup {
                 Claim::TakenOver
             }
             Some(_) => {
-                let ttl_ms: i64 = redis.query(Cmd::new().arg("PTTL").arg(&key)).await;
+                let ttl_ms: i64 = redis
+                    .query(Cmd::new().arg("PTTL").arg(self.key(dedup_key)))
+                    .await;
                 Claim::HeldElsewhere(Duration::from_millis(
                     u64::try_from(ttl_ms).unwrap_or(0).max(1),
                 ))
@@ -96,13 +141,9 @@ impl Dedup {
 
     /// Marks the event processed for the dedup TTL.
     pub async fn commit(&self, redis: &mut RedisSlot, dedup_key: &str) {
-        let mut set = Cmd::new();
-        set.arg("SET")
-            .arg(self.key(dedup_key))
-            .arg(DONE)
-            .arg("EX")
-            .arg(self.ttl_secs);
-        redis.query::<()>(&set).await;
+        redis
+            .query::<()>(&self.commit_cmd(&self.key(dedup_key)))
+            .await;
     }
 
     /// Gives the claim up, so that a replay is not suppressed.

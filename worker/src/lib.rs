@@ -7,6 +7,7 @@
 //! - [`config`]: the worker's settings and the retry policy.
 //! - [`supervisor`]: the broker connection, its reconnection, one task per shard.
 //! - [`shard`]: one shard's consumer: exclusive consume or standby, drain on stop.
+//! - [`lookahead`]: the next delivery taken early, to claim it with the last commit.
 //! - [`process`]: one delivery to an [`Outcome`], callable without a broker.
 //! - [`dedup`]: the two-phase Redis claim (`processing` lease, then `done`).
 //! - [`store`]: one Redis connection per shard; outages pause the shard.
@@ -17,6 +18,7 @@
 pub mod config;
 pub mod dedup;
 pub mod handler;
+pub mod lookahead;
 pub mod process;
 pub mod settle;
 pub mod shard;

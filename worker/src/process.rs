@@ -25,11 +25,22 @@ pub struct Message<'a> {
     pub redelivered: bool,
 }
 
+impl<'a> Message<'a> {
+    pub fn of(delivery: &'a lapin::message::Delivery) -> Self {
+        Self {
+            body: &delivery.data,
+            properties: &delivery.properties,
+            routing_key: delivery.routing_key.as_str(),
+            redelivered: delivery.redelivered,
+        }
+    }
+}
+
 /// What to do with a delivery.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// Processed and committed: ack.
-    Ack,
+    /// The handler succeeded: commit the dedup key, then ack.
+    Processed,
     /// Processed before: ack without calling the handler.
     Duplicate,
     /// The attempt failed but may succeed: try again after `after`, keeping
@@ -115,18 +126,25 @@ impl Processor {
         })
     }
 
-    /// Attempt number `attempt` (1-based): claim (or renew) the dedup key, run the
-    /// handler under its timeout, commit on success. Waits out Redis outages.
+    /// Attempt number `attempt` (1-based): claim (or renew) the dedup key and run
+    /// the handler under its timeout. `claimed` is the first attempt's claim when it
+    /// was already made (pipelined with the previous event's commit). The commit
+    /// is the caller's, with the ack. Waits out Redis outages.
     pub async fn attempt(
         &self,
         redis: &mut RedisSlot,
         msg: &Message<'_>,
         decoded: &Decoded,
         attempt: u32,
+        claimed: Option<Claim>,
     ) -> Outcome {
         let key = decoded.dedup_key.as_str();
         if attempt == 1 {
-            match self.dedup.claim(redis, key, msg.redelivered).await {
+            let claim = match claimed {
+                Some(claim) => claim,
+                None => self.dedup.claim(redis, key, msg.redelivered).await,
+            };
+            match claim {
                 Claim::Claimed => {}
                 Claim::TakenOver => Stats::bump(&self.stats.takeovers),
                 Claim::Duplicate => return Outcome::Duplicate,
@@ -152,10 +170,7 @@ impl Processor {
                 Err(_) => Err(HandlerError::Timeout(self.handler_timeout)),
             };
         match result {
-            Ok(()) => {
-                self.dedup.commit(redis, key).await;
-                Outcome::Ack
-            }
+            Ok(()) => Outcome::Processed,
             Err(HandlerError::Permanent(error)) => Outcome::DeadLetter {
                 reason: FailReason::Handler,
                 error,
@@ -179,7 +194,7 @@ impl Processor {
     /// Decode and first attempt in one call.
     pub async fn process_one(&self, redis: &mut RedisSlot, msg: &Message<'_>) -> Outcome {
         match self.decode(msg) {
-            Ok(decoded) => self.attempt(redis, msg, &decoded, 1).await,
+            Ok(decoded) => self.attempt(redis, msg, &decoded, 1, None).await,
             Err(outcome) => outcome,
         }
     }

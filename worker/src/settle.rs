@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicPublishOptions};
 use lapin::{Channel, Confirmation};
 use shardline_topology::Names;
 use shardline_topology::headers::DeadLetter;
 
+use crate::lookahead::{Lookahead, Ready};
 use crate::process::{Message, Outcome, Processor};
 use crate::stats::Stats;
 use crate::store::RedisSlot;
@@ -33,28 +33,35 @@ pub async fn settle(
     ctx: &ShardContext,
     channel: &Channel,
     redis: &mut RedisSlot,
-    delivery: &Delivery,
+    ready: Ready,
+    lookahead: &mut Lookahead,
     in_flight: &mut Option<String>,
 ) -> Result<(), lapin::Error> {
-    let msg = Message {
-        body: &delivery.data,
-        properties: &delivery.properties,
-        routing_key: delivery.routing_key.as_str(),
-        redelivered: delivery.redelivered,
-    };
-    let decoded = ctx.processor.decode(&msg);
+    let Ready {
+        delivery,
+        decoded,
+        mut claim,
+    } = ready;
+    let msg = Message::of(&delivery);
     let mut attempt = 1;
     let mut first_failed_at = None;
     loop {
         let outcome = match &decoded {
             Ok(decoded) => {
                 *in_flight = Some(decoded.dedup_key.clone());
-                ctx.processor.attempt(redis, &msg, decoded, attempt).await
+                ctx.processor
+                    .attempt(redis, &msg, decoded, attempt, claim.take())
+                    .await
             }
             Err(outcome) => outcome.clone(),
         };
         match outcome {
-            Outcome::Ack => {
+            Outcome::Processed => {
+                let key = decoded
+                    .as_ref()
+                    .map(|d| d.dedup_key.as_str())
+                    .unwrap_or_default();
+                commit(ctx, redis, lookahead, key).await;
                 delivery.ack(BasicAckOptions::default()).await?;
                 Stats::bump(&ctx.stats.processed);
                 break;
@@ -109,6 +116,27 @@ pub async fn settle(
     }
     *in_flight = None;
     Ok(())
+}
+
+/// Commits `key`; when the next delivery is already here, claims it in the same
+/// round trip.
+async fn commit(ctx: &ShardContext, redis: &mut RedisSlot, lookahead: &mut Lookahead, key: &str) {
+    let dedup = ctx.processor.dedup();
+    match lookahead.peek(&ctx.processor) {
+        Some(Ready {
+            delivery,
+            decoded: Ok(next),
+            claim: claim @ None,
+        }) => {
+            let redelivered = delivery.redelivered;
+            *claim = Some(
+                dedup
+                    .commit_and_claim(redis, key, &next.dedup_key, redelivered)
+                    .await,
+            );
+        }
+        _ => dedup.commit(redis, key).await,
+    }
 }
 
 /// Publishes the original body and properties, plus the dead-letter headers, to

@@ -1,7 +1,6 @@
 //! One shard's consumer: take the shard (or stand by), process deliveries one at
 //! a time, and on stop finish the in-flight event under the drain deadline.
 
-use futures_util::StreamExt;
 use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
 };
@@ -12,6 +11,7 @@ use shardline_topology::broker::soft_error;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::lookahead::Lookahead;
 use crate::settle::{ShardContext, settle};
 use crate::store::RedisSlot;
 
@@ -61,7 +61,7 @@ pub async fn consume_shard(
                 FieldTable::default(),
             )
             .await;
-        let mut consumer = match consumed {
+        let consumer = match consumed {
             Ok(consumer) => consumer,
             Err(e) if soft_error(&e, AMQPSoftError::ACCESSREFUSED).is_some() => {
                 if !standing_by {
@@ -77,23 +77,24 @@ pub async fn consume_shard(
             Err(e) => return Err(e.into()),
         };
         tracing::info!(shard = %ctx.shard, %queue, "shard active");
+        let mut lookahead = Lookahead::new(consumer);
 
         loop {
             let next = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => None,
                 _ = conn_lost.cancelled() => return Err(ShardError::ConnectionLost),
-                next = consumer.next() => Some(next),
+                next = lookahead.next(&ctx.processor) => Some(next),
             };
-            let delivery = match next {
+            let ready = match next {
                 None => break,
-                Some(None) => return Err(ShardError::ConsumerCancelled),
-                Some(Some(Err(e))) => return Err(e.into()),
-                Some(Some(Ok(delivery))) => delivery,
+                Some(Ok(None)) => return Err(ShardError::ConsumerCancelled),
+                Some(Err(e)) => return Err(e.into()),
+                Some(Ok(Some(ready))) => ready,
             };
             let mut in_flight = None;
             let finished = {
-                let work = settle(ctx, &channel, redis, &delivery, &mut in_flight);
+                let work = settle(ctx, &channel, redis, ready, &mut lookahead, &mut in_flight);
                 tokio::pin!(work);
                 tokio::select! {
                     result = &mut work => Some(result),
@@ -109,6 +110,7 @@ pub async fn consume_shard(
                 Some(result) => result?,
                 None => {
                     abandon(ctx, redis, in_flight, shutdown.is_cancelled()).await;
+                    lookahead.release(&ctx.processor, redis).await;
                     if !shutdown.is_cancelled() {
                         return Err(ShardError::ConnectionLost);
                     }
@@ -116,6 +118,7 @@ pub async fn consume_shard(
                 }
             }
         }
+        lookahead.release(&ctx.processor, redis).await;
         stop(&channel, &tag).await;
         return Ok(());
     }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_redis::{Connection, Pool};
-use redis::{Cmd, FromRedisValue, RedisError};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisError};
 
 use crate::stats::Stats;
 
@@ -61,9 +61,18 @@ impl RedisSlot {
     /// Runs `cmd`, waiting out any outage: the shard pauses rather than
     /// processing without dedup. Cancel by dropping the future.
     pub async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> T {
+        self.run(Request::Cmd(cmd)).await
+    }
+
+    /// Runs `pipeline` in one round trip, waiting out any outage like [`Self::query`].
+    pub async fn query_pipeline<T: FromRedisValue>(&mut self, pipeline: &Pipeline) -> T {
+        self.run(Request::Pipeline(pipeline)).await
+    }
+
+    async fn run<T: FromRedisValue>(&mut self, request: Request<'_>) -> T {
         let mut backoff = RETRY_MIN;
         loop {
-            match self.try_query(cmd).await {
+            match self.try_query(request).await {
                 Ok(value) => {
                     self.health.came_back();
                     return value;
@@ -78,7 +87,10 @@ impl RedisSlot {
         }
     }
 
-    async fn try_query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> Result<T, RedisError> {
+    async fn try_query<T: FromRedisValue>(
+        &mut self,
+        request: Request<'_>,
+    ) -> Result<T, RedisError> {
         let conn = match &mut self.conn {
             Some(conn) => conn,
             None => {
@@ -86,8 +98,17 @@ impl RedisSlot {
                 self.conn.insert(fresh)
             }
         };
-        cmd.query_async(conn).await
+        match request {
+            Request::Cmd(cmd) => cmd.query_async(conn).await,
+            Request::Pipeline(pipeline) => pipeline.query_async(conn).await,
+        }
     }
+}
+
+#[derive(Clone, Copy)]
+enum Request<'a> {
+    Cmd(&'a Cmd),
+    Pipeline(&'a Pipeline),
 }
 
 fn pool_error(e: deadpool_redis::PoolError) -> RedisError {
