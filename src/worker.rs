@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 use shardline_topology::{QueueType, ShardSet};
-use shardline_worker::{Config, RetryPolicy, Stats, handler};
+use shardline_worker::{Config, OnGap, RetryPolicy, Stats, handler};
 use tokio_util::sync::CancellationToken;
 
 use crate::GlobalArgs;
@@ -60,9 +60,37 @@ pub struct WorkerArgs {
     /// The shard queues were applied with `--single-active-consumer`.
     #[arg(long, env = "SHARDLINE_SINGLE_ACTIVE_CONSUMER")]
     pub single_active_consumer: bool,
+    /// How long an event that arrived ahead of its order's sequence waits for
+    /// the gap to fill (from its arrival).
+    #[arg(long, env = "SHARDLINE_GAP_GRACE", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub gap_grace: Duration,
+    /// How long the first event of an unknown order with seq > 1 waits for
+    /// earlier ones before it is accepted as the start.
+    #[arg(long, env = "SHARDLINE_START_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub start_grace: Duration,
+    /// Events held per shard at most (also the consumer window's reserve).
+    #[arg(long, env = "SHARDLINE_MAX_HELD", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_held: u16,
+    /// Held events whose gap never filled: `dead-letter` (reason `seq-gap`) or
+    /// `apply` (skip the gap).
+    #[arg(long, env = "SHARDLINE_ON_GAP", value_enum, default_value_t = OnGapArg::DeadLetter)]
+    pub on_gap: OnGapArg,
+    /// Handler starts that end with the process dying before an event is
+    /// dead-lettered `crash-loop`.
+    #[arg(long, env = "SHARDLINE_MAX_DELIVERIES", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_deliveries: u32,
+    /// Quorum queues: the `x-delivery-limit` they were applied with.
+    #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = 20)]
+    pub delivery_limit: u32,
     /// Name in logs and in the broker's connection list (default host-pid).
     #[arg(long, env = "SHARDLINE_WORKER_NAME")]
     pub worker_name: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum OnGapArg {
+    DeadLetter,
+    Apply,
 }
 
 impl WorkerArgs {
@@ -116,6 +144,15 @@ impl WorkerArgs {
             max_body_bytes: self.max_body_bytes,
             standby_retry: self.standby_retry,
             worker_name: self.worker_name.clone().unwrap_or_else(default_worker_name),
+            gap_grace: self.gap_grace,
+            start_grace: self.start_grace,
+            max_held: self.max_held,
+            on_gap: match self.on_gap {
+                OnGapArg::DeadLetter => OnGap::DeadLetter,
+                OnGapArg::Apply => OnGap::Apply,
+            },
+            max_deliveries: self.max_deliveries,
+            delivery_limit: (self.queue_type == QueueType::Quorum).then_some(self.delivery_limit),
         })
     }
 }

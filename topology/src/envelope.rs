@@ -90,6 +90,13 @@ impl Envelope {
         })
     }
 
+    /// The order id with `%` and `:` escaped, as it appears in Redis keys.
+    pub fn order_key(&self) -> String {
+        let mut key = String::with_capacity(self.order_id.len());
+        escape_into(&mut key, &self.order_id);
+        key
+    }
+
     /// The dedup key `{order_id}:{event}:{seq | event_id | md5(body)}`, each field
     /// with `%` and `:` escaped, so two different events never share a key.
     pub fn dedup_key(&self, body: &[u8]) -> String {

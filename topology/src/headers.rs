@@ -23,6 +23,12 @@ pub const ORIGINAL_ROUTING_KEY: &str = "x-original-routing-key";
 pub const FIRST_FAILED_AT: &str = "x-first-failed-at";
 pub const DEAD_LETTER_ID: &str = "x-dead-letter-id";
 
+/// Set on a message republished from the dead-letter queue: the sequence gate
+/// lets it through.
+pub const REPLAY: &str = "x-shardline-replay";
+/// Quorum queues: how many times the broker delivered the message before.
+pub const DELIVERY_COUNT: &str = "x-delivery-count";
+
 /// Longest `x-error` text; longer messages are cut at a character boundary.
 pub const MAX_ERROR_CHARS: usize = 1024;
 

@@ -42,6 +42,35 @@ pub struct Config {
     pub standby_retry: Duration,
     /// Shown in the broker's connection list and in logs.
     pub worker_name: String,
+    /// How long an out-of-sequence event is held for its gap to fill, from its
+    /// arrival. Default 2 min (RabbitMQ's consumer timeout, 30 min by default,
+    /// caps any hold).
+    pub gap_grace: Duration,
+    /// How long the first event of an order with no gate state and seq > 1 waits
+    /// for earlier ones before it is accepted as the start. Default 5 s.
+    pub start_grace: Duration,
+    /// Events held per shard at most; at the bound the oldest gap times out
+    /// early. Also the consumer's window reserve: the broker window is
+    /// `prefetch + max_held`. Default 64.
+    pub max_held: u16,
+    /// What to do with held events whose gap never filled. Default dead-letter.
+    pub on_gap: OnGap,
+    /// Handler starts that may end with the process dying before the event is
+    /// dead-lettered `crash-loop`. Default 5.
+    pub max_deliveries: u32,
+    /// Quorum queues: the queue's `x-delivery-limit`; the worker dead-letters an
+    /// event itself when `x-delivery-count` reaches it − 1. None for classic queues.
+    pub delivery_limit: Option<u32>,
+}
+
+/// What happens to held events when their gap does not fill within the grace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnGap {
+    /// Dead-letter them with reason `seq-gap`.
+    #[default]
+    DeadLetter,
+    /// Apply them in order, skipping the gap.
+    Apply,
 }
 
 impl Default for Config {
@@ -62,6 +91,12 @@ impl Default for Config {
             max_body_bytes: 1024 * 1024,
             standby_retry: Duration::from_secs(1),
             worker_name: "shardline-worker".into(),
+            gap_grace: Duration::from_secs(120),
+            start_grace: Duration::from_secs(5),
+            max_held: 64,
+            on_gap: OnGap::DeadLetter,
+            max_deliveries: 5,
+            delivery_limit: None,
         }
     }
 }
@@ -70,6 +105,11 @@ impl Config {
     /// The claim lease: one handler attempt plus 30 s, renewed before each attempt.
     pub fn lease(&self) -> Duration {
         self.handler_timeout + Duration::from_secs(30)
+    }
+
+    /// The consumer's broker window: read-ahead plus the gate's hold reserve.
+    pub fn window(&self) -> u16 {
+        self.prefetch.saturating_add(self.max_held)
     }
 }
 

@@ -1,159 +1,313 @@
-//! The two-phase dedup claim in Redis (SPEC §3).
+//! The Redis state of events and orders, one Lua script per step (SPEC §3).
 //!
-//! `SET key processing NX PX <lease> GET` before the handler, `SET key done EX
-//! <ttl>` after it: two round trips per event. A key that is `done` marks a
-//! duplicate; a `processing` key left by a crashed worker is taken over when the
-//! broker redelivers its event (the broker redelivers only once the old
-//! consumer's channel is gone, so nobody else is still working on it).
+//! - `admit`: before the handler. Reads the event's dedup key and its order's
+//!   gate (last seq passed) and, when the event may run, claims it: the value
+//!   `processing:{lease deadline ms}:{starts}` counts handler starts that never
+//!   finished, so an event that kills the process is recognised across restarts.
+//! - `commit`: after the handler. `done` for the dedup TTL and the gate moved
+//!   to this seq, atomically.
+//! - `renew`, `release`, `pass` (a dead-lettered event counts as passed).
+//!
+//! One round trip each; `commit` and the next event's `admit` travel together
+//! when the next delivery is already here.
 
 use std::time::Duration;
 
-use redis::Cmd;
+use redis::{Cmd, Script};
 
 use crate::store::RedisSlot;
 
-const PROCESSING: &str = "processing";
-const DONE: &str = "done";
+/// Lua helpers: seqs go up to 2^63-1, beyond a Lua number's precision, so they
+/// are compared as decimal strings.
+const LUA_COMMON: &str = r"
+local function cmp(a, b)
+  if #a ~= #b then return #a < #b and -1 or 1 end
+  if a == b then return 0 end
+  return a < b and -1 or 1
+end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function advance(gate, seq, ttl)
+  local last = redis.call('GET', gate)
+  if not last or cmp(seq, last) > 0 then
+    redis.call('SET', gate, seq, 'EX', ttl)
+  else
+    redis.call('EXPIRE', gate, ttl)
+  end
+end
+";
 
-/// Deletes a claim only while it is still a lease, never a `done` mark.
-const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
-                       return redis.call('DEL', KEYS[1]) end return 0";
+/// KEYS: dedup, gate. ARGV: lease ms, seq ('' without), seq-1, redelivered,
+/// bypass gate, max starts, evidence ms, claim token (so that a retried admit
+/// whose first reply was lost recognises its own claim).
+const ADMIT: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v == 'done' then return {'duplicate', 0} end
+if ARGV[2] ~= '' and ARGV[5] ~= '1' then
+  local last = redis.call('GET', KEYS[2])
+  if not last then
+    if ARGV[2] ~= '1' then return {'start', 0} end
+  elseif cmp(ARGV[2], last) <= 0 then return {'late', 0}
+  elseif cmp(ARGV[3], last) > 0 then return {'gap', 0}
+  end
+end
+local now = now_ms()
+local starts = 1
+local verdict = 'claimed'
+if v then
+  local deadline, n, token = string.match(v, '^processing:(%d+):(%d+):(.*)$')
+  deadline = tonumber(deadline) or 0
+  n = tonumber(n) or 1
+  if token == ARGV[8] then return {'claimed', n} end
+  if ARGV[4] ~= '1' and deadline > now then return {'wait', deadline - now} end
+  if n >= tonumber(ARGV[6]) then return {'crashloop', n} end
+  starts = n + 1
+  verdict = 'takeover'
+end
+redis.call('SET', KEYS[1], 'processing:' .. (now + tonumber(ARGV[1])) .. ':' .. starts .. ':' .. ARGV[8], 'PX', ARGV[7])
+return {verdict, starts}
+";
 
-/// What a claim attempt found.
+/// KEYS: dedup, gate. ARGV: ttl s, seq ('' without).
+const COMMIT: &str = r"
+redis.call('SET', KEYS[1], 'done', 'EX', ARGV[1])
+if ARGV[2] ~= '' then advance(KEYS[2], ARGV[2], ARGV[1]) end
+return 1
+";
+
+/// KEYS: dedup. ARGV: lease ms, evidence ms.
+const RENEW: &str = r"
+local v = redis.call('GET', KEYS[1])
+local n, token = 1, ''
+if v then
+  local _, c, t = string.match(v, '^processing:(%d+):(%d+):(.*)$')
+  n = tonumber(c) or 1
+  token = t or ''
+end
+redis.call('SET', KEYS[1], 'processing:' .. (now_ms() + tonumber(ARGV[1])) .. ':' .. n .. ':' .. token, 'PX', ARGV[2])
+return n
+";
+
+/// KEYS: dedup. Deletes a claim, never a `done` mark.
+const RELEASE: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 11) == 'processing:' then return redis.call('DEL', KEYS[1]) end
+return 0
+";
+
+/// KEYS: gate. ARGV: ttl s, seq.
+const PASS: &str = r"
+advance(KEYS[1], ARGV[2], ARGV[1])
+return 1
+";
+
+/// How long the evidence of an unfinished handler start is kept, whatever the
+/// lease: a process that crash-loops slowly is still caught.
+const EVIDENCE: Duration = Duration::from_secs(24 * 3600);
+
+/// What `admit` decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Claim {
-    /// The event is ours to process.
+pub enum Verdict {
+    /// The event is ours to run (`starts` = this start included).
     Claimed,
     /// Taken over from a consumer that died mid-handler.
     TakenOver,
     /// Processed before: ack and do nothing.
     Duplicate,
-    /// A live lease on a first delivery (two copies of one event in flight at
-    /// once): wait this long, then claim again.
-    HeldElsewhere(Duration),
+    /// Its seq is at or below the order's last, yet it never ran: its gap was
+    /// given up. Dead-letter `late`.
+    Late,
+    /// A seq gap before it: hold it until the gap fills or the grace ends.
+    Gap,
+    /// No state for its order and seq > 1: hold it for the start grace.
+    Start,
+    /// A live lease on a first delivery (two copies in flight at once): wait.
+    Wait(Duration),
+    /// Its handler was started this many times and never finished.
+    CrashLoop(u32),
 }
 
-/// Key layout and timings of the dedup store.
+/// An `admit` request: the event and how to treat it.
+#[derive(Debug, Clone, Copy)]
+pub struct Admission<'a> {
+    pub dedup_key: &'a str,
+    pub order_key: &'a str,
+    pub seq: Option<u64>,
+    pub redelivered: bool,
+    /// Skip the sequence gate (a replay, an applied gap, an accepted start).
+    pub bypass_gate: bool,
+    /// Unique per delivery.
+    pub token: u64,
+}
+
+/// Key layout, timings and scripts of the Redis state.
 #[derive(Debug, Clone)]
 pub struct Dedup {
     prefix: String,
     lease_ms: u64,
     ttl_secs: u64,
+    max_starts: u32,
+    admit: Script,
+    commit: Script,
+    renew: Script,
+    release: Script,
+    pass: Script,
 }
 
 impl Dedup {
-    pub fn new(redis_prefix: &str, lease: Duration, ttl: Duration) -> Self {
+    /// `max_starts`: unfinished handler starts tolerated before `crash-loop`.
+    pub fn new(redis_prefix: &str, lease: Duration, ttl: Duration, max_starts: u32) -> Self {
+        let script = |body: &str| Script::new(&format!("{LUA_COMMON}{body}"));
         Self {
-            prefix: format!("{redis_prefix}dedup:"),
+            prefix: redis_prefix.to_owned(),
             lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
             ttl_secs: ttl.as_secs().max(1),
+            max_starts: max_starts.max(1),
+            admit: script(ADMIT),
+            commit: script(COMMIT),
+            renew: script(RENEW),
+            release: script(RELEASE),
+            pass: script(PASS),
         }
+    }
+
+    /// Every script's source, for loading after a Redis restart.
+    pub fn scripts(&self) -> Vec<Script> {
+        vec![
+            self.admit.clone(),
+            self.commit.clone(),
+            self.renew.clone(),
+            self.release.clone(),
+            self.pass.clone(),
+        ]
     }
 
     /// The Redis key holding the state of `dedup_key`.
     pub fn key(&self, dedup_key: &str) -> String {
-        format!("{}{dedup_key}", self.prefix)
+        format!("{}dedup:{dedup_key}", self.prefix)
     }
 
-    fn claim_cmd(&self, key: &str) -> Cmd {
-        let mut set = Cmd::new();
-        set.arg("SET")
-            .arg(key)
-            .arg(PROCESSING)
-            .arg("NX")
-            .arg("PX")
-            .arg(self.lease_ms)
-            .arg("GET");
-        set
+    /// The Redis key holding an order's last passed seq.
+    pub fn gate_key(&self, order_key: &str) -> String {
+        format!("{}gate:{order_key}", self.prefix)
     }
 
-    fn commit_cmd(&self, key: &str) -> Cmd {
-        let mut set = Cmd::new();
-        set.arg("SET")
-            .arg(key)
-            .arg(DONE)
-            .arg("EX")
-            .arg(self.ttl_secs);
-        set
+    fn evalsha(script: &Script, keys: &[String], args: &[String]) -> Cmd {
+        let mut cmd = Cmd::new();
+        cmd.arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        cmd
     }
 
-    /// Claims `dedup_key` for one handler run: one round trip on the usual path.
-    pub async fn claim(&self, redis: &mut RedisSlot, dedup_key: &str, redelivered: bool) -> Claim {
-        let previous: Option<String> = redis.query(&self.claim_cmd(&self.key(dedup_key))).await;
-        self.claimed(redis, dedup_key, previous, redelivered).await
+    fn admit_cmd(&self, a: &Admission<'_>) -> Cmd {
+        let seq = a.seq.map(|s| s.to_string()).unwrap_or_default();
+        let prev = a.seq.map(|s| (s - 1).to_string()).unwrap_or_default();
+        let flag = |b: bool| if b { "1" } else { "0" }.to_owned();
+        Self::evalsha(
+            &self.admit,
+            &[self.key(a.dedup_key), self.gate_key(a.order_key)],
+            &[
+                self.lease_ms.to_string(),
+                seq,
+                prev,
+                flag(a.redelivered),
+                flag(a.bypass_gate),
+                self.max_starts.to_string(),
+                EVIDENCE.as_millis().to_string(),
+                a.token.to_string(),
+            ],
+        )
     }
 
-    /// Commits `done_key` and claims `next_key` in one round trip: the next
-    /// event's claim rides along with this one's commit. Redis runs them in
-    /// order, so a next event that repeats this one finds it `done`.
-    pub async fn commit_and_claim(
+    fn commit_cmd(&self, dedup_key: &str, order_key: &str, seq: Option<u64>) -> Cmd {
+        Self::evalsha(
+            &self.commit,
+            &[self.key(dedup_key), self.gate_key(order_key)],
+            &[
+                self.ttl_secs.to_string(),
+                seq.map(|s| s.to_string()).unwrap_or_default(),
+            ],
+        )
+    }
+
+    /// Decides whether an event may run now and, if so, claims it.
+    pub async fn admit(&self, redis: &mut RedisSlot, admission: &Admission<'_>) -> Verdict {
+        let answer: (String, i64) = redis.query(&self.admit_cmd(admission)).await;
+        verdict(answer)
+    }
+
+    /// Commits one event and admits the next in one round trip. Redis runs them
+    /// in order, so a next event that repeats this one finds it `done`.
+    pub async fn commit_and_admit(
         &self,
         redis: &mut RedisSlot,
-        done_key: &str,
-        next_key: &str,
-        next_redelivered: bool,
-    ) -> Claim {
+        done: (&str, &str, Option<u64>),
+        next: &Admission<'_>,
+    ) -> Verdict {
         let mut pipe = redis::pipe();
-        pipe.add_command(self.commit_cmd(&self.key(done_key)))
+        pipe.add_command(self.commit_cmd(done.0, done.1, done.2))
             .ignore()
-            .add_command(self.claim_cmd(&self.key(next_key)));
-        let (previous,): (Option<String>,) = redis.query_pipeline(&pipe).await;
-        self.claimed(redis, next_key, previous, next_redelivered)
-            .await
+            .add_command(self.admit_cmd(next));
+        let (answer,): ((String, i64),) = redis.query_pipeline(&pipe).await;
+        verdict(answer)
     }
 
-    /// What a claim's `GET` answer means.
-    async fn claimed(
+    /// Marks the event processed and moves its order's gate, atomically.
+    pub async fn commit(
         &self,
         redis: &mut RedisSlot,
         dedup_key: &str,
-        previous: Option<String>,
-        redelivered: bool,
-    ) -> Claim {
-        match previous.as_deref() {
-            None => Claim::Claimed,
-            Some(DONE) => Claim::Duplicate,
-            Some(_) if redelivered => {
-                self.renew(redis, dedup_key).await;
-                Claim::TakenOver
-            }
-            Some(_) => {
-                let ttl_ms: i64 = redis
-                    .query(Cmd::new().arg("PTTL").arg(self.key(dedup_key)))
-                    .await;
-                Claim::HeldElsewhere(Duration::from_millis(
-                    u64::try_from(ttl_ms).unwrap_or(0).max(1),
-                ))
-            }
-        }
+        order_key: &str,
+        seq: Option<u64>,
+    ) {
+        redis
+            .query::<i64>(&self.commit_cmd(dedup_key, order_key, seq))
+            .await;
     }
 
     /// Extends the lease before another attempt.
     pub async fn renew(&self, redis: &mut RedisSlot, dedup_key: &str) {
-        let mut set = Cmd::new();
-        set.arg("SET")
-            .arg(self.key(dedup_key))
-            .arg(PROCESSING)
-            .arg("PX")
-            .arg(self.lease_ms);
-        redis.query::<()>(&set).await;
-    }
-
-    /// Marks the event processed for the dedup TTL.
-    pub async fn commit(&self, redis: &mut RedisSlot, dedup_key: &str) {
-        redis
-            .query::<()>(&self.commit_cmd(&self.key(dedup_key)))
-            .await;
+        let cmd = Self::evalsha(
+            &self.renew,
+            &[self.key(dedup_key)],
+            &[self.lease_ms.to_string(), EVIDENCE.as_millis().to_string()],
+        );
+        redis.query::<i64>(&cmd).await;
     }
 
     /// Gives the claim up, so that a replay is not suppressed.
     pub async fn release(&self, redis: &mut RedisSlot, dedup_key: &str) {
-        let mut eval = Cmd::new();
-        eval.arg("EVAL")
-            .arg(RELEASE)
-            .arg(1)
-            .arg(self.key(dedup_key))
-            .arg(PROCESSING);
-        redis.query::<i64>(&eval).await;
+        let cmd = Self::evalsha(&self.release, &[self.key(dedup_key)], &[]);
+        redis.query::<i64>(&cmd).await;
+    }
+
+    /// Counts `seq` as passed for its order (it was dead-lettered).
+    pub async fn pass(&self, redis: &mut RedisSlot, order_key: &str, seq: u64) {
+        let cmd = Self::evalsha(
+            &self.pass,
+            &[self.gate_key(order_key)],
+            &[self.ttl_secs.to_string(), seq.to_string()],
+        );
+        redis.query::<i64>(&cmd).await;
+    }
+}
+
+fn verdict((kind, n): (String, i64)) -> Verdict {
+    match kind.as_str() {
+        "claimed" => Verdict::Claimed,
+        "takeover" => Verdict::TakenOver,
+        "duplicate" => Verdict::Duplicate,
+        "late" => Verdict::Late,
+        "gap" => Verdict::Gap,
+        "start" => Verdict::Start,
+        "wait" => Verdict::Wait(Duration::from_millis(u64::try_from(n).unwrap_or(0).max(1))),
+        "crashloop" => Verdict::CrashLoop(u32::try_from(n).unwrap_or(u32::MAX)),
+        // The script returns nothing else; treat surprises as a claim to re-check.
+        _ => Verdict::Wait(Duration::from_millis(100)),
     }
 }

@@ -8,8 +8,9 @@
 //! - [`supervisor`]: the broker connection, its reconnection, one task per shard.
 //! - [`shard`]: one shard's consumer: exclusive consume or standby, drain on stop.
 //! - [`lookahead`]: the next delivery taken early, to claim it with the last commit.
+//! - [`gate`]: the sequence gate's held events, per order, with their deadlines.
 //! - [`process`]: one delivery to an [`Outcome`], callable without a broker.
-//! - [`dedup`]: the two-phase Redis claim (`processing` lease, then `done`).
+//! - [`dedup`]: the Redis state: claims, `done` marks, each order's last seq.
 //! - [`store`]: one Redis connection per shard; outages pause the shard.
 //! - [`handler`]: the [`Handler`] trait, its errors and the built-in handlers.
 //! - [`settle`]: the one place an outcome becomes ack or dead-letter-then-ack.
@@ -17,6 +18,7 @@
 
 pub mod config;
 pub mod dedup;
+pub mod gate;
 pub mod handler;
 pub mod lookahead;
 pub mod process;
@@ -26,7 +28,7 @@ pub mod stats;
 pub mod store;
 pub mod supervisor;
 
-pub use config::{Config, RetryPolicy};
+pub use config::{Config, OnGap, RetryPolicy};
 pub use handler::{Event, Handler, HandlerError};
 pub use process::Outcome;
 pub use stats::Stats;

@@ -2,11 +2,13 @@
 //! already sent it, so that its dedup claim can ride along with the current
 //! event's commit: one Redis round trip per event instead of two.
 
+use std::time::Instant;
+
 use futures_util::{FutureExt as _, StreamExt as _};
 use lapin::Consumer;
 use lapin::message::Delivery;
 
-use crate::dedup::Claim;
+use crate::dedup::Verdict;
 use crate::process::{Decoded, Message, Outcome, Processor};
 use crate::store::RedisSlot;
 
@@ -15,8 +17,10 @@ pub struct Ready {
     pub delivery: Delivery,
     /// The envelope, or the dead-letter outcome of a body that is not one.
     pub decoded: Result<Decoded, Outcome>,
-    /// Its first claim, when it was made together with the previous commit.
-    pub claim: Option<Claim>,
+    /// Its first admit verdict, when asked for together with the previous commit.
+    pub admitted: Option<Verdict>,
+    /// When the sequence gate first held it.
+    pub held_since: Option<Instant>,
 }
 
 impl Ready {
@@ -25,14 +29,15 @@ impl Ready {
         Self {
             delivery,
             decoded,
-            claim: None,
+            admitted: None,
+            held_since: None,
         }
     }
 
     /// The dedup key when this delivery holds a claim.
     fn held_key(&self) -> Option<&str> {
-        match (&self.decoded, self.claim) {
-            (Ok(decoded), Some(Claim::Claimed | Claim::TakenOver)) => Some(&decoded.dedup_key),
+        match (&self.decoded, self.admitted) {
+            (Ok(decoded), Some(Verdict::Claimed | Verdict::TakenOver)) => Some(&decoded.dedup_key),
             _ => None,
         }
     }

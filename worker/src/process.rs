@@ -1,4 +1,5 @@
-//! One delivery to an [`Outcome`]: decode, claim, call the handler, commit.
+//! One delivery to an [`Outcome`]: decode, admit (dedup, sequence gate, claim),
+//! call the handler.
 //!
 //! Nothing here acks or publishes; [`crate::settle`] maps the outcome to the
 //! broker. That keeps this step drivable by tests without a consumer loop.
@@ -11,7 +12,7 @@ use shardline_topology::headers::{self, FailReason};
 use shardline_topology::{Envelope, EnvelopeError, ShardId};
 
 use crate::config::{Config, RetryPolicy};
-use crate::dedup::{Claim, Dedup};
+use crate::dedup::{Admission, Dedup, Verdict};
 use crate::handler::{Event, Handler, HandlerError};
 use crate::stats::Stats;
 use crate::store::RedisSlot;
@@ -39,7 +40,7 @@ impl<'a> Message<'a> {
 /// What to do with a delivery.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// The handler succeeded: commit the dedup key, then ack.
+    /// The handler succeeded: commit (dedup and gate), then ack.
     Processed,
     /// Processed before: ack without calling the handler.
     Duplicate,
@@ -51,6 +52,9 @@ pub enum Outcome {
     },
     /// A live claim of another consumer: look again after this long.
     Wait(Duration),
+    /// Ahead of its order's sequence: hold it unacked. `start` when the order
+    /// has no state yet (the start grace applies, not the gap grace).
+    Hold { start: bool },
     /// Cannot succeed: publish to the dead-letter exchange, then ack.
     DeadLetter {
         reason: FailReason,
@@ -65,8 +69,28 @@ pub enum Outcome {
 pub struct Decoded {
     pub envelope: Envelope,
     pub dedup_key: String,
+    pub order_key: String,
     traceparent: Option<String>,
     published_at_ms: Option<i64>,
+    /// A replay from the DLQ: it bypasses the gate.
+    pub replay: bool,
+    /// Quorum queues: deliveries so far (`x-delivery-count`).
+    delivery_count: Option<i64>,
+    token: u64,
+}
+
+impl Decoded {
+    /// The admit request for this delivery.
+    pub fn admission(&self, redelivered: bool, bypass_gate: bool) -> Admission<'_> {
+        Admission {
+            dedup_key: &self.dedup_key,
+            order_key: &self.order_key,
+            seq: self.envelope.seq,
+            redelivered,
+            bypass_gate: bypass_gate || self.replay,
+            token: self.token,
+        }
+    }
 }
 
 /// Processes the deliveries of one shard.
@@ -77,6 +101,7 @@ pub struct Processor {
     retry: RetryPolicy,
     handler_timeout: Duration,
     max_body_bytes: usize,
+    delivery_limit: Option<u32>,
     stats: Arc<Stats>,
 }
 
@@ -90,10 +115,16 @@ impl Processor {
         Self {
             shard,
             handler,
-            dedup: Dedup::new(&config.redis_prefix, config.lease(), config.dedup_ttl),
+            dedup: Dedup::new(
+                &config.redis_prefix,
+                config.lease(),
+                config.dedup_ttl,
+                config.max_deliveries,
+            ),
             retry: config.retry.clone(),
             handler_timeout: config.handler_timeout,
             max_body_bytes: config.max_body_bytes,
+            delivery_limit: config.delivery_limit,
             stats,
         }
     }
@@ -120,35 +151,77 @@ impl Processor {
             .map(str::to_owned);
         Ok(Decoded {
             dedup_key: envelope.dedup_key(msg.body),
+            order_key: envelope.order_key(),
             envelope,
             traceparent,
             published_at_ms: headers::header_i64(msg.properties, headers::PUBLISHED_AT_MS),
+            replay: headers::header(msg.properties, headers::REPLAY).is_some(),
+            delivery_count: headers::header_i64(msg.properties, headers::DELIVERY_COUNT),
+            token: rand::random(),
         })
     }
 
-    /// Attempt number `attempt` (1-based): claim (or renew) the dedup key and run
-    /// the handler under its timeout. `claimed` is the first attempt's claim when it
-    /// was already made (pipelined with the previous event's commit). The commit
-    /// is the caller's, with the ack. Waits out Redis outages.
+    /// Attempt number `attempt` (1-based): admit the event (or renew its
+    /// lease) and run the handler under its timeout. `admitted` is the first
+    /// attempt's verdict when it was already asked for (pipelined with the
+    /// previous event's commit). The commit is the caller's, with the ack.
+    /// Waits out Redis outages.
     pub async fn attempt(
         &self,
         redis: &mut RedisSlot,
         msg: &Message<'_>,
         decoded: &Decoded,
         attempt: u32,
-        claimed: Option<Claim>,
+        admitted: Option<Verdict>,
+        bypass_gate: bool,
     ) -> Outcome {
         let key = decoded.dedup_key.as_str();
         if attempt == 1 {
-            let claim = match claimed {
-                Some(claim) => claim,
-                None => self.dedup.claim(redis, key, msg.redelivered).await,
+            if let (Some(limit), Some(count)) = (self.delivery_limit, decoded.delivery_count)
+                && count >= i64::from(limit.saturating_sub(1))
+            {
+                return Outcome::DeadLetter {
+                    reason: FailReason::CrashLoop,
+                    error: format!(
+                        "delivered {count} times; the queue's delivery limit is {limit}"
+                    ),
+                    attempts: 0,
+                };
+            }
+            let verdict = match admitted {
+                Some(verdict) => verdict,
+                None => {
+                    self.dedup
+                        .admit(redis, &decoded.admission(msg.redelivered, bypass_gate))
+                        .await
+                }
             };
-            match claim {
-                Claim::Claimed => {}
-                Claim::TakenOver => Stats::bump(&self.stats.takeovers),
-                Claim::Duplicate => return Outcome::Duplicate,
-                Claim::HeldElsewhere(ttl) => return Outcome::Wait(ttl),
+            match verdict {
+                Verdict::Claimed => {}
+                Verdict::TakenOver => Stats::bump(&self.stats.takeovers),
+                Verdict::Duplicate => return Outcome::Duplicate,
+                Verdict::Wait(ttl) => return Outcome::Wait(ttl),
+                Verdict::Gap => return Outcome::Hold { start: false },
+                Verdict::Start => return Outcome::Hold { start: true },
+                Verdict::Late => {
+                    return Outcome::DeadLetter {
+                        reason: FailReason::Late,
+                        error: format!(
+                            "seq {} arrived after its order moved past it (its gap was given up)",
+                            decoded.envelope.seq.unwrap_or_default()
+                        ),
+                        attempts: 0,
+                    };
+                }
+                Verdict::CrashLoop(starts) => {
+                    return Outcome::DeadLetter {
+                        reason: FailReason::CrashLoop,
+                        error: format!(
+                            "the handler was started {starts} times and the worker died each time"
+                        ),
+                        attempts: starts,
+                    };
+                }
             }
         } else {
             self.dedup.renew(redis, key).await;
@@ -194,7 +267,7 @@ impl Processor {
     /// Decode and first attempt in one call.
     pub async fn process_one(&self, redis: &mut RedisSlot, msg: &Message<'_>) -> Outcome {
         match self.decode(msg) {
-            Ok(decoded) => self.attempt(redis, msg, &decoded, 1, None).await,
+            Ok(decoded) => self.attempt(redis, msg, &decoded, 1, None, false).await,
             Err(outcome) => outcome,
         }
     }

@@ -1,5 +1,6 @@
 //! Drives one delivery to its end. The `match` in [`settle`] is the one place an
-//! [`Outcome`] meets the broker: ack, sleep and retry, or dead-letter then ack.
+//! [`Outcome`] meets the broker: ack, sleep and retry, hold, or dead-letter then
+//! ack.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -9,8 +10,9 @@ use lapin::{Channel, Confirmation};
 use shardline_topology::Names;
 use shardline_topology::headers::DeadLetter;
 
+use crate::gate::Directive;
 use crate::lookahead::{Lookahead, Ready};
-use crate::process::{Message, Outcome, Processor};
+use crate::process::{Decoded, Message, Outcome, Processor};
 use crate::stats::Stats;
 use crate::store::RedisSlot;
 
@@ -26,50 +28,64 @@ pub struct ShardContext {
     pub stats: Arc<Stats>,
 }
 
-/// Processes `delivery` until it is acked (processed, duplicate or
-/// dead-lettered). `in_flight` holds the dedup key while a claim may be held, so
-/// that a caller who abandons this future can release it.
+/// How a delivery left [`settle`].
+pub enum Settled {
+    /// Acked (processed, duplicate or dead-lettered). `order_key` is set when
+    /// the event had a seq, so its order's held successors may run.
+    Done { order_key: Option<String> },
+    /// Ahead of its order's sequence: hand it to the gate, unacked.
+    Hold {
+        ready: Box<Ready>,
+        order_key: String,
+        seq: u64,
+        start: bool,
+    },
+}
+
+/// Processes `ready` until it is acked or held. `in_flight` holds the dedup
+/// key while a claim may be held, so that a caller who abandons this future can
+/// release it.
 pub async fn settle(
     ctx: &ShardContext,
     channel: &Channel,
     redis: &mut RedisSlot,
-    ready: Ready,
+    mut ready: Ready,
+    directive: Directive,
     lookahead: &mut Lookahead,
     in_flight: &mut Option<String>,
-) -> Result<(), lapin::Error> {
-    let Ready {
-        delivery,
-        decoded,
-        mut claim,
-    } = ready;
-    let msg = Message::of(&delivery);
+) -> Result<Settled, lapin::Error> {
+    let msg = Message::of(&ready.delivery);
+    let bypass = directive == Directive::Bypass;
     let mut attempt = 1;
     let mut first_failed_at = None;
     loop {
-        let outcome = match &decoded {
-            Ok(decoded) => {
+        let outcome = match (&ready.decoded, &directive) {
+            (_, Directive::DeadLetter(reason, error)) => Outcome::DeadLetter {
+                reason: *reason,
+                error: error.clone(),
+                attempts: 0,
+            },
+            (Ok(decoded), _) => {
                 *in_flight = Some(decoded.dedup_key.clone());
                 ctx.processor
-                    .attempt(redis, &msg, decoded, attempt, claim.take())
+                    .attempt(redis, &msg, decoded, attempt, ready.admitted.take(), bypass)
                     .await
             }
-            Err(outcome) => outcome.clone(),
+            (Err(outcome), _) => outcome.clone(),
         };
+        let decoded = ready.decoded.as_ref().ok();
         match outcome {
             Outcome::Processed => {
-                let key = decoded
-                    .as_ref()
-                    .map(|d| d.dedup_key.as_str())
-                    .unwrap_or_default();
-                commit(ctx, redis, lookahead, key).await;
-                delivery.ack(BasicAckOptions::default()).await?;
+                if let Some(decoded) = decoded {
+                    commit(ctx, redis, lookahead, decoded).await;
+                }
+                ready.delivery.ack(BasicAckOptions::default()).await?;
                 Stats::bump(&ctx.stats.processed);
                 break;
             }
             Outcome::Duplicate => {
-                delivery.ack(BasicAckOptions::default()).await?;
+                ready.delivery.ack(BasicAckOptions::default()).await?;
                 Stats::bump(&ctx.stats.duplicates);
-                tracing::debug!(shard = %ctx.shard, "duplicate acked");
                 break;
             }
             Outcome::Retry { after, error } => {
@@ -82,6 +98,18 @@ pub async fn settle(
             Outcome::Wait(after) => {
                 tracing::warn!(shard = %ctx.shard, wait = ?after, "event claimed by another consumer; waiting for its lease");
                 tokio::time::sleep(after).await;
+            }
+            Outcome::Hold { start } => {
+                *in_flight = None;
+                let (order_key, seq) = decoded
+                    .map(|d| (d.order_key.clone(), d.envelope.seq.unwrap_or_default()))
+                    .unwrap_or_default();
+                return Ok(Settled::Hold {
+                    ready: Box::new(ready),
+                    order_key,
+                    seq,
+                    start,
+                });
             }
             Outcome::DeadLetter {
                 reason,
@@ -98,13 +126,14 @@ pub async fn settle(
                     id: uuid::Uuid::new_v4().to_string(),
                 };
                 publish_dead_letter(channel, &ctx.names, &msg, &letter).await?;
-                if let Ok(decoded) = &decoded {
-                    ctx.processor
-                        .dedup()
-                        .release(redis, &decoded.dedup_key)
-                        .await;
+                if let Some(decoded) = decoded {
+                    let dedup = ctx.processor.dedup();
+                    dedup.release(redis, &decoded.dedup_key).await;
+                    if let Some(seq) = decoded.envelope.seq {
+                        dedup.pass(redis, &decoded.order_key, seq).await;
+                    }
                 }
-                delivery.ack(BasicAckOptions::default()).await?;
+                ready.delivery.ack(BasicAckOptions::default()).await?;
                 ctx.stats.dead_lettered(reason);
                 tracing::warn!(
                     shard = %ctx.shard, reason = %reason, attempts, dead_letter_id = %letter.id,
@@ -115,27 +144,50 @@ pub async fn settle(
         }
     }
     *in_flight = None;
+    let order_key = ready
+        .decoded
+        .ok()
+        .filter(|d| d.envelope.seq.is_some())
+        .map(|d| d.order_key);
+    Ok(Settled::Done { order_key })
+}
+
+/// Acks a second copy of an event the gate already holds.
+pub async fn ack_duplicate(ctx: &ShardContext, ready: &Ready) -> Result<(), lapin::Error> {
+    ready.delivery.ack(BasicAckOptions::default()).await?;
+    Stats::bump(&ctx.stats.duplicates);
     Ok(())
 }
 
-/// Commits `key`; when the next delivery is already here, claims it in the same
-/// round trip.
-async fn commit(ctx: &ShardContext, redis: &mut RedisSlot, lookahead: &mut Lookahead, key: &str) {
+/// Commits the event (dedup and gate); when the next delivery is already here,
+/// admits it in the same round trip.
+async fn commit(
+    ctx: &ShardContext,
+    redis: &mut RedisSlot,
+    lookahead: &mut Lookahead,
+    done: &Decoded,
+) {
     let dedup = ctx.processor.dedup();
+    let done_keys = (
+        done.dedup_key.as_str(),
+        done.order_key.as_str(),
+        done.envelope.seq,
+    );
     match lookahead.peek(&ctx.processor) {
         Some(Ready {
             delivery,
             decoded: Ok(next),
-            claim: claim @ None,
+            admitted: admitted @ None,
+            ..
         }) => {
-            let redelivered = delivery.redelivered;
-            *claim = Some(
-                dedup
-                    .commit_and_claim(redis, key, &next.dedup_key, redelivered)
-                    .await,
-            );
+            let admission = next.admission(delivery.redelivered, false);
+            *admitted = Some(dedup.commit_and_admit(redis, done_keys, &admission).await);
         }
-        _ => dedup.commit(redis, key).await,
+        _ => {
+            dedup
+                .commit(redis, done_keys.0, done_keys.1, done_keys.2)
+                .await
+        }
     }
 }
 

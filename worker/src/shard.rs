@@ -6,13 +6,18 @@ use lapin::options::{
 };
 use lapin::protocol::AMQPSoftError;
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection};
+use lapin::{Channel, Connection, Consumer};
 use shardline_topology::broker::soft_error;
 use tokio_util::sync::CancellationToken;
 
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
 use crate::config::Config;
+use crate::gate::{Directive, Expired, Gate};
 use crate::lookahead::Lookahead;
-use crate::settle::{ShardContext, settle};
+use crate::settle::{Settled, ShardContext, ack_duplicate, settle};
+use crate::stats::Stats;
 use crate::store::RedisSlot;
 
 /// Why a shard's consumer stopped before it was told to.
@@ -36,16 +41,53 @@ pub async fn consume_shard(
     shutdown: &CancellationToken,
     conn_lost: &CancellationToken,
 ) -> Result<(), ShardError> {
-    let queue = ctx.names.shard_queue(ctx.shard);
     let tag = format!("{}/shard-{}", config.worker_name, ctx.shard);
+    let Some((channel, consumer)) =
+        take_shard(conn, config, ctx, &tag, shutdown, conn_lost).await?
+    else {
+        return Ok(());
+    };
+    let mut lookahead = Lookahead::new(consumer);
+    let mut gate = Gate::new(config);
+    let result = run_consumer(
+        config,
+        ctx,
+        &channel,
+        redis,
+        &mut lookahead,
+        &mut gate,
+        shutdown,
+        conn_lost,
+    )
+    .await;
+    lookahead.release(&ctx.processor, redis).await;
+    if result.is_ok() {
+        stop(&channel, &tag).await;
+    }
+    result
+}
+
+/// Opens the shard's channel and consumes its queue, standing by while another
+/// consumer holds it. `None` when told to stop first.
+async fn take_shard(
+    conn: &Connection,
+    config: &Config,
+    ctx: &ShardContext,
+    tag: &str,
+    shutdown: &CancellationToken,
+    conn_lost: &CancellationToken,
+) -> Result<Option<(Channel, Consumer)>, ShardError> {
+    let queue = ctx.names.shard_queue(ctx.shard);
     let mut standing_by = false;
     loop {
         if shutdown.is_cancelled() {
-            return Ok(());
+            return Ok(None);
         }
         let channel = conn.create_channel().await?;
+        // Fixed for the consumer's life: RabbitMQ cannot widen a live consumer's
+        // window, so it includes the gate's hold reserve from the start.
         channel
-            .basic_qos(config.prefetch, BasicQosOptions::default())
+            .basic_qos(config.window(), BasicQosOptions::default())
             .await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
@@ -53,7 +95,7 @@ pub async fn consume_shard(
         let consumed = channel
             .basic_consume(
                 queue.as_str().into(),
-                tag.as_str().into(),
+                tag.into(),
                 BasicConsumeOptions {
                     exclusive: config.exclusive,
                     ..BasicConsumeOptions::default()
@@ -61,66 +103,165 @@ pub async fn consume_shard(
                 FieldTable::default(),
             )
             .await;
-        let consumer = match consumed {
-            Ok(consumer) => consumer,
+        match consumed {
+            Ok(consumer) => {
+                tracing::info!(shard = %ctx.shard, %queue, "shard active");
+                return Ok(Some((channel, consumer)));
+            }
             Err(e) if soft_error(&e, AMQPSoftError::ACCESSREFUSED).is_some() => {
                 if !standing_by {
                     tracing::info!(shard = %ctx.shard, %queue, "standing by: another consumer holds the shard");
                     standing_by = true;
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep(config.standby_retry) => continue,
-                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(config.standby_retry) => {}
+                    _ = shutdown.cancelled() => return Ok(None),
                     _ = conn_lost.cancelled() => return Err(ShardError::ConnectionLost),
                 }
             }
             Err(e) => return Err(e.into()),
-        };
-        tracing::info!(shard = %ctx.shard, %queue, "shard active");
-        let mut lookahead = Lookahead::new(consumer);
+        }
+    }
+}
 
-        loop {
-            let next = tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => None,
-                _ = conn_lost.cancelled() => return Err(ShardError::ConnectionLost),
-                next = lookahead.next(&ctx.processor) => Some(next),
-            };
-            let ready = match next {
-                None => break,
-                Some(Ok(None)) => return Err(ShardError::ConsumerCancelled),
-                Some(Err(e)) => return Err(e.into()),
-                Some(Ok(Some(ready))) => ready,
-            };
-            let mut in_flight = None;
-            let finished = {
-                let work = settle(ctx, &channel, redis, ready, &mut lookahead, &mut in_flight);
-                tokio::pin!(work);
-                tokio::select! {
-                    result = &mut work => Some(result),
-                    _ = shutdown.cancelled() => {
-                        tokio::time::timeout(config.drain_timeout, &mut work).await.ok()
+/// Settles deliveries one at a time — first those the gate released, then the
+/// broker's — until told to stop.
+#[allow(clippy::too_many_arguments)]
+async fn run_consumer(
+    config: &Config,
+    ctx: &ShardContext,
+    channel: &Channel,
+    redis: &mut RedisSlot,
+    lookahead: &mut Lookahead,
+    gate: &mut Gate,
+    shutdown: &CancellationToken,
+    conn_lost: &CancellationToken,
+) -> Result<(), ShardError> {
+    let mut gauge = HeldGauge {
+        stats: &ctx.stats,
+        reported: 0,
+    };
+    loop {
+        gauge.sync(gate.held());
+        let (ready, directive) = match gate.pop_runnable() {
+            Some(runnable) => runnable,
+            None => {
+                let deadline = gate.next_deadline();
+                let next = tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = conn_lost.cancelled() => return Err(ShardError::ConnectionLost),
+                    _ = sleep_until(deadline), if deadline.is_some() => {
+                        report(ctx, gate.expire(Instant::now()));
+                        continue;
                     }
-                    // The event can no longer be acked on this connection and a
-                    // standby may take it: stop working on it.
-                    _ = conn_lost.cancelled() => None,
-                }
-            };
-            match finished {
-                Some(result) => result?,
-                None => {
-                    abandon(ctx, redis, in_flight, shutdown.is_cancelled()).await;
-                    lookahead.release(&ctx.processor, redis).await;
-                    if !shutdown.is_cancelled() {
-                        return Err(ShardError::ConnectionLost);
-                    }
-                    break;
+                    next = lookahead.next(&ctx.processor) => next,
+                };
+                match next? {
+                    Some(ready) => (ready, Directive::Normal),
+                    None => return Err(ShardError::ConsumerCancelled),
                 }
             }
+        };
+        let mut in_flight = None;
+        let finished = {
+            let work = settle(
+                ctx,
+                channel,
+                redis,
+                ready,
+                directive,
+                lookahead,
+                &mut in_flight,
+            );
+            tokio::pin!(work);
+            tokio::select! {
+                result = &mut work => Some(result),
+                _ = shutdown.cancelled() => {
+                    tokio::time::timeout(config.drain_timeout, &mut work).await.ok()
+                }
+                // The event can no longer be acked on this connection and a
+                // standby may take it: stop working on it.
+                _ = conn_lost.cancelled() => None,
+            }
+        };
+        match finished {
+            Some(Ok(Settled::Done { order_key })) => {
+                if let Some(order_key) = order_key {
+                    gate.passed(&order_key);
+                }
+            }
+            Some(Ok(Settled::Hold {
+                ready,
+                order_key,
+                seq,
+                start,
+            })) => match gate.hold(ready, &order_key, seq, start, Instant::now()) {
+                Ok(expired) => report(ctx, expired),
+                Err(copy) => ack_duplicate(ctx, &copy).await?,
+            },
+            Some(Err(e)) => return Err(e.into()),
+            None => {
+                abandon(ctx, redis, in_flight, shutdown.is_cancelled()).await;
+                return if shutdown.is_cancelled() {
+                    Ok(())
+                } else {
+                    Err(ShardError::ConnectionLost)
+                };
+            }
         }
-        lookahead.release(&ctx.processor, redis).await;
-        stop(&channel, &tag).await;
-        return Ok(());
+    }
+}
+
+/// Keeps the worker-wide held-events gauge in step with one shard's gate.
+struct HeldGauge<'a> {
+    stats: &'a Stats,
+    reported: u64,
+}
+
+impl HeldGauge<'_> {
+    fn sync(&mut self, held: usize) {
+        let held = held as u64;
+        if held > self.reported {
+            self.stats
+                .held
+                .fetch_add(held - self.reported, Ordering::Relaxed);
+        } else {
+            self.stats
+                .held
+                .fetch_sub(self.reported - held, Ordering::Relaxed);
+        }
+        self.reported = held;
+    }
+}
+
+impl Drop for HeldGauge<'_> {
+    fn drop(&mut self) {
+        self.sync(0);
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    if let Some(deadline) = deadline {
+        tokio::time::sleep_until(deadline.into()).await;
+    }
+}
+
+/// Logs and counts the gaps the gate gave up on.
+fn report(ctx: &ShardContext, expired: Vec<Expired>) {
+    for gap in expired {
+        Stats::bump(&ctx.stats.gaps);
+        if gap.at_start {
+            tracing::warn!(
+                shard = %ctx.shard, order = %gap.order_key, seq = gap.first_seq,
+                "no earlier event arrived within the start grace: accepted as the order's start (gap at start)"
+            );
+        } else {
+            tracing::warn!(
+                shard = %ctx.shard, order = %gap.order_key, first_held_seq = gap.first_seq, held = gap.events,
+                "sequence gap not filled within the grace: giving up on it"
+            );
+        }
     }
 }
 

@@ -21,6 +21,10 @@ pub struct Stats {
     pub redis_outages: AtomicU64,
     /// Broker connections opened after the first.
     pub broker_reconnects: AtomicU64,
+    /// Events the sequence gate holds now (a gauge).
+    pub held: AtomicU64,
+    /// Sequence gaps given up on (timed out or accepted as a start).
+    pub gaps: AtomicU64,
     dead_lettered: [AtomicU64; FailReason::ALL.len()],
 }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_redis::{Connection, Pool};
-use redis::{Cmd, FromRedisValue, Pipeline, RedisError};
+use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, Script, ServerErrorKind};
 
 use crate::stats::Stats;
 
@@ -43,15 +43,23 @@ impl RedisHealth {
 /// One shard's Redis connection. Round trips per event: the claim and the commit.
 pub struct RedisSlot {
     pool: Pool,
+    /// Loaded again when Redis answers NOSCRIPT (after a restart or a flush).
+    scripts: Vec<Script>,
     conn: Option<Connection>,
     health: Arc<RedisHealth>,
     stats: Arc<Stats>,
 }
 
 impl RedisSlot {
-    pub fn new(pool: Pool, health: Arc<RedisHealth>, stats: Arc<Stats>) -> Self {
+    pub fn new(
+        pool: Pool,
+        scripts: Vec<Script>,
+        health: Arc<RedisHealth>,
+        stats: Arc<Stats>,
+    ) -> Self {
         Self {
             pool,
+            scripts,
             conn: None,
             health,
             stats,
@@ -77,6 +85,13 @@ impl RedisSlot {
                     self.health.came_back();
                     return value;
                 }
+                Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    if let Err(error) = self.load_scripts().await {
+                        self.conn = None;
+                        self.health.went_down(&error, &self.stats);
+                        tokio::time::sleep(backoff).await;
+                    }
+                }
                 Err(error) => {
                     self.conn = None;
                     self.health.went_down(&error, &self.stats);
@@ -85,6 +100,18 @@ impl RedisSlot {
                 }
             }
         }
+    }
+
+    async fn load_scripts(&mut self) -> Result<(), RedisError> {
+        let Some(conn) = &mut self.conn else {
+            return Ok(());
+        };
+        for script in &self.scripts {
+            script
+                .load_async::<deadpool_redis::Connection>(conn)
+                .await?;
+        }
+        Ok(())
     }
 
     async fn try_query<T: FromRedisValue>(

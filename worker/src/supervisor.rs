@@ -128,7 +128,12 @@ async fn run_shards(
     for ctx in contexts {
         let (conn, config, ctx) = (conn.clone(), config.clone(), ctx.clone());
         let (shutdown, conn_lost) = (shutdown.clone(), conn_lost.clone());
-        let mut redis = RedisSlot::new(pool.clone(), health.clone(), ctx.stats.clone());
+        let mut redis = RedisSlot::new(
+            pool.clone(),
+            ctx.processor.dedup().scripts(),
+            health.clone(),
+            ctx.stats.clone(),
+        );
         tasks.spawn(async move {
             let result =
                 consume_shard(&conn, &config, &ctx, &mut redis, &shutdown, &conn_lost).await;
