@@ -105,7 +105,11 @@ async fn take_shard(
             .await;
         match consumed {
             Ok(consumer) => {
-                tracing::info!(shard = %ctx.shard, %queue, "shard active");
+                if config.exclusive {
+                    tracing::info!(shard = %ctx.shard, %queue, "shard active");
+                } else {
+                    tracing::info!(shard = %ctx.shard, %queue, "consuming; the queue's single-active-consumer picks the active worker");
+                }
                 return Ok(Some((channel, consumer)));
             }
             Err(e) if soft_error(&e, AMQPSoftError::ACCESSREFUSED).is_some() => {
