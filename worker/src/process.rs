@@ -189,8 +189,11 @@ impl Processor {
                 };
             }
             let verdict = match admitted {
-                Some(verdict) => verdict,
-                None => {
+                // A hold verdict asked for early may be stale: successors released
+                // by the gate may have passed since. Every other verdict stays true
+                // because an order's gate only moves forward.
+                Some(verdict) if !matches!(verdict, Verdict::Gap | Verdict::Start) => verdict,
+                _ => {
                     self.dedup
                         .admit(redis, &decoded.admission(msg.redelivered, bypass_gate))
                         .await

@@ -4,8 +4,10 @@
 //! - [`downstream`]: the HTTP service the worker calls, recording and scripted.
 //! - [`worker`]: `shardline worker` child processes with their logs.
 //! - [`publish`]: raw, confirmed publishing of envelopes and malformed bodies.
+//! - [`dlq`]: waiting for dead letters and taking them off the dead-letter queue.
 //! - this module: checks on what the downstream saw.
 
+pub mod dlq;
 pub mod downstream;
 pub mod env;
 pub mod publish;

@@ -1,0 +1,523 @@
+//! The sequence gate (SPEC §3): events ahead of their order's sequence are held
+//! (unacked) while the shard's other orders keep flowing, gaps that never fill
+//! are dead-lettered `seq-gap` (or applied), late events are dead-lettered
+//! `late`, a new order waits a short start grace, and held events are bounded.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lapin::Connection;
+use lapin::message::Delivery;
+use shardline_topology::NewEvent;
+
+use crate::harness::{
+    Call, Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, Worker, all_ok,
+    assert_exactly_once, describe, dlq,
+};
+
+/// Bound on a gap given up early or after a 1 s grace: well below any long grace
+/// a test sets, well above the short ones.
+const GIVE_UP: Duration = Duration::from_secs(20);
+
+struct Fleet {
+    env: TestEnv,
+    conn: Connection,
+    downstream: Downstream,
+    worker: Worker,
+    publisher: Publisher,
+}
+
+/// A fresh environment, its topology, a worker with `flags` on every shard
+/// calling `downstream`, and a publisher.
+async fn fleet(name: &str, downstream: Downstream, flags: &[&str]) -> Fleet {
+    let env = TestEnv::new(name).await;
+    env.apply_topology().await;
+    let conn = env.connect().await;
+    let mut worker = Worker::start(&env, "w1", &downstream.url(), flags);
+    worker.wait_consuming(&env, &conn).await;
+    let publisher = Publisher::connect(&env).await;
+    Fleet {
+        env,
+        conn,
+        downstream,
+        worker,
+        publisher,
+    }
+}
+
+/// `n` order ids `{prefix}-{i}` that all hash to the same shard.
+fn same_shard_orders(env: &TestEnv, prefix: &str, n: usize) -> Vec<String> {
+    let shard = env.shard_of(&format!("{prefix}-0"));
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .filter(|id| env.shard_of(id) == shard)
+        .take(n)
+        .collect()
+}
+
+fn ev(env: &TestEnv, order: &str, seq: u64) -> Event {
+    Event::new(order, seq, env.shards)
+}
+
+/// The seqs of the calls for `order`, in arrival order.
+fn seqs(calls: &[Call], order: &str) -> Vec<u64> {
+    calls
+        .iter()
+        .filter(|c| c.order_id.as_deref() == Some(order))
+        .filter_map(|c| c.seq)
+        .collect()
+}
+
+/// The arrival position of the (only) call of `event`.
+fn index_of(calls: &[Call], event: &Event) -> usize {
+    let key = event.key();
+    let found: Vec<usize> = calls
+        .iter()
+        .filter(|c| c.key() == key)
+        .map(|c| c.index)
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "{key}: expected exactly one call\n{}",
+        describe(calls)
+    );
+    found[0]
+}
+
+/// Letters' reasons and bodies match `expected` (reason, event), in order; each
+/// carries `x-retry-count` 0 (the handler never ran).
+fn assert_letters(letters: &[Delivery], expected: &[(&str, &Event)]) {
+    let report = dlq::describe(letters);
+    assert_eq!(letters.len(), expected.len(), "dead letters:\n{report}");
+    for (letter, (reason, event)) in letters.iter().zip(expected) {
+        assert_eq!(dlq::reason(letter), *reason, "dead letters:\n{report}");
+        assert_eq!(
+            letter.data,
+            event.body,
+            "{}: dead letter must carry the original body:\n{report}",
+            event.key()
+        );
+        assert_eq!(dlq::retry_count(letter), Some(0), "dead letters:\n{report}");
+    }
+}
+
+/// Whether a worker log line names `order` as a field (`order=ID`).
+fn names_order(line: &str, order: &str) -> bool {
+    let field = format!("order={order}");
+    line.split_whitespace().any(|token| token == field)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_order_events_are_held_while_the_shard_keeps_flowing() {
+    let f = fleet(
+        "gate-ooo",
+        Downstream::start().await,
+        &["--gap-grace", "60s", "--start-grace", "30s"],
+    )
+    .await;
+    let ids = same_shard_orders(&f.env, "ooo", 2);
+    let (a, b) = (&ids[0], &ids[1]);
+    let a_ev: Vec<Event> = (1..=4).map(|s| ev(&f.env, a, s)).collect();
+    let b_ev: Vec<Event> = (1..=3).map(|s| ev(&f.env, b, s)).collect();
+
+    // A: 1, then 3 (ahead of its sequence: held).
+    f.publisher
+        .publish(&[a_ev[0].clone(), a_ev[2].clone()])
+        .await;
+    f.downstream
+        .wait_for("A seq 1", PROCESSING, |calls| all_ok(calls, &a_ev[..1]))
+        .await;
+    // B, behind A's 3 in the same queue, flows while A's 3 waits for its 2.
+    f.publisher.publish(&b_ev).await;
+    let calls = f
+        .downstream
+        .wait_for("order B, while A's seq 3 is held", PROCESSING, |calls| {
+            all_ok(calls, &b_ev)
+        })
+        .await;
+    // The queue is FIFO and served serially: A's 3 was taken (and held) before
+    // B's 1, so its absence now is not a race.
+    assert_eq!(
+        seqs(&calls, a),
+        [1],
+        "A's seq 3 must wait for seq 2\n{}",
+        describe(&calls)
+    );
+
+    f.publisher
+        .publish(&[a_ev[1].clone(), a_ev[3].clone()])
+        .await;
+    f.downstream
+        .wait_for("A seqs 2, 3, 4", PROCESSING, |calls| all_ok(calls, &a_ev))
+        .await;
+    f.env.wait_shard_queues_drained(PROCESSING).await;
+    let calls = f.downstream.calls();
+    assert_eq!(seqs(&calls, a), [1, 2, 3, 4], "{}", describe(&calls));
+    assert_eq!(seqs(&calls, b), [1, 2, 3], "{}", describe(&calls));
+    let a2 = index_of(&calls, &a_ev[1]);
+    for e in &b_ev {
+        assert!(
+            index_of(&calls, e) < a2,
+            "B ran after A's gap filled\n{}",
+            describe(&calls)
+        );
+    }
+    let all: Vec<Event> = a_ev.iter().chain(&b_ev).cloned().collect();
+    assert_exactly_once(&calls, &all);
+    assert_eq!(dlq::depth(&f.env, &f.conn).await, 0);
+}
+
+/// Publishes C 1, 3, 4 (no 2) and waits until the 1 s gap grace ended for 3
+/// and 4 (dead-lettered or applied, as `on_gap` says).
+async fn gap_never_fills(on_gap: &str) {
+    let f = fleet(
+        &format!("gate-gap-{on_gap}"),
+        Downstream::start().await,
+        &[
+            "--gap-grace",
+            "1s",
+            "--start-grace",
+            "500ms",
+            "--on-gap",
+            on_gap,
+        ],
+    )
+    .await;
+    let c = "gap-c";
+    let c_ev: Vec<Event> = (1..=5).map(|s| ev(&f.env, c, s)).collect();
+    let (c1, c2, c3, c4, c5) = (&c_ev[0], &c_ev[1], &c_ev[2], &c_ev[3], &c_ev[4]);
+    f.publisher
+        .publish(&[c1.clone(), c3.clone(), c4.clone()])
+        .await;
+
+    if on_gap == "dead-letter" {
+        let letters = dlq::take(&f.env, &f.conn, 2, GIVE_UP).await;
+        assert_letters(&letters, &[("seq-gap", c3), ("seq-gap", c4)]);
+        // The order continues after the highest dead-lettered seq.
+        f.publisher.publish(std::slice::from_ref(c5)).await;
+        f.downstream
+            .wait_for("C seq 5 after the gap", PROCESSING, |calls| {
+                all_ok(calls, std::slice::from_ref(c5))
+            })
+            .await;
+        // The missing seq, now behind the order: never dropped silently.
+        f.publisher.publish(std::slice::from_ref(c2)).await;
+        let letters = dlq::take(&f.env, &f.conn, 1, GIVE_UP).await;
+        assert_letters(&letters, &[("late", c2)]);
+        f.env.wait_shard_queues_drained(PROCESSING).await;
+        let calls = f.downstream.calls();
+        assert_eq!(seqs(&calls, c), [1, 5], "{}", describe(&calls));
+        assert_exactly_once(&calls, &[c1.clone(), c5.clone()]);
+    } else {
+        f.downstream
+            .wait_for("C seqs 3 and 4 applied past the gap", GIVE_UP, |calls| {
+                all_ok(calls, &[c1.clone(), c3.clone(), c4.clone()])
+            })
+            .await;
+        f.publisher.publish(std::slice::from_ref(c5)).await;
+        f.downstream
+            .wait_for("C seq 5 after the gap", PROCESSING, |calls| {
+                all_ok(calls, std::slice::from_ref(c5))
+            })
+            .await;
+        f.env.wait_shard_queues_drained(PROCESSING).await;
+        let calls = f.downstream.calls();
+        assert_eq!(seqs(&calls, c), [1, 3, 4, 5], "{}", describe(&calls));
+        assert_exactly_once(&calls, &[c1.clone(), c3.clone(), c4.clone(), c5.clone()]);
+        assert_eq!(
+            dlq::depth(&f.env, &f.conn).await,
+            0,
+            "--on-gap apply dead-letters nothing"
+        );
+    }
+    // The gap is reported.
+    let log = f.worker.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("sequence gap not filled") && names_order(l, c)),
+        "no gap report for order {c} in the worker log:\n{}",
+        f.worker.log_tail(40)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_that_never_fills_is_dead_lettered_and_late_events_too() {
+    gap_never_fills("dead-letter").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_gap_apply_skips_the_gap() {
+    gap_never_fills("apply").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_order_waits_the_start_grace_for_earlier_events() {
+    // Arrival time of every call, by Idempotency-Key (the script runs on arrival).
+    let arrivals: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let downstream = {
+        let arrivals = Arc::clone(&arrivals);
+        Downstream::scripted(move |call, _| {
+            arrivals
+                .lock()
+                .unwrap()
+                .entry(call.key().to_owned())
+                .or_insert_with(Instant::now);
+            Reply::ok()
+        })
+        .await
+    };
+    let f = fleet(
+        "gate-start",
+        downstream,
+        &["--start-grace", "500ms", "--gap-grace", "60s"],
+    )
+    .await;
+
+    // D starts at seq 3: accepted as the start once the grace is over, then 4.
+    let d = "start-d";
+    let d3 = ev(&f.env, d, 3);
+    let d4 = ev(&f.env, d, 4);
+    let published = Instant::now();
+    f.publisher.publish(&[d3.clone(), d4.clone()]).await;
+    let calls = f
+        .downstream
+        .wait_for("D seqs 3 and 4", PROCESSING, |calls| {
+            all_ok(calls, &[d3.clone(), d4.clone()])
+        })
+        .await;
+    let waited = arrivals.lock().unwrap()[&d3.key()] - published;
+    assert!(
+        waited >= Duration::from_millis(400),
+        "D's seq 3 reached the downstream {waited:?} after it was published, \
+         before the 500ms start grace\n{}",
+        describe(&calls)
+    );
+    assert_eq!(seqs(&calls, d), [3, 4], "{}", describe(&calls));
+    let log = f.worker.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("gap at start") && names_order(l, d)),
+        "no gap-at-start report for order {d}:\n{}",
+        f.worker.log_tail(40)
+    );
+
+    // E: seq 2 first, seq 1 right behind it, within the grace: 1 then 2.
+    let e = "start-e";
+    let e1 = ev(&f.env, e, 1);
+    let e2 = ev(&f.env, e, 2);
+    f.publisher.publish(&[e2.clone(), e1.clone()]).await;
+    f.downstream
+        .wait_for("E seqs 1 and 2", PROCESSING, |calls| {
+            all_ok(calls, &[e1.clone(), e2.clone()])
+        })
+        .await;
+    f.env.wait_shard_queues_drained(PROCESSING).await;
+    let calls = f.downstream.calls();
+    assert_eq!(seqs(&calls, e), [1, 2], "{}", describe(&calls));
+    assert_exactly_once(&calls, &[d3, d4, e1, e2]);
+    let log = f.worker.log_text();
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("gap at start") && names_order(l, e)),
+        "order {e} had its seq 1 within the grace, yet a gap at start was reported:\n{}",
+        f.worker.log_tail(40)
+    );
+    assert_eq!(dlq::depth(&f.env, &f.conn).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_copy_of_a_held_event_is_acked_as_a_duplicate() {
+    let f = fleet(
+        "gate-copy",
+        Downstream::start().await,
+        &["--gap-grace", "60s", "--start-grace", "30s"],
+    )
+    .await;
+    let o = "copy-f";
+    let f_ev: Vec<Event> = (1..=3).map(|s| ev(&f.env, o, s)).collect();
+    f.publisher.publish(&f_ev[..1]).await;
+    f.downstream
+        .wait_for("F seq 1", PROCESSING, |calls| all_ok(calls, &f_ev[..1]))
+        .await;
+
+    f.publisher
+        .publish(&[f_ev[2].clone(), f_ev[2].clone()])
+        .await;
+    // One copy held (unacked), the other acked: the queue holds exactly one.
+    let queue = f.env.shard_queue(f_ev[2].shard);
+    let deadline = Instant::now() + PROCESSING;
+    loop {
+        let depths = f.env.queue_depths().await;
+        let depth = depths.get(&queue).copied();
+        if depth == Some((1, 1)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{queue}: (messages, unacked) = {depth:?}, expected (1, 1): one copy of \
+             F's seq 3 held, the other acked as a duplicate\n{}",
+            f.worker.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(seqs(&f.downstream.calls(), o), [1]);
+
+    f.publisher.publish(&f_ev[1..2]).await;
+    f.downstream
+        .wait_for("F seqs 2 and 3", PROCESSING, |calls| all_ok(calls, &f_ev))
+        .await;
+    f.env.wait_shard_queues_drained(PROCESSING).await;
+    let calls = f.downstream.calls();
+    assert_eq!(seqs(&calls, o), [1, 2, 3], "{}", describe(&calls));
+    assert_exactly_once(&calls, &f_ev);
+    assert_eq!(dlq::depth(&f.env, &f.conn).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_without_seq_bypass_the_gate() {
+    let f = fleet(
+        "gate-noseq",
+        Downstream::start().await,
+        &["--start-grace", "60s", "--gap-grace", "60s"],
+    )
+    .await;
+    let h = "noseq-h";
+    // Seq 3 of a new order: held for the (long) start grace.
+    let h3 = ev(&f.env, h, 3);
+    f.publisher.publish(std::slice::from_ref(&h3)).await;
+    // Unsequenced events of the same order, in no particular order.
+    let ids = ["n3", "n1", "n2"];
+    let shard = f.env.shard_of(h);
+    let started = Instant::now();
+    for id in ids {
+        let body = NewEvent {
+            order_id: h.to_owned(),
+            event: "note.added".into(),
+            seq: None,
+            event_id: Some(id.to_owned()),
+            data: serde_json::json!({ "test": true }),
+        }
+        .to_body()
+        .unwrap();
+        f.publisher.publish_raw(shard, &body).await;
+    }
+    let keys: Vec<String> = ids
+        .iter()
+        .map(|id| format!("{h}:note.added:{id}"))
+        .collect();
+    // Well inside the 60 s start grace: they did not wait for it.
+    let calls = f
+        .downstream
+        .wait_for(
+            "the unsequenced events while seq 3 is held",
+            Duration::from_secs(30),
+            |calls| {
+                keys.iter()
+                    .all(|k| calls.iter().any(|c| c.key() == k && c.ok() && c.completed))
+            },
+        )
+        .await;
+    let order: Vec<&str> = calls
+        .iter()
+        .filter(|c| c.order_id.as_deref() == Some(h))
+        .map(Call::key)
+        .collect();
+    assert_eq!(
+        order,
+        keys.iter().map(String::as_str).collect::<Vec<_>>(),
+        "unsequenced events each once, in publish order, and H's seq 3 still held \
+         ({:?} after publishing)\n{}",
+        started.elapsed(),
+        describe(&calls)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_max_held_the_oldest_gap_times_out_early() {
+    let f = fleet(
+        "gate-max",
+        Downstream::start().await,
+        &[
+            "--max-held",
+            "2",
+            "--gap-grace",
+            "60s",
+            "--start-grace",
+            "60s",
+        ],
+    )
+    .await;
+    let ids = same_shard_orders(&f.env, "max", 3);
+    let (g, p, k) = (&ids[0], &ids[1], &ids[2]);
+    let g_ev: Vec<Event> = (1..=5).map(|s| ev(&f.env, g, s)).collect();
+
+    // G: 1, then 3, 4 held (the bound, 2), then 5: G's gap is given up at once.
+    let started = Instant::now();
+    f.publisher
+        .publish(&[
+            g_ev[0].clone(),
+            g_ev[2].clone(),
+            g_ev[3].clone(),
+            g_ev[4].clone(),
+        ])
+        .await;
+    let letters = dlq::take(&f.env, &f.conn, 2, GIVE_UP).await;
+    let elapsed = started.elapsed();
+    assert_letters(&letters, &[("seq-gap", &g_ev[2]), ("seq-gap", &g_ev[3])]);
+    assert!(
+        elapsed < Duration::from_secs(30),
+        "the gap was given up after {elapsed:?}: not early"
+    );
+    // The order continues after the highest given up.
+    f.downstream
+        .wait_for("G seqs 1 and 5", PROCESSING, |calls| {
+            all_ok(calls, &[g_ev[0].clone(), g_ev[4].clone()])
+        })
+        .await;
+
+    // P and K: P's 3 held first, then K's 3, then K's 4 at the bound: the
+    // oldest gap (P's) is given up, K's keep waiting for K's 2.
+    let p1 = ev(&f.env, p, 1);
+    let p3 = ev(&f.env, p, 3);
+    let k_ev: Vec<Event> = (1..=4).map(|s| ev(&f.env, k, s)).collect();
+    f.publisher
+        .publish(&[
+            p1.clone(),
+            k_ev[0].clone(),
+            p3.clone(),
+            k_ev[2].clone(),
+            k_ev[3].clone(),
+        ])
+        .await;
+    let letters = dlq::take(&f.env, &f.conn, 1, GIVE_UP).await;
+    assert_letters(&letters, &[("seq-gap", &p3)]);
+    let calls = f
+        .downstream
+        .wait_for("P seq 1 and K seq 1", PROCESSING, |calls| {
+            all_ok(calls, &[p1.clone(), k_ev[0].clone()])
+        })
+        .await;
+    assert_eq!(
+        seqs(&calls, k),
+        [1],
+        "K's 3 and 4 must still wait for K's 2\n{}",
+        describe(&calls)
+    );
+    f.publisher.publish(&k_ev[1..2]).await;
+    f.downstream
+        .wait_for("K seqs 2, 3, 4", PROCESSING, |calls| all_ok(calls, &k_ev))
+        .await;
+    f.env.wait_shard_queues_drained(PROCESSING).await;
+    let calls = f.downstream.calls();
+    assert_eq!(seqs(&calls, g), [1, 5], "{}", describe(&calls));
+    assert_eq!(seqs(&calls, p), [1], "{}", describe(&calls));
+    assert_eq!(seqs(&calls, k), [1, 2, 3, 4], "{}", describe(&calls));
+    let processed: Vec<Event> = [g_ev[0].clone(), g_ev[4].clone(), p1]
+        .into_iter()
+        .chain(k_ev)
+        .collect();
+    assert_exactly_once(&calls, &processed);
+    assert_eq!(dlq::depth(&f.env, &f.conn).await, 0);
+}

@@ -1,0 +1,86 @@
+//! Reading the dead-letter queue: wait for letters, take them off, describe them.
+
+use std::time::{Duration, Instant};
+
+use lapin::Connection;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicGetOptions};
+use shardline_topology::declare::queue_status;
+use shardline_topology::headers::{self, header_i64, header_str};
+
+use super::env::TestEnv;
+
+/// Messages in the environment's dead-letter queue (it has no consumer).
+pub async fn depth(env: &TestEnv, conn: &Connection) -> u32 {
+    queue_status(conn, &env.names.dead_letter_queue)
+        .await
+        .unwrap()
+        .messages
+}
+
+/// Waits until the dead-letter queue holds at least `count` letters, then takes
+/// every letter off it (acked), in queue order. Fails loudly after `timeout`.
+pub async fn take(
+    env: &TestEnv,
+    conn: &Connection,
+    count: u32,
+    timeout: Duration,
+) -> Vec<Delivery> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let n = depth(env, conn).await;
+        if n >= count {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dead-letter queue holds {n} letter(s) after {timeout:?}, expected {count}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let channel = conn.create_channel().await.unwrap();
+    let mut letters = Vec::new();
+    while let Some(message) = channel
+        .basic_get(
+            env.names.dead_letter_queue.as_str().into(),
+            BasicGetOptions { no_ack: false },
+        )
+        .await
+        .unwrap()
+    {
+        message
+            .delivery
+            .ack(BasicAckOptions::default())
+            .await
+            .unwrap();
+        letters.push(message.delivery);
+    }
+    let _ = channel.close(200, "done".into()).await;
+    letters
+}
+
+/// The letter's `x-fail-reason`.
+pub fn reason(letter: &Delivery) -> &str {
+    header_str(&letter.properties, headers::FAIL_REASON).unwrap_or("-")
+}
+
+/// The letter's `x-retry-count`.
+pub fn retry_count(letter: &Delivery) -> Option<i64> {
+    header_i64(&letter.properties, headers::RETRY_COUNT)
+}
+
+/// One line per letter: reason, retry count, error, body.
+pub fn describe(letters: &[Delivery]) -> String {
+    letters
+        .iter()
+        .map(|l| {
+            format!(
+                "  reason={} retry-count={:?} error={:?} body={}\n",
+                reason(l),
+                retry_count(l),
+                header_str(&l.properties, headers::ERROR).unwrap_or("-"),
+                String::from_utf8_lossy(&l.data)
+            )
+        })
+        .collect()
+}
