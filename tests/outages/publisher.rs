@@ -1,0 +1,189 @@
+//! The publisher library across broker outages, mid-stream: its connection
+//! force-closed, and the broker application stopped and started. SPEC §4:
+//! per-order publish order holds across reconnects, unconfirmed events are
+//! re-sent in their original order, nothing is lost.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lapin::options::BasicGetOptions;
+use shardline_publisher::{Config, Counts, Publisher as LibPublisher};
+
+use crate::harness::{PROCESSING, SHARDS, TestEnv, interleaved, orders_covering_shards};
+use crate::support::{BROKER_RESTART, StoppedBroker, close_connection, one_connection};
+
+#[derive(Debug, Clone, Copy)]
+enum Outage {
+    CloseConnection,
+    BrokerRestart,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "disturbs the shared broker: scripts/test runs it alone"]
+async fn publisher_survives_its_connection_being_closed() {
+    publisher_survives("close-publisher", Outage::CloseConnection).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "disturbs the shared broker: scripts/test runs it alone"]
+async fn publisher_survives_a_broker_restart() {
+    publisher_survives("restart-publisher", Outage::BrokerRestart).await;
+}
+
+/// Events published back to back, then a pause: so that the outage is likely
+/// to find events unconfirmed (the re-send path), while the stream lasts a few
+/// seconds (2400 events at ~530/s).
+const BURST: usize = 32;
+const BURST_EVERY: Duration = Duration::from_millis(60);
+/// Seqs per order.
+const PER_ORDER: u64 = 20;
+
+/// Publishes 2400 events (120 orders × 20, seq-major) in bursts, with a window
+/// of 64, and hits it with the outage after a quarter. Then every event is in
+/// its order's shard queue; per order the first copies come in seq order;
+/// every extra copy is accounted for by the publisher's re-sends.
+async fn publisher_survives(name: &str, outage: Outage) {
+    let env = TestEnv::new(name).await;
+    env.apply_topology().await;
+    let events = interleaved(
+        &orders_covering_shards(name, 15, &env),
+        PER_ORDER,
+        env.shards,
+    );
+    let total = events.len();
+    let connection_name = format!("outage publisher {}", env.id);
+    let config = Config {
+        amqp_url: env.amqp_url.clone(),
+        shards: env.shards,
+        window: 64,
+        connection_name: connection_name.clone(),
+        reconnect_give_up: BROKER_RESTART,
+        ..Config::default()
+    };
+    let mut publisher = LibPublisher::connect(config).await.unwrap();
+    let pid = one_connection(&env.vhost, &connection_name).await;
+
+    let published = Arc::new(AtomicUsize::new(0));
+    let bodies: Vec<Vec<u8>> = events.iter().map(|e| e.body.clone()).collect();
+    let task = {
+        let published = Arc::clone(&published);
+        tokio::spawn(async move {
+            let mut pace = tokio::time::interval(BURST_EVERY);
+            for (i, body) in bodies.into_iter().enumerate() {
+                if i % BURST == 0 {
+                    pace.tick().await;
+                }
+                publisher
+                    .publish(body)
+                    .await
+                    .unwrap_or_else(|e| panic!("publishing event #{i}: {e}"));
+                published.store(i + 1, Ordering::Relaxed);
+            }
+            publisher.flush().await.expect("flush");
+            let counts = publisher.counts();
+            publisher.close().await.expect("close");
+            counts
+        })
+    };
+
+    let deadline = tokio::time::Instant::now() + PROCESSING;
+    while published.load(Ordering::Relaxed) < total / 4 {
+        assert!(
+            !task.is_finished() && tokio::time::Instant::now() < deadline,
+            "publisher stopped at {} of {total} events",
+            published.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stopped = match outage {
+        Outage::CloseConnection => {
+            close_connection(&pid).await;
+            None
+        }
+        Outage::BrokerRestart => Some(StoppedBroker::stop().await),
+    };
+    let at_outage = published.load(Ordering::Relaxed);
+    assert!(
+        at_outage < total,
+        "publishing ended before the outage: the test proves nothing"
+    );
+    if let Some(stopped) = stopped {
+        stopped.start().await;
+    }
+    let counts: Counts = tokio::time::timeout(PROCESSING, task)
+        .await
+        .expect("publisher did not finish after the outage")
+        .expect("publisher task failed");
+    assert_eq!(counts.published, total as u64, "{counts:?}");
+    assert_eq!(counts.confirmed, total as u64, "{counts:?}");
+    assert!(
+        counts.reconnects >= 1,
+        "the publisher never noticed the outage: {counts:?}"
+    );
+
+    let queued = drain(&env).await;
+    let expected_shard: HashMap<&str, u16> = events
+        .iter()
+        .map(|e| (e.order_id.as_str(), e.shard))
+        .collect();
+    let mut first_copies: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut copies: HashMap<(String, u64), usize> = HashMap::new();
+    for (shard, order, seq) in &queued {
+        assert_eq!(
+            expected_shard.get(order.as_str()),
+            Some(shard),
+            "order {order} seq {seq} in the wrong shard queue"
+        );
+        let n = copies.entry((order.clone(), *seq)).or_default();
+        if *n == 0 {
+            first_copies.entry(order.clone()).or_default().push(*seq);
+        }
+        *n += 1;
+    }
+    for (order, seqs) in &first_copies {
+        assert_eq!(
+            seqs,
+            &(1..=PER_ORDER).collect::<Vec<_>>(),
+            "order {order}: first copies in the queue in this order"
+        );
+    }
+    assert_eq!(
+        first_copies.len(),
+        expected_shard.len(),
+        "orders missing from the queues"
+    );
+    let extra = queued.len() - copies.len();
+    assert!(
+        extra as u64 <= counts.resent,
+        "{extra} extra copies but only {} re-sends: {counts:?}",
+        counts.resent
+    );
+    eprintln!(
+        "{outage:?}: {total} events, outage at {at_outage}, {} queued ({extra} extra copies), {counts:?}",
+        queued.len()
+    );
+}
+
+/// Every message of every shard queue as `(shard, order_id, seq)`, in queue
+/// order, taken with `basic.get` (auto-ack) until the queue is empty.
+async fn drain(env: &TestEnv) -> Vec<(u16, String, u64)> {
+    let conn = env.connect().await;
+    let channel = conn.create_channel().await.unwrap();
+    let mut out = Vec::new();
+    for shard in 0..SHARDS {
+        let queue = env.shard_queue(shard);
+        while let Some(message) = channel
+            .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+        {
+            let json: serde_json::Value = serde_json::from_slice(&message.delivery.data).unwrap();
+            let order = json["order_id"].as_str().unwrap().to_owned();
+            let seq = json["seq"].as_u64().unwrap();
+            out.push((shard, order, seq));
+        }
+    }
+    out
+}
