@@ -8,19 +8,27 @@
 //! - [`ordering`]: per-order sequence and exactly-once delivery across shards.
 //! - [`duplicates`]: redelivered copies never reach the downstream twice.
 //! - [`failures`]: in-place retries, permanent failures and poison bodies dead-lettered.
+//! - [`gate`]: the sequence gate: held events, gaps, late events, start grace, max held.
+//! - [`hostile`]: a corpus of malformed bodies and odd headers: defined outcomes, no panic, no blocked shard.
 //! - [`crash`]: kill -9 mid-stream loses nothing and repeats at most the in-flight event.
+//! - [`crashloop`]: an event that aborts the worker is dead-lettered `crash-loop` after `--max-deliveries`.
 //! - [`standby`]: one consumer per shard; a standby takes over from a killed worker.
 //! - [`shutdown`]: SIGTERM drains the in-flight event, acks it and exits 0.
 //! - [`trace`]: the publisher's trace continues into the downstream call.
+//! - [`tls`]: `amqps://` and `rediss://` with a certificate from a private CA.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod harness;
 
 mod crash;
+mod crashloop;
 mod duplicates;
 mod failures;
+mod gate;
+mod hostile;
 mod ordering;
 mod shutdown;
 mod standby;
+mod tls;
 mod topology;
 mod trace;

@@ -68,7 +68,11 @@ impl Envelope {
                 body.len()
             )));
         }
-        let wire: Wire<'_> = serde_json::from_slice(body).map_err(|e| match e.classify() {
+        // serde_json checks UTF-8 only in the strings it reads into fields; the
+        // handler gets the whole body, so all of it must be UTF-8.
+        let text = std::str::from_utf8(body)
+            .map_err(|e| EnvelopeError::Decode(format!("invalid UTF-8: {e}")))?;
+        let wire: Wire<'_> = serde_json::from_str(text).map_err(|e| match e.classify() {
             serde_json::error::Category::Data => EnvelopeError::Invalid(e.to_string()),
             _ => EnvelopeError::Decode(e.to_string()),
         })?;

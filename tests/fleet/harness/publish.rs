@@ -4,7 +4,7 @@
 use std::time::SystemTime;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{Channel, Connection};
+use lapin::{BasicProperties, Channel, Connection};
 use shardline_topology::headers::{event_properties, new_traceparent};
 use shardline_topology::{NewEvent, ShardCount};
 
@@ -108,6 +108,26 @@ impl Publisher {
     pub async fn publish_raw(&self, shard: u16, body: &[u8]) {
         let confirm = self.send(shard, body, "raw", &new_traceparent()).await;
         check(confirm.await, "raw body");
+    }
+
+    /// Publishes `body` as is to shard `shard` with exactly `props` (any headers,
+    /// of any AMQP type, or none), confirmed.
+    pub async fn publish_with(&self, shard: u16, body: &[u8], props: BasicProperties) {
+        let confirm = self
+            .channel
+            .basic_publish(
+                self.exchange.as_str().into(),
+                format!("shard.{shard}").as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                body,
+                props,
+            )
+            .await
+            .unwrap();
+        check(confirm.await, "body with custom properties");
     }
 
     async fn send(

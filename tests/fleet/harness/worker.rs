@@ -109,6 +109,11 @@ impl Worker {
         }
     }
 
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     fn fail_if_exited(&mut self, before: &str) {
         if let Ok(Some(status)) = self.child.try_wait() {
             panic!(
