@@ -4,13 +4,22 @@
 use std::time::Duration;
 
 use crate::harness::{
-    Downstream, PROCESSING, Publisher, Reply, STARTUP, TestEnv, Worker, all_ok,
+    Downstream, PROCESSING, Publisher, QueueType, Reply, STARTUP, TestEnv, Worker, all_ok,
     assert_in_order_and_complete, describe, interleaved, ok_keys, order_ids, repeats_per_shard,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_stream_loses_nothing() {
-    let env = TestEnv::new("crash").await;
+    kill_9_mid_stream(QueueType::Classic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_stream_loses_nothing_on_quorum_queues() {
+    kill_9_mid_stream(QueueType::Quorum).await;
+}
+
+async fn kill_9_mid_stream(queue_type: QueueType) {
+    let env = TestEnv::with_queue_type("crash", queue_type).await;
     env.apply_topology().await;
     let conn = env.connect().await;
     let downstream =

@@ -16,8 +16,8 @@ use shardline_topology::NewEvent;
 use tokio::process::{Child, Command};
 
 use crate::harness::{
-    Downstream, Event, PROCESSING, Publisher, STARTUP, TestEnv, all_ok, assert_exactly_once,
-    describe, dlq,
+    Downstream, Event, PROCESSING, Publisher, QueueType, STARTUP, TestEnv, all_ok,
+    assert_exactly_once, describe, dlq,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_shardline-abort-worker");
@@ -51,6 +51,7 @@ impl Run {
             .args(["--worker-name", &format!("abort-{n}")])
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info,lapin=off")
+            .env(env.queue_type_env().0, env.queue_type_env().1)
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file)
@@ -77,7 +78,19 @@ impl Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_that_kills_the_worker_is_dead_lettered_crash_loop() {
-    let env = TestEnv::new("crashloop").await;
+    dead_lettered_crash_loop(QueueType::Classic).await;
+}
+
+/// On quorum queues each abort also returns the event to the queue with its
+/// `x-delivery-count` raised; with `--max-deliveries` (3) far below the
+/// queue's delivery limit (20), the worker's own count still decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_that_kills_the_worker_is_dead_lettered_crash_loop_on_quorum_queues() {
+    dead_lettered_crash_loop(QueueType::Quorum).await;
+}
+
+async fn dead_lettered_crash_loop(queue_type: QueueType) {
+    let env = TestEnv::with_queue_type("crashloop", queue_type).await;
     env.apply_topology().await;
     let conn = env.connect().await;
     let downstream = Downstream::start().await;

@@ -2,13 +2,22 @@
 //! orders on different shards run in parallel.
 
 use crate::harness::{
-    Downstream, PROCESSING, Publisher, TestEnv, Worker, all_ok, assert_exactly_once,
+    Downstream, PROCESSING, Publisher, QueueType, TestEnv, Worker, all_ok, assert_exactly_once,
     assert_in_order_and_complete, assert_request_shape, interleaved, order_ids,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_order_arrives_in_sequence_exactly_once() {
-    let env = TestEnv::new("order").await;
+    in_sequence_exactly_once(QueueType::Classic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_order_arrives_in_sequence_exactly_once_on_quorum_queues() {
+    in_sequence_exactly_once(QueueType::Quorum).await;
+}
+
+async fn in_sequence_exactly_once(queue_type: QueueType) {
+    let env = TestEnv::with_queue_type("order", queue_type).await;
     env.apply_topology().await;
     let conn = env.connect().await;
     let downstream = Downstream::start().await;

@@ -1,38 +1,65 @@
-//! Two workers on the same shards: one consumer per shard; the standby takes
-//! over when the active worker is killed.
+//! Two workers on the same shards: one active consumer per shard; the standby
+//! takes over when the active worker is killed (classic queues: exclusive
+//! consumers; quorum queues: the queue's single-active-consumer).
 
 use std::time::Duration;
 
 use crate::harness::{
-    Downstream, PROCESSING, Publisher, Reply, SHARDS, STARTUP, TestEnv, Worker, all_ok,
+    Downstream, PROCESSING, Publisher, QueueType, Reply, SHARDS, STARTUP, TestEnv, Worker, all_ok,
     assert_exactly_once, assert_in_order_and_complete, describe, interleaved, ok_keys, order_ids,
     repeats_per_shard,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standby_takes_over_from_a_killed_worker() {
-    let env = TestEnv::new("standby").await;
+    standby_takes_over(QueueType::Classic).await;
+}
+
+/// On quorum queues both workers consume every shard queue; the queue's
+/// single-active-consumer keeps exactly one of them active per shard, and makes
+/// the standby's consumer active when the active worker dies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_takes_over_from_a_killed_worker_on_quorum_queues() {
+    standby_takes_over(QueueType::Quorum).await;
+}
+
+async fn standby_takes_over(queue_type: QueueType) {
+    let env = TestEnv::with_queue_type("standby", queue_type).await;
     env.apply_topology().await;
     let conn = env.connect().await;
     let downstream =
         Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(15))).await;
     let flags = ["--standby-retry", "200ms"];
+    let taken = env.taken_log_line();
+    // Classic: the standby waits outside the queue (its exclusive consume is
+    // refused); quorum: it is a second, inactive consumer of every queue.
+    let consumers_with_standby: u32 = if env.is_quorum() { 2 } else { 1 };
 
     let mut active = Worker::start(&env, "active", &downstream.url(), &flags);
     active.wait_consuming(&env, &conn).await;
-    active.wait_log_all_shards("shard active", STARTUP).await;
+    active.wait_log_all_shards(taken, STARTUP).await;
     let mut standby = Worker::start(&env, "standby", &downstream.url(), &flags);
-    standby.wait_log_all_shards("standing by", STARTUP).await;
+    standby.wait_standing_by(&env).await;
+    // A passive declare counts the active consumer only (quorum queues leave
+    // waiting single-active consumers out of it).
     let statuses = env.shard_statuses(&conn).await;
     assert!(
         statuses.iter().all(|s| s.consumers == 1),
-        "a shard without exactly one consumer while both workers run: {statuses:?}"
+        "a shard without exactly one active consumer while both workers run: {statuses:?}"
     );
-    assert!(
-        standby.logged_shards("shard active").is_empty(),
-        "the standby claims shards the active worker holds:\n{}",
-        standby.log_tail(40)
-    );
+    if let Some(wrong) = env
+        .active_owner_mismatch("active", consumers_with_standby)
+        .await
+    {
+        panic!("while both workers run: {wrong}");
+    }
+    if !env.is_quorum() {
+        assert!(
+            standby.logged_shards(taken).is_empty(),
+            "the standby claims shards the active worker holds:\n{}",
+            standby.log_tail(40)
+        );
+    }
 
     let events = interleaved(&order_ids("standby", 120), 5, env.shards);
     Publisher::connect(&env).await.publish(&events).await;
@@ -60,13 +87,16 @@ async fn standby_takes_over_from_a_killed_worker() {
         .await;
     env.wait_shard_queues_drained(PROCESSING).await;
     assert_eq!(
-        standby.logged_shards("shard active").len(),
+        standby.logged_shards(taken).len(),
         usize::from(SHARDS),
         "the standby did not take every shard:\n{}",
         standby.log_tail(40)
     );
     let statuses = env.shard_statuses(&conn).await;
     assert!(statuses.iter().all(|s| s.consumers == 1), "{statuses:?}");
+    if let Some(wrong) = env.active_owner_mismatch("standby", 1).await {
+        panic!("after the active worker was killed: {wrong}");
+    }
 
     let calls = downstream.calls();
     assert_in_order_and_complete(&calls, &events);

@@ -502,6 +502,7 @@ impl TlsCli<'_> {
             .env_remove("SSL_CERT_DIR")
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info")
+            .env(self.env.queue_type_env().0, self.env.queue_type_env().1)
             .kill_on_drop(true);
         cmd
     }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::harness::{
-    Downstream, PROCESSING, Publisher, Reply, SHARDS, TestEnv, Worker, all_ok,
+    Downstream, PROCESSING, Publisher, QueueType, Reply, SHARDS, TestEnv, Worker, all_ok,
     assert_in_order_and_complete, describe, interleaved, ok_keys, orders_covering_shards,
     repeats_per_shard,
 };
@@ -26,21 +26,35 @@ enum Outage {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "disturbs the shared broker: scripts/test runs it alone"]
 async fn worker_survives_its_connection_being_closed() {
-    worker_survives("close-worker", Outage::CloseConnection).await;
+    worker_survives("close-worker", Outage::CloseConnection, QueueType::Classic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "disturbs the shared broker: scripts/test runs it alone"]
+async fn worker_survives_its_connection_being_closed_on_quorum_queues() {
+    worker_survives("close-worker", Outage::CloseConnection, QueueType::Quorum).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "disturbs the shared broker: scripts/test runs it alone"]
 async fn worker_survives_a_broker_restart() {
-    worker_survives("restart-worker", Outage::BrokerRestart).await;
+    worker_survives("restart-worker", Outage::BrokerRestart, QueueType::Classic).await;
+}
+
+/// Quorum queues come back through their Raft log after `start_app`; the
+/// worker resubscribes and the single-active-consumer makes it active again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "disturbs the shared broker: scripts/test runs it alone"]
+async fn worker_survives_a_broker_restart_on_quorum_queues() {
+    worker_survives("restart-worker", Outage::BrokerRestart, QueueType::Quorum).await;
 }
 
 /// 1000 events (200 orders × 5, 125 per shard) at 25 ms per handler call, so
 /// each shard is busy for seconds; the outage hits after a quarter of them.
 /// Afterwards: every event reached the downstream, per order in seq order, and
 /// each shard repeated at most its one in-flight event.
-async fn worker_survives(name: &str, outage: Outage) {
-    let env = TestEnv::new(name).await;
+async fn worker_survives(name: &str, outage: Outage, queue_type: QueueType) {
+    let env = TestEnv::with_queue_type(name, queue_type).await;
     env.apply_topology().await;
     let downstream =
         Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(25))).await;
@@ -99,7 +113,7 @@ async fn worker_survives(name: &str, outage: Outage) {
     }
     let after = one_connection(&env.vhost, conn_name).await;
     assert_ne!(after, before, "the worker should be on a new connection");
-    let active = worker.logged_shard_counts("shard active");
+    let active = worker.logged_shard_counts(env.taken_log_line());
     assert!(
         (0..SHARDS).all(|s| active.get(&s).is_some_and(|n| *n >= 2)),
         "every shard should have been taken again after the outage: {active:?}\n{}",
@@ -111,11 +125,13 @@ async fn worker_survives(name: &str, outage: Outage) {
     let repeats = repeats_per_shard(&calls, &env);
     assert!(
         repeats.values().all(|n| *n <= 1),
-        "more than the in-flight event repeated on a shard ({outage:?}): {repeats:?}\n{}",
+        "more than the in-flight event repeated on a shard ({outage:?}, {queue_type:?}): \
+         {repeats:?}\n{}",
         describe(&calls)
     );
     eprintln!(
-        "{outage:?}: {} events, {} calls, {} at the outage, repeats per shard {repeats:?}",
+        "{outage:?} ({queue_type:?}): {} events, {} calls, {} at the outage, repeats per \
+         shard {repeats:?}",
         events.len(),
         calls.len(),
         at_outage.len()

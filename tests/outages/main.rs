@@ -14,7 +14,8 @@
 //! [`harness::TestEnv`]), and leaves the broker running: a guard restarts it
 //! (`start_app`, `await_startup`) even when the test fails.
 //!
-//! - [`broker`]: the worker survives `close_connection` and a broker restart.
+//! - [`broker`]: the worker survives `close_connection` and a broker restart, on
+//!   classic and on quorum shard queues.
 //! - [`publisher`]: the publisher re-sends, in order, across the same outages.
 //! - [`redis_outage`]: a Redis outage pauses the shards, logged once; they resume by themselves.
 //! - [`support`]: finding connections, the broker-restart guard, a private Redis.

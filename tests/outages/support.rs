@@ -261,6 +261,7 @@ impl RedisWorker {
             .args(["--handler", handler, "--worker-name", name])
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info")
+            .env(env.queue_type_env().0, env.queue_type_env().1)
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file)
@@ -303,12 +304,16 @@ impl RedisWorker {
         }
     }
 
-    /// Waits until every shard queue has exactly one consumer.
+    /// Waits until every shard queue has exactly one consumer (quorum queues: at
+    /// least one; their single-active-consumer picks the active one).
     pub async fn wait_consuming(&mut self, env: &TestEnv, conn: &lapin::Connection) {
         let deadline = Instant::now() + STARTUP;
         loop {
             let statuses = env.shard_statuses(conn).await;
-            if statuses.iter().all(|s| s.consumers == 1) {
+            if statuses
+                .iter()
+                .all(|s| s.consumers == 1 || (env.is_quorum() && s.consumers >= 1))
+            {
                 return;
             }
             self.assert_running();

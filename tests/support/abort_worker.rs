@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use clap::Parser;
-use shardline_topology::{Names, ShardCount};
+use shardline_topology::{Names, QueueType, ShardCount, TopologyOptions};
 use shardline_worker::handler::Http;
 use shardline_worker::{Config, Event, Handler, HandlerError, RetryPolicy};
 use tokio_util::sync::CancellationToken;
@@ -48,6 +48,14 @@ struct Args {
     max_deliveries: u32,
     #[arg(long, env = "SHARDLINE_WORKER_NAME", default_value = "abort-worker")]
     worker_name: String,
+    /// Shard queue type, as `shardline worker --queue-type`: quorum queues are
+    /// consumed non-exclusively (their single-active-consumer picks the active
+    /// worker) and an event is dead-lettered `crash-loop` by its `x-delivery-count`.
+    #[arg(long, env = "SHARDLINE_QUEUE_TYPE", default_value = "classic")]
+    queue_type: QueueType,
+    /// Quorum queues: the `x-delivery-limit` they were applied with.
+    #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = 20)]
+    delivery_limit: u32,
 }
 
 /// Aborts the process on a poison event; forwards the others.
@@ -96,6 +104,12 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let exclusive = TopologyOptions {
+        shards: args.shards,
+        queue_type: args.queue_type,
+        ..TopologyOptions::default()
+    }
+    .exclusive_consumers();
     let config = Config {
         amqp_url: args.amqp_url,
         redis_url: args.redis_url,
@@ -105,6 +119,8 @@ async fn main() -> ExitCode {
         assign: args.shards.ids().collect(),
         worker_name: args.worker_name,
         max_deliveries: args.max_deliveries,
+        exclusive,
+        delivery_limit: (args.queue_type == QueueType::Quorum).then_some(args.delivery_limit),
         retry: RetryPolicy {
             base: Duration::from_millis(10),
             cap: Duration::from_millis(100),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lapin::Connection;
 use shardline_topology::declare::{self, ShardStatus};
-use shardline_topology::{Names, ShardCount, ShardId};
+use shardline_topology::{Names, QueueType, ShardCount, ShardId};
 
 /// Every fleet test runs with this many shards.
 pub const SHARDS: u16 = 8;
@@ -24,11 +24,34 @@ pub struct TestEnv {
     pub redis_prefix: String,
     pub names: Names,
     pub shards: ShardCount,
+    /// Type of the shard queues. Every `shardline` process the harness starts
+    /// gets it as `SHARDLINE_QUEUE_TYPE` (`topology apply` and the worker read
+    /// it; other subcommands ignore it). Classic by default.
+    pub queue_type: QueueType,
 }
 
+/// The worker's log line when it takes a shard with an exclusive consumer (classic queues).
+const TAKEN_EXCLUSIVE: &str = "shard active";
+/// The worker's log line when it consumes a single-active-consumer queue (quorum):
+/// the broker, not the worker, decides whether it is the active one.
+const TAKEN_SAC: &str = "consuming; the queue's single-active-consumer picks the active worker";
+
 impl TestEnv {
-    /// A fresh vhost (guest has full rights on it) and a fresh Redis prefix.
+    /// A fresh vhost (guest has full rights on it) and a fresh Redis prefix;
+    /// classic shard queues.
     pub async fn new(name: &str) -> Self {
+        Self::with_queue_type(name, QueueType::Classic).await
+    }
+
+    /// [`Self::new`] with shard queues of `queue_type` (quorum: `topology apply`
+    /// declares them so, and the worker consumes them non-exclusively). The id
+    /// ends in `-quorum` for quorum queues, so that logs and vhosts say which
+    /// run they belong to.
+    pub async fn with_queue_type(name: &str, queue_type: QueueType) -> Self {
+        let name = match queue_type {
+            QueueType::Classic => name.to_owned(),
+            QueueType::Quorum => format!("{name}-quorum"),
+        };
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let stamp = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -50,6 +73,32 @@ impl TestEnv {
             id,
             names: Names::default(),
             shards: ShardCount::new(u32::from(SHARDS)).unwrap(),
+            queue_type,
+        }
+    }
+
+    /// `SHARDLINE_QUEUE_TYPE` for every `shardline` process of this environment
+    /// (set explicitly for classic too, so that nothing inherited changes it).
+    pub fn queue_type_env(&self) -> (&'static str, &'static str) {
+        let value = match self.queue_type {
+            QueueType::Classic => "classic",
+            QueueType::Quorum => "quorum",
+        };
+        ("SHARDLINE_QUEUE_TYPE", value)
+    }
+
+    pub fn is_quorum(&self) -> bool {
+        self.queue_type == QueueType::Quorum
+    }
+
+    /// What the worker logs (with `shard=N`) when it has subscribed to a shard
+    /// queue: `shard active` on classic queues (it holds the exclusive consumer);
+    /// on quorum queues the single-active-consumer line (it may be waiting).
+    pub fn taken_log_line(&self) -> &'static str {
+        if self.is_quorum() {
+            TAKEN_SAC
+        } else {
+            TAKEN_EXCLUSIVE
         }
     }
 
@@ -70,6 +119,7 @@ impl TestEnv {
             .args(self.global_args())
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info")
+            .env(self.queue_type_env().0, self.queue_type_env().1)
             .kill_on_drop(true)
             .output()
             .await
@@ -174,6 +224,64 @@ impl TestEnv {
         }
     }
 
+    /// The consumers of every shard queue, by queue (`rabbitmqctl list_consumers`:
+    /// consumer tag `{worker}/shard-{n}` and whether it is the active one). A
+    /// queue without consumers is absent.
+    pub async fn shard_consumers(&self) -> BTreeMap<String, Vec<ConsumerRow>> {
+        let text = rabbitmqctl(&[
+            "-q",
+            "list_consumers",
+            "-p",
+            &self.vhost,
+            "--no-table-headers",
+            "queue_name",
+            "consumer_tag",
+            "active",
+        ])
+        .await;
+        let mut out: BTreeMap<String, Vec<ConsumerRow>> = BTreeMap::new();
+        for line in text.lines() {
+            let mut cols = line.split('\t');
+            let (Some(queue), Some(tag), Some(active)) = (cols.next(), cols.next(), cols.next())
+            else {
+                continue;
+            };
+            out.entry(queue.to_owned()).or_default().push(ConsumerRow {
+                tag: tag.to_owned(),
+                active: active.trim() == "true",
+            });
+        }
+        out
+    }
+
+    /// `None` when every shard queue has exactly one active consumer and it is
+    /// worker `owner`'s, and the queue has `consumers` consumers in all;
+    /// otherwise what differs (for a failure message).
+    pub async fn active_owner_mismatch(&self, owner: &str, consumers: u32) -> Option<String> {
+        let all = self.shard_consumers().await;
+        let mut wrong = Vec::new();
+        for shard in 0..SHARDS {
+            let queue = self.shard_queue(shard);
+            let rows = all.get(&queue).map(Vec::as_slice).unwrap_or_default();
+            let active: Vec<&str> = rows
+                .iter()
+                .filter(|r| r.active)
+                .map(|r| r.tag.as_str())
+                .collect();
+            let expected = format!("{owner}/shard-{shard}");
+            if active != [expected.as_str()] || rows.len() != consumers as usize {
+                wrong.push(format!("{queue}: {rows:?}"));
+            }
+        }
+        (!wrong.is_empty()).then(|| {
+            format!(
+                "expected on every shard queue {consumers} consumer(s), exactly one active, \
+                 worker `{owner}`'s; got:\n  {}",
+                wrong.join("\n  ")
+            )
+        })
+    }
+
     /// Number of Redis keys under this environment's prefix.
     pub fn redis_key_count(&self) -> usize {
         let mut con = redis::Client::open(REDIS_URL)
@@ -182,6 +290,15 @@ impl TestEnv {
             .unwrap();
         scan_prefix(&mut con, &self.redis_prefix).len()
     }
+}
+
+/// One consumer of a queue, as `rabbitmqctl list_consumers` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerRow {
+    pub tag: String,
+    /// The single active consumer of a single-active-consumer queue (always
+    /// true for other consumers).
+    pub active: bool,
 }
 
 impl Drop for TestEnv {

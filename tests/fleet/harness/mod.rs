@@ -21,6 +21,7 @@ use shardline_topology::headers::is_valid_traceparent;
 pub use downstream::{Call, Downstream, Reply, describe};
 pub use env::{SHARDS, TestEnv};
 pub use publish::{Event, Publisher, interleaved, order_ids};
+pub use shardline_topology::QueueType;
 pub use worker::Worker;
 
 /// Bound on start-up waits (a worker owning its shards, a standby standing by).

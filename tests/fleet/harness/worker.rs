@@ -41,6 +41,7 @@ impl Worker {
             .args(extra)
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info")
+            .env(env.queue_type_env().0, env.queue_type_env().1)
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file)
@@ -90,9 +91,19 @@ impl Worker {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
-    /// Waits until every shard queue has exactly one consumer (this worker, when
-    /// no other runs); fails loudly, at once if the worker exits.
+    /// Waits until this worker processes every shard; fails loudly, at once if
+    /// the worker exits. Classic queues: every shard queue has exactly one
+    /// consumer (this worker, when no other runs). Quorum queues: the worker
+    /// logged subscribing to every shard, and every shard queue has exactly one
+    /// active consumer (the queue's single-active-consumer picks it; this
+    /// worker's unless another worker was active first).
     pub async fn wait_consuming(&mut self, env: &TestEnv, conn: &Connection) {
+        if env.is_quorum() {
+            self.wait_log_all_shards(env.taken_log_line(), STARTUP)
+                .await;
+        }
+        // A passive declare's consumer count of a single-active-consumer quorum
+        // queue counts the active consumer only (waiting ones are not in it).
         let deadline = Instant::now() + STARTUP;
         loop {
             let statuses = env.shard_statuses(conn).await;
@@ -102,10 +113,42 @@ impl Worker {
             self.fail_if_exited("consuming every shard");
             assert!(
                 Instant::now() < deadline,
-                "worker {}: shard queues without exactly one consumer after {STARTUP:?}: {statuses:?}",
+                "worker {}: shard queues without exactly one (active) consumer after {STARTUP:?}: \
+                 {statuses:?}",
                 self.name
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the worker waits on every shard without processing it: on
+    /// classic queues it logged `standing by` (its exclusive consume refused);
+    /// on quorum queues it has a consumer on every shard queue that the
+    /// broker keeps inactive.
+    pub async fn wait_standing_by(&mut self, env: &TestEnv) {
+        if !env.is_quorum() {
+            return self.wait_log_all_shards("standing by", STARTUP).await;
+        }
+        self.wait_log_all_shards(env.taken_log_line(), STARTUP)
+            .await;
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            let all = env.shard_consumers().await;
+            let waiting = (0..SHARDS).all(|shard| {
+                let tag = format!("{}/shard-{shard}", self.name);
+                all.get(&env.shard_queue(shard))
+                    .is_some_and(|rows| rows.iter().any(|r| r.tag == tag && !r.active))
+            });
+            if waiting {
+                return;
+            }
+            self.fail_if_exited("standing by on every shard");
+            assert!(
+                Instant::now() < deadline,
+                "worker {}: not a waiting consumer of every shard queue after {STARTUP:?}: {all:?}",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
