@@ -139,7 +139,8 @@ pub const EXIT_ATTENTION: u8 = 3;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    telemetry::init(cli.global.log_format);
+    // Held to the end: dropping it flushes the last spans.
+    let _telemetry = telemetry::init(cli.global.log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

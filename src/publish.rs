@@ -111,6 +111,9 @@ pub async fn publish(
         event.to_body().context("not publishing")?;
         let mut publisher = Publisher::connect(config).await?;
         publisher.publish_event(&event).await?;
+        if let Some(trace) = publisher.last_trace() {
+            println!("trace {}", trace.trace_id());
+        }
         return finish(publisher, false).await;
     }
     let Some(path) = args.file else {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 use shardline_topology::{QueueType, ShardSet};
+use shardline_worker::status::Thresholds;
 use shardline_worker::{Config, OnGap, RetryPolicy, Stats, handler};
 use tokio_util::sync::CancellationToken;
 
@@ -82,6 +83,17 @@ pub struct WorkerArgs {
     /// Quorum queues: the `x-delivery-limit` they were applied with.
     #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = 20)]
     pub delivery_limit: u32,
+    /// Backlog age (oldest unprocessed event of a shard) from which the shard
+    /// is at WARN (`shardline_backlog_level` 1).
+    #[arg(long, env = "SHARDLINE_BACKLOG_WARN", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub backlog_warn: Duration,
+    /// Backlog age from which the shard is at PAGE (`shardline_backlog_level` 2).
+    #[arg(long, env = "SHARDLINE_BACKLOG_PAGE", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub backlog_page: Duration,
+    /// An in-flight event worked on longer than this marks its shard stuck
+    /// (`shardline_stuck`).
+    #[arg(long, env = "SHARDLINE_STUCK_AFTER", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub stuck_after: Duration,
     /// Name in logs and in the broker's connection list (default host-pid).
     #[arg(long, env = "SHARDLINE_WORKER_NAME")]
     pub worker_name: Option<String>,
@@ -110,6 +122,9 @@ impl WorkerArgs {
         }
         if self.prefetch == 0 {
             anyhow::bail!("--prefetch must be at least 1");
+        }
+        if self.backlog_page < self.backlog_warn {
+            anyhow::bail!("--backlog-page must not be below --backlog-warn");
         }
         let assign = self
             .assign
@@ -153,6 +168,12 @@ impl WorkerArgs {
             },
             max_deliveries: self.max_deliveries,
             delivery_limit: (self.queue_type == QueueType::Quorum).then_some(self.delivery_limit),
+            metrics_addr: global.metrics_addr,
+            backlog: Thresholds {
+                warn: self.backlog_warn,
+                page: self.backlog_page,
+            },
+            stuck_after: self.stuck_after,
         })
     }
 }

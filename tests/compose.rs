@@ -43,6 +43,7 @@ struct Service {
     environment: Option<Value>,
     depends_on: Option<Value>,
     healthcheck: Option<Healthcheck>,
+    volumes: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -214,6 +215,8 @@ fn compose_has_the_fleet() {
         "worker-b",
         "worker-standby",
         "publisher",
+        "prometheus",
+        "grafana",
     ] {
         service(&compose, name);
     }
@@ -363,6 +366,207 @@ fn broker_and_redis_are_health_checked_and_redis_never_evicts() {
         Some("noeviction"),
         "dedup keys must not be evicted"
     );
+}
+
+// ---------------------------------------------------------------- observability
+
+/// Worker services: those whose command is `worker`.
+fn worker_services(compose: &Compose) -> Vec<(&String, &Service)> {
+    compose
+        .services
+        .iter()
+        .filter(|(_, s)| {
+            s.is_shardline() && s.command().first().map(String::as_str) == Some("worker")
+        })
+        .collect()
+}
+
+/// The host file mounted at `target` (`./host:target[:ro]`), relative to the repo.
+fn mounted(service: &Service, target: &str) -> Option<String> {
+    service.volumes.iter().flatten().find_map(|v| {
+        let mut parts = v.split(':');
+        let (host, inside) = (parts.next()?, parts.next()?);
+        (inside == target).then(|| host.trim_start_matches("./").to_owned())
+    })
+}
+
+#[test]
+fn every_worker_serves_metrics_and_prometheus_scrapes_each() {
+    let compose = compose();
+    let prometheus = service(&compose, "prometheus");
+    assert!(
+        prometheus
+            .image
+            .as_deref()
+            .is_some_and(|i| i.starts_with("prom/prometheus")),
+        "{:?}",
+        prometheus.image
+    );
+    let config_file = mounted(prometheus, "/etc/prometheus/prometheus.yml")
+        .expect("prometheus mounts its config at /etc/prometheus/prometheus.yml");
+    let config: Value = serde_yaml::from_str(&read(&config_file)).unwrap();
+    let targets: BTreeSet<String> = config["scrape_configs"]
+        .as_sequence()
+        .expect("scrape_configs")
+        .iter()
+        .filter(|job| {
+            job.get("metrics_path")
+                .and_then(Value::as_str)
+                .is_none_or(|p| p == "/metrics")
+        })
+        .flat_map(|job| {
+            job["static_configs"]
+                .as_sequence()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .flat_map(|sc| sc["targets"].as_sequence().cloned().unwrap_or_default())
+        .filter_map(|t| t.as_str().map(str::to_owned))
+        .collect();
+    let workers = worker_services(&compose);
+    assert!(workers.len() >= 3, "{workers:?}");
+    for (name, worker) in workers {
+        let addr = flag_value(&worker.command(), "--metrics-addr")
+            .unwrap_or_else(|| panic!("{name} has no --metrics-addr: {:?}", worker.command()));
+        let addr: std::net::SocketAddr = addr
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}: {addr}: {e}"));
+        assert!(
+            addr.ip().is_unspecified(),
+            "{name} must listen on 0.0.0.0 to be scraped: {addr}"
+        );
+        let target = format!("{name}:{}", addr.port());
+        assert!(
+            targets.contains(&target),
+            "prometheus does not scrape {target}: {targets:?}"
+        );
+        let deps = prometheus.depends_on();
+        assert!(
+            deps.contains_key(name.as_str()),
+            "prometheus should start after {name}: {deps:?}"
+        );
+    }
+}
+
+#[test]
+fn grafana_loads_the_dashboard_from_prometheus() {
+    let compose = compose();
+    let grafana = service(&compose, "grafana");
+    assert!(
+        grafana
+            .image
+            .as_deref()
+            .is_some_and(|i| i.starts_with("grafana/grafana"))
+    );
+    assert_eq!(
+        grafana.depends_on().get("prometheus").map(String::as_str),
+        Some("service_started")
+    );
+    let datasource = mounted(
+        grafana,
+        "/etc/grafana/provisioning/datasources/shardline.yml",
+    )
+    .expect("grafana provisions a data source");
+    let datasource: Value = serde_yaml::from_str(&read(&datasource)).unwrap();
+    assert_eq!(
+        datasource["datasources"][0]["url"].as_str(),
+        Some("http://prometheus:9090")
+    );
+    let provider = mounted(
+        grafana,
+        "/etc/grafana/provisioning/dashboards/shardline.yml",
+    )
+    .expect("grafana provisions dashboards");
+    let provider: Value = serde_yaml::from_str(&read(&provider)).unwrap();
+    let dir = provider["providers"][0]["options"]["path"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let dashboard = mounted(grafana, &format!("{dir}/shardline.json"))
+        .expect("the dashboard is mounted where the provider looks");
+    assert_eq!(dashboard, "deploy/grafana/shardline.json");
+}
+
+#[test]
+fn the_dashboard_charts_backlog_with_its_thresholds_and_only_real_metrics() {
+    use shardline_worker::metrics::names;
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/shardline.json")).unwrap();
+    let panels = dashboard["panels"].as_array().unwrap();
+    let exprs: Vec<&str> = panels
+        .iter()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .filter_map(|t| t["expr"].as_str())
+        .collect();
+    let known = [
+        names::EVENTS,
+        names::DEAD_LETTERS,
+        names::PROCESSING_SECONDS,
+        names::HANDLER_ATTEMPTS,
+        names::REDIS_OUTAGES,
+        names::BROKER_RECONNECTS,
+        names::SEQ_GAPS,
+        names::BACKLOG_AGE_SECONDS,
+        names::BACKLOG_LEVEL,
+        names::QUEUE_DEPTH,
+        names::DLQ_DEPTH,
+        names::HELD_EVENTS,
+        names::SHARD_ACTIVE,
+        names::INFLIGHT_SECONDS,
+        names::STUCK,
+    ];
+    let counters = [
+        names::EVENTS,
+        names::DEAD_LETTERS,
+        names::HANDLER_ATTEMPTS,
+        names::REDIS_OUTAGES,
+        names::BROKER_RECONNECTS,
+        names::SEQ_GAPS,
+    ];
+    for expr in &exprs {
+        for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if !word.starts_with("shardline_") {
+                continue;
+            }
+            let ok = known.contains(&word)
+                || counters.iter().any(|c| word == format!("{c}_total"))
+                || ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .any(|suffix| word == format!("{}{suffix}", names::PROCESSING_SECONDS));
+            assert!(ok, "dashboard queries unknown metric {word} in `{expr}`");
+        }
+    }
+    let backlog = panels
+        .iter()
+        .find(|p| {
+            p["targets"].as_array().into_iter().flatten().any(|t| {
+                t["expr"]
+                    .as_str()
+                    .is_some_and(|e| e.contains(names::BACKLOG_AGE_SECONDS))
+            })
+        })
+        .expect("a panel charts the backlog age");
+    let steps: Vec<f64> = backlog["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["value"].as_f64())
+        .collect();
+    assert_eq!(steps, [30.0, 120.0], "WARN and PAGE lines");
+    assert_eq!(
+        backlog["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"],
+        "line"
+    );
+    for wanted in [
+        "shardline_events_total",
+        "shardline_dead_letters_total",
+        "outcome=\"retried\"",
+    ] {
+        assert!(
+            exprs.iter().any(|e| e.contains(wanted)),
+            "no panel uses {wanted}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------- Dockerfile

@@ -5,7 +5,10 @@
 //! [`Config::window`] events are unconfirmed at a time (backpressure); a nack
 //! or a return is a typed [`PublishError`], never a log line. Per-order order
 //! holds across reconnects: unconfirmed events are re-sent in their original
-//! order before anything new. Modules, in the order an event meets them:
+//! order before anything new. Each event gets a producer span, `{exchange}
+//! publish`, from the global OpenTelemetry tracer (ended by its confirm), whose
+//! W3C context travels in its `traceparent`/`tracestate` headers. Modules, in
+//! the order an event meets them:
 //!
 //! - [`config`]: connection, window and reconnect settings.
 //! - [`publisher`]: shard routing, sending, confirms and reconnection.

@@ -10,7 +10,7 @@
 
 use std::future::Future as _;
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Instant, SystemTime};
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
@@ -19,7 +19,11 @@ use lapin::types::{FieldTable, ShortString};
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ErrorKind, ExchangeKind, PublisherConfirm,
 };
+use opentelemetry::global::{self, BoxedTracer};
+use opentelemetry::trace::{SpanContext, SpanKind, Status, TraceContextExt as _, Tracer as _};
+use opentelemetry::{Context, KeyValue};
 use shardline_topology::broker::soft_error;
+use shardline_topology::telemetry::{self, attr, op};
 use shardline_topology::{Envelope, NewEvent, ShardId, headers, redact_url};
 
 use crate::config::Config;
@@ -60,6 +64,11 @@ pub struct Publisher {
     channel_suspect: bool,
     counts: Counts,
     latency: LatencyHistogram,
+    /// The global tracer as it was at connect (a no-op without a provider).
+    tracer: BoxedTracer,
+    span_name: std::borrow::Cow<'static, str>,
+    /// The trace context sent with the last traced event.
+    last_trace: Option<SpanContext>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -86,6 +95,7 @@ impl Publisher {
             window = config.window,
             "publisher connected"
         );
+        let span_name = telemetry::span::publish(&config.names.exchange);
         Ok(Self {
             unconfirmed: Unconfirmed::new(config.window),
             config,
@@ -95,6 +105,9 @@ impl Publisher {
             channel_suspect: false,
             counts: Counts::default(),
             latency: LatencyHistogram::default(),
+            tracer: global::tracer_with_scope(telemetry::scope()),
+            span_name,
+            last_trace: None,
         })
     }
 
@@ -109,6 +122,13 @@ impl Publisher {
     /// Publish → confirm latency of every confirmed event.
     pub fn latency(&self) -> &LatencyHistogram {
         &self.latency
+    }
+
+    /// The trace context (`traceparent`) the last event published by
+    /// [`publish`](Self::publish), [`publish_envelope`](Self::publish_envelope)
+    /// or [`publish_event`](Self::publish_event) carries: where to look it up.
+    pub fn last_trace(&self) -> Option<&SpanContext> {
+        self.last_trace.as_ref()
     }
 
     /// Events sent or queued but not confirmed yet.
@@ -138,17 +158,89 @@ impl Publisher {
         envelope: &Envelope,
         body: Vec<u8>,
     ) -> Result<(), PublishError> {
-        let shard = self.shard_of(&envelope.order_id);
-        let props = new_event_properties(envelope.event_id.as_deref());
-        self.publish_to_shard(shard, body, props).await
+        let about = About {
+            order_id: &envelope.order_id,
+            event: &envelope.event,
+            seq: envelope.seq,
+            event_id: envelope.event_id.as_deref(),
+        };
+        self.publish_traced(&about, body).await
     }
 
     /// Publishes a generated event (the `publish` flags, the load generator).
     pub async fn publish_event(&mut self, event: &NewEvent) -> Result<(), PublishError> {
         let body = event.to_body()?;
-        let shard = self.shard_of(&event.order_id);
-        let props = new_event_properties(event.event_id.as_deref());
-        self.publish_to_shard(shard, body, props).await
+        let about = About {
+            order_id: &event.order_id,
+            event: &event.event,
+            seq: event.seq,
+            event_id: event.event_id.as_deref(),
+        };
+        self.publish_traced(&about, body).await
+    }
+
+    /// Opens the event's producer span (a child of the current context) and
+    /// publishes the event with that span's context in its headers.
+    async fn publish_traced(
+        &mut self,
+        about: &About<'_>,
+        body: Vec<u8>,
+    ) -> Result<(), PublishError> {
+        let shard = self.shard_of(about.order_id);
+        let message_id = message_id(about.event_id);
+        let (trace, recording) = self.publish_span(about, shard, &message_id, body.len());
+        let props = headers::traced_event_properties(&message_id, SystemTime::now(), &trace);
+        self.last_trace = Some(trace);
+        self.push(shard, body, props, recording).await
+    }
+
+    /// The producer span of one event: the context to send and, when the span
+    /// records, the span itself (ended on the broker's confirm). Attributes are
+    /// only built for a recording span, so without a tracer provider an event
+    /// costs one no-op span and a random id.
+    fn publish_span(
+        &self,
+        about: &About<'_>,
+        shard: ShardId,
+        message_id: &str,
+        body_len: usize,
+    ) -> (SpanContext, Option<Context>) {
+        let parent = Context::current();
+        let span = self
+            .tracer
+            .span_builder(self.span_name.clone())
+            .with_kind(SpanKind::Producer)
+            .start_with_context(&self.tracer, &parent);
+        let cx = parent.with_span(span);
+        let trace = telemetry::propagated(&cx);
+        if !cx.span().is_recording() {
+            return (trace, None);
+        }
+        let mut attributes = vec![
+            KeyValue::new(attr::MESSAGING_SYSTEM, attr::MESSAGING_SYSTEM_RABBITMQ),
+            KeyValue::new(attr::MESSAGING_OPERATION, op::PUBLISH),
+            KeyValue::new(
+                attr::MESSAGING_DESTINATION_NAME,
+                self.config.names.exchange.clone(),
+            ),
+            KeyValue::new(
+                attr::MESSAGING_ROUTING_KEY,
+                shardline_topology::Names::routing_key(shard),
+            ),
+            KeyValue::new(attr::MESSAGING_MESSAGE_ID, message_id.to_owned()),
+            KeyValue::new(
+                attr::MESSAGING_BODY_SIZE,
+                i64::try_from(body_len).unwrap_or(i64::MAX),
+            ),
+            KeyValue::new(attr::ORDER_ID, about.order_id.to_owned()),
+            KeyValue::new(attr::EVENT, about.event.to_owned()),
+            KeyValue::new(attr::SHARD, i64::from(shard.get())),
+        ];
+        if let Some(seq) = about.seq.and_then(|s| i64::try_from(s).ok()) {
+            attributes.push(KeyValue::new(attr::SEQ, seq));
+        }
+        cx.span().set_attributes(attributes);
+        (trace, Some(cx))
     }
 
     /// Publishes any body with the given properties to one shard: for bodies that
@@ -159,6 +251,16 @@ impl Publisher {
         shard: ShardId,
         body: Vec<u8>,
         properties: BasicProperties,
+    ) -> Result<(), PublishError> {
+        self.push(shard, body, properties, None).await
+    }
+
+    async fn push(
+        &mut self,
+        shard: ShardId,
+        body: Vec<u8>,
+        properties: BasicProperties,
+        trace: Option<Context>,
     ) -> Result<(), PublishError> {
         let routing_key = short(
             "routing key",
@@ -172,6 +274,7 @@ impl Publisher {
             routing_key,
             body,
             properties,
+            trace,
         });
         self.counts.published += 1;
         self.send_unsent().await
@@ -274,7 +377,7 @@ impl Publisher {
     /// the recorded latency is publish → confirm, not publish → window full.
     /// (Its resolution is the time between two publish calls.)
     fn settle_ready(&mut self) -> Result<(), PublishError> {
-        let mut cx = Context::from_waker(Waker::noop());
+        let mut cx = TaskContext::from_waker(Waker::noop());
         while let Some(confirm) = self.unconfirmed.oldest_confirm() {
             match Pin::new(confirm).poll(&mut cx) {
                 Poll::Pending => break,
@@ -308,6 +411,17 @@ impl Publisher {
         };
         let exchange = || self.config.names.exchange.clone();
         let routing_key = || entry.event.routing_key.to_string();
+        if let Some(cx) = &entry.event.trace {
+            let span = cx.span();
+            match &confirmation {
+                Confirmation::Ack(None) | Confirmation::NotRequested => {}
+                Confirmation::Ack(Some(_)) => {
+                    span.set_status(Status::error("unroutable: topology not applied?"));
+                }
+                Confirmation::Nack(_) => span.set_status(Status::error("nacked by the broker")),
+            }
+            span.end();
+        }
         match confirmation {
             Confirmation::Ack(None) | Confirmation::NotRequested => {
                 self.counts.confirmed += 1;
@@ -426,18 +540,20 @@ impl Drop for Publisher {
     }
 }
 
-/// Properties of a new event: message id = its event id, else a fresh uuid; a
-/// new trace.
-fn new_event_properties(event_id: Option<&str>) -> BasicProperties {
-    let generated;
-    let message_id = match event_id {
-        Some(id) => id,
-        None => {
-            generated = uuid::Uuid::new_v4().to_string();
-            &generated
-        }
-    };
-    headers::event_properties(message_id, SystemTime::now(), &headers::new_traceparent())
+/// The AMQP message id of a new event: its event id, else a fresh uuid.
+fn message_id(event_id: Option<&str>) -> std::borrow::Cow<'_, str> {
+    match event_id {
+        Some(id) => id.into(),
+        None => uuid::Uuid::new_v4().to_string().into(),
+    }
+}
+
+/// What the publish span says about an event.
+struct About<'a> {
+    order_id: &'a str,
+    event: &'a str,
+    seq: Option<u64>,
+    event_id: Option<&'a str>,
 }
 
 /// A confirm-mode channel, after checking that `exchange` exists (a publish to a
@@ -497,15 +613,9 @@ mod tests {
 
     #[test]
     fn new_events_get_their_event_id_or_a_fresh_message_id() {
-        let with_id = new_event_properties(Some("e-1"));
-        assert_eq!(
-            with_id.message_id().as_ref().map(|s| s.as_str()),
-            Some("e-1")
-        );
-        let a = new_event_properties(None);
-        let b = new_event_properties(None);
-        assert!(a.message_id().is_some());
-        assert_ne!(a.message_id(), b.message_id());
-        assert_eq!(*a.delivery_mode(), Some(2));
+        assert_eq!(message_id(Some("e-1")), "e-1");
+        let (a, b) = (message_id(None), message_id(None));
+        assert!(!a.is_empty());
+        assert_ne!(a, b);
     }
 }

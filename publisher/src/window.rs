@@ -10,6 +10,9 @@ use std::time::Instant;
 
 use lapin::BasicProperties;
 use lapin::types::ShortString;
+use opentelemetry::Context;
+use opentelemetry::trace::TraceContextExt as _;
+use shardline_topology::telemetry;
 
 /// An event as it goes on the wire, kept until the broker confirms it.
 #[derive(Debug, Clone)]
@@ -17,6 +20,9 @@ pub(crate) struct Outgoing {
     pub routing_key: ShortString,
     pub body: Vec<u8>,
     pub properties: BasicProperties,
+    /// The event's publish span while it records (a tracer provider is
+    /// installed); it ends when the broker settles the event.
+    pub trace: Option<Context>,
 }
 
 #[derive(Debug)]
@@ -104,6 +110,9 @@ impl<C> Unconfirmed<C> {
         for entry in &mut self.entries {
             if entry.first_sent.is_some() {
                 resend += 1;
+                if let Some(cx) = &entry.event.trace {
+                    cx.span().add_event(telemetry::event::RESENT, Vec::new());
+                }
             }
             entry.confirm = None;
         }
@@ -120,6 +129,7 @@ mod tests {
             routing_key: key.into(),
             body: key.as_bytes().to_vec(),
             properties: BasicProperties::default(),
+            trace: None,
         }
     }
 

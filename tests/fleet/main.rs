@@ -2,7 +2,10 @@
 //!
 //! Each test gets its own vhost and Redis prefix ([`harness::TestEnv`]), a
 //! recording downstream ([`harness::Downstream`]) and worker processes
-//! ([`harness::Worker`]). Tests, in the order of the pipeline:
+//! ([`harness::Worker`]). A `TestEnv` has classic shard queues unless made with
+//! [`harness::TestEnv::with_queue_type`]: then every `shardline` process it starts gets
+//! `SHARDLINE_QUEUE_TYPE=quorum`. The ordering, crash, crash-loop and standby
+//! tests run on both (`…_on_quorum_queues`). Tests, in the order of the pipeline:
 //!
 //! - [`topology`]: `topology apply` is idempotent, pika-compatible and loud on conflicts.
 //! - [`ordering`]: per-order sequence and exactly-once delivery across shards.
@@ -15,6 +18,9 @@
 //! - [`standby`]: one consumer per shard; a standby takes over from a killed worker.
 //! - [`shutdown`]: SIGTERM drains the in-flight event, acks it and exits 0.
 //! - [`trace`]: the publisher's trace continues into the downstream call.
+//! - [`trace_inmemory`]: publish → process → downstream call in one trace, seen by an in-memory exporter.
+//! - [`trace_otlp`]: the binaries export their spans over OTLP/HTTP, flushed on exit.
+//! - [`observability`]: `/metrics` backlog age behind a slow downstream, `/readyz`, `topology status`.
 //! - [`tls`]: `amqps://` and `rediss://` with a certificate from a private CA.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -26,9 +32,12 @@ mod duplicates;
 mod failures;
 mod gate;
 mod hostile;
+mod observability;
 mod ordering;
 mod shutdown;
 mod standby;
 mod tls;
 mod topology;
 mod trace;
+mod trace_inmemory;
+mod trace_otlp;

@@ -7,6 +7,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use opentelemetry::trace::SpanContext;
+
+use crate::telemetry;
 
 /// Publish time in milliseconds since the Unix epoch (signed 64-bit).
 pub const PUBLISHED_AT_MS: &str = "x-published-at-ms";
@@ -103,13 +106,33 @@ pub fn event_properties(
     published_at: SystemTime,
     traceparent: &str,
 ) -> BasicProperties {
-    let since_epoch = published_at.duration_since(UNIX_EPOCH).unwrap_or_default();
     let mut headers = FieldTable::default();
+    headers.insert(TRACEPARENT.into(), long_string(traceparent));
+    properties_with(message_id, published_at, headers)
+}
+
+/// [`event_properties`] with the trace context of `trace` (the publish span):
+/// `traceparent`, and `tracestate` when it has one.
+pub fn traced_event_properties(
+    message_id: &str,
+    published_at: SystemTime,
+    trace: &SpanContext,
+) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    telemetry::inject(trace, &mut headers);
+    properties_with(message_id, published_at, headers)
+}
+
+fn properties_with(
+    message_id: &str,
+    published_at: SystemTime,
+    mut headers: FieldTable,
+) -> BasicProperties {
+    let since_epoch = published_at.duration_since(UNIX_EPOCH).unwrap_or_default();
     headers.insert(
         PUBLISHED_AT_MS.into(),
         AMQPValue::LongLongInt(i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)),
     );
-    headers.insert(TRACEPARENT.into(), long_string(traceparent));
     let mut props = BasicProperties::default()
         .with_delivery_mode(PERSISTENT)
         .with_content_type(JSON.into())
@@ -121,11 +144,9 @@ pub fn event_properties(
     props
 }
 
-/// A fresh W3C `traceparent` (version 00, sampled).
+/// A fresh W3C `traceparent` (version 00, sampled) of a new trace.
 pub fn new_traceparent() -> String {
-    let trace: u128 = rand::random::<u128>().max(1);
-    let span: u64 = rand::random::<u64>().max(1);
-    format!("00-{trace:032x}-{span:016x}-01")
+    telemetry::traceparent(&telemetry::random_span_context())
 }
 
 /// Whether `value` is a well-formed W3C `traceparent` (version 00).
@@ -182,12 +203,16 @@ pub struct DeadLetter {
     pub first_failed_at: SystemTime,
     /// Unique id the DLQ commands address the dead letter by.
     pub id: String,
+    /// The trace context the dead letter carries: the worker's process span,
+    /// so a replay continues the trace under it. `None` keeps the original
+    /// `traceparent`/`tracestate`.
+    pub trace: Option<SpanContext>,
 }
 
 impl DeadLetter {
     /// The original properties with the dead-letter headers added. Existing
-    /// headers (trace context included) are kept; a re-dead-lettered replay gets
-    /// fresh values.
+    /// headers are kept, the trace context too unless [`Self::trace`] replaces
+    /// it; a re-dead-lettered replay gets fresh values.
     pub fn properties(&self, original: &BasicProperties) -> BasicProperties {
         let mut headers = original.headers().clone().unwrap_or_default();
         headers.insert(FAIL_REASON.into(), long_string(self.reason.as_str()));
@@ -209,6 +234,9 @@ impl DeadLetter {
             long_string(&humantime::format_rfc3339_millis(self.first_failed_at).to_string()),
         );
         headers.insert(DEAD_LETTER_ID.into(), long_string(&self.id));
+        if let Some(trace) = &self.trace {
+            telemetry::inject(trace, &mut headers);
+        }
         let props = original.clone().with_headers(headers);
         if props.delivery_mode().is_none() {
             props.with_delivery_mode(PERSISTENT)
@@ -281,6 +309,7 @@ mod tests {
             original_routing_key: "shard.3".into(),
             first_failed_at: SystemTime::now(),
             id: "dl-1".into(),
+            trace: None,
         };
         let props = dl.properties(&original);
         assert_eq!(header_str(&props, FAIL_REASON), Some("handler"));
@@ -293,6 +322,44 @@ mod tests {
             Some(MAX_ERROR_CHARS + 1)
         );
         assert_eq!(props.message_id(), original.message_id());
+        assert_eq!(
+            header_str(&props, TRACEPARENT),
+            header_str(&original, TRACEPARENT)
+        );
+    }
+
+    #[test]
+    fn dead_letters_can_carry_the_process_span_context() {
+        let original = event_properties("m-1", SystemTime::now(), &new_traceparent());
+        let process = telemetry::random_span_context();
+        let dl = DeadLetter {
+            reason: FailReason::Handler,
+            error: "boom".into(),
+            retry_count: 1,
+            shard: 0,
+            original_routing_key: "shard.0".into(),
+            first_failed_at: SystemTime::now(),
+            id: "dl-2".into(),
+            trace: Some(process.clone()),
+        };
+        let props = dl.properties(&original);
+        assert_eq!(
+            header_str(&props, TRACEPARENT),
+            Some(telemetry::traceparent(&process).as_str())
+        );
+    }
+
+    #[test]
+    fn traced_properties_carry_the_span_context() {
+        let sc = telemetry::random_span_context();
+        let props = traced_event_properties("m-1", SystemTime::now(), &sc);
+        assert_eq!(
+            header_str(&props, TRACEPARENT),
+            Some(telemetry::traceparent(&sc).as_str())
+        );
+        assert!(header_str(&props, TRACESTATE).is_none());
+        assert!(header_i64(&props, PUBLISHED_AT_MS).is_some());
+        assert_eq!(props.message_id().as_ref().map(|s| s.as_str()), Some("m-1"));
     }
 
     #[test]

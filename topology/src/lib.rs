@@ -9,6 +9,7 @@
 //! - [`headers`]: AMQP properties and header names both sides read and write.
 //! - [`broker`]: connecting to RabbitMQ, with redacted URLs in every error.
 //! - [`declare`]: declaring the topology (`topology apply`) and reading it back (`status`).
+//! - [`telemetry`]: span names and attribute keys, and the W3C trace context in AMQP headers.
 
 pub mod broker;
 pub mod declare;
@@ -16,6 +17,7 @@ pub mod envelope;
 pub mod headers;
 pub mod names;
 pub mod shard;
+pub mod telemetry;
 
 pub use broker::{BrokerError, connect, redact_url};
 pub use declare::{ApplyReport, DeclareError, QueueType, ShardStatus, TopologyOptions};

@@ -1,8 +1,11 @@
 //! The worker's settings. Parsing flags and environment happens in the binary.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use shardline_topology::{Names, ShardCount, ShardId};
+
+use crate::status::Thresholds;
 
 /// Everything one worker process needs to consume its shards.
 #[derive(Debug, Clone)]
@@ -61,6 +64,14 @@ pub struct Config {
     /// Quorum queues: the queue's `x-delivery-limit`; the worker dead-letters an
     /// event itself when `x-delivery-count` reaches it − 1. None for classic queues.
     pub delivery_limit: Option<u32>,
+    /// Serve `/metrics`, `/healthz` and `/readyz` here. Default none (off).
+    pub metrics_addr: Option<SocketAddr>,
+    /// Backlog age from which a shard is at WARN and at PAGE (metrics, status).
+    /// Default 30 s and 2 min.
+    pub backlog: Thresholds,
+    /// An in-flight event worked on longer than this (attempts and backoff
+    /// included) marks its shard stuck. Default 60 s.
+    pub stuck_after: Duration,
 }
 
 /// What happens to held events when their gap does not fill within the grace.
@@ -97,6 +108,9 @@ impl Default for Config {
             on_gap: OnGap::DeadLetter,
             max_deliveries: 5,
             delivery_limit: None,
+            metrics_addr: None,
+            backlog: Thresholds::default(),
+            stuck_after: Duration::from_secs(60),
         }
     }
 }

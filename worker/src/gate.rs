@@ -70,6 +70,16 @@ impl Gate {
         self.held
     }
 
+    /// The events the gate has not let go of yet: held, or released and
+    /// waiting to run (for the backlog age).
+    pub fn waiting(&self) -> impl Iterator<Item = &Ready> {
+        self.orders
+            .values()
+            .flat_map(BTreeMap::values)
+            .map(|h| &*h.ready)
+            .chain(self.runnable.iter().map(|(ready, _)| ready))
+    }
+
     /// Holds `ready` (seq `seq` of `order_key`). A second copy of a held event
     /// comes back as `Err`, to be acked as a duplicate. At the bound the oldest
     /// gap times out first, early.

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use shardline_topology::headers::is_valid_traceparent;
+use opentelemetry::Context;
+use opentelemetry::trace::TraceContextExt as _;
+use shardline_topology::headers::{TRACEPARENT, TRACESTATE};
 use shardline_topology::{Envelope, ShardId};
 
 /// One event as a handler sees it.
@@ -22,8 +24,13 @@ pub struct Event<'a> {
     pub shard: ShardId,
     /// 1 for the first attempt.
     pub attempt: u32,
-    /// The W3C trace context the event arrived with, when well-formed.
-    pub traceparent: Option<&'a str>,
+    /// The context of the worker's process span for this event: the parent
+    /// of any span the handler opens (it is also the current context while
+    /// the handler runs).
+    pub trace: &'a Context,
+    /// The W3C `traceparent` to send downstream: the process span's (without
+    /// a tracer provider: the one the event arrived with, else a fresh one).
+    pub traceparent: &'a str,
     /// When the publisher sent it (`x-published-at-ms`), when known.
     pub published_at_ms: Option<i64>,
 }
@@ -120,8 +127,11 @@ impl Handler for Http {
         if let Some(seq) = event.envelope.seq {
             request = request.header("x-seq", seq.to_string());
         }
-        if let Some(tp) = event.traceparent.filter(|tp| is_valid_traceparent(tp)) {
-            request = request.header("traceparent", tp);
+        request = request.header(TRACEPARENT, event.traceparent);
+        let span = event.trace.span();
+        let state = span.span_context().trace_state().header();
+        if !state.is_empty() {
+            request = request.header(TRACESTATE, state);
         }
         let response = request
             .body(event.body.to_vec())

@@ -15,16 +15,22 @@
 //! - [`handler`]: the [`Handler`] trait, its errors and the built-in handlers.
 //! - [`settle`]: the one place an outcome becomes ack or dead-letter-then-ack.
 //! - [`stats`]: counters of what happened, for reports and metrics.
+//! - [`metrics`]: Prometheus metric names, per-shard handles and live shard state.
+//! - [`status`]: backlog levels and the shard status each worker writes to Redis.
+//! - [`http`]: `/metrics`, `/healthz` and `/readyz` on `--metrics-addr`.
 
 pub mod config;
 pub mod dedup;
 pub mod gate;
 pub mod handler;
+pub mod http;
 pub mod lookahead;
+pub mod metrics;
 pub mod process;
 pub mod settle;
 pub mod shard;
 pub mod stats;
+pub mod status;
 pub mod store;
 pub mod supervisor;
 

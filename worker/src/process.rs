@@ -3,12 +3,21 @@
 //!
 //! Nothing here acks or publishes; [`crate::settle`] maps the outcome to the
 //! broker. That keeps this step drivable by tests without a consumer loop.
+//! [`ProcessTrace`] is the delivery's consumer span.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::BasicProperties;
+use opentelemetry::context::FutureExt as _;
+use opentelemetry::global::{self, BoxedTracer};
+use opentelemetry::trace::{
+    Span as _, SpanContext, SpanKind, Status, TraceContextExt as _, Tracer as _,
+};
+use opentelemetry::{Context, KeyValue};
 use shardline_topology::headers::{self, FailReason};
+use shardline_topology::telemetry::{self, attr, op, outcome};
 use shardline_topology::{Envelope, EnvelopeError, ShardId};
 
 use crate::config::{Config, RetryPolicy};
@@ -22,6 +31,8 @@ use crate::store::RedisSlot;
 pub struct Message<'a> {
     pub body: &'a [u8],
     pub properties: &'a BasicProperties,
+    /// The exchange it was published to.
+    pub exchange: &'a str,
     pub routing_key: &'a str,
     pub redelivered: bool,
 }
@@ -31,6 +42,7 @@ impl<'a> Message<'a> {
         Self {
             body: &delivery.data,
             properties: &delivery.properties,
+            exchange: delivery.exchange.as_str(),
             routing_key: delivery.routing_key.as_str(),
             redelivered: delivery.redelivered,
         }
@@ -70,7 +82,6 @@ pub struct Decoded {
     pub envelope: Envelope,
     pub dedup_key: String,
     pub order_key: String,
-    traceparent: Option<String>,
     published_at_ms: Option<i64>,
     /// A replay from the DLQ: it bypasses the gate.
     pub replay: bool,
@@ -103,6 +114,11 @@ pub struct Processor {
     max_body_bytes: usize,
     delivery_limit: Option<u32>,
     stats: Arc<Stats>,
+    /// The global tracer as it was when the shard started (a no-op without
+    /// a provider).
+    tracer: BoxedTracer,
+    queue: String,
+    span_name: Cow<'static, str>,
 }
 
 impl Processor {
@@ -126,6 +142,9 @@ impl Processor {
             max_body_bytes: config.max_body_bytes,
             delivery_limit: config.delivery_limit,
             stats,
+            tracer: global::tracer_with_scope(telemetry::scope()),
+            span_name: telemetry::span::process(&config.names.shard_queue(shard)),
+            queue: config.names.shard_queue(shard),
         }
     }
 
@@ -146,14 +165,10 @@ impl Processor {
                 attempts: 0,
             }
         })?;
-        let traceparent = headers::header_str(msg.properties, headers::TRACEPARENT)
-            .filter(|tp| headers::is_valid_traceparent(tp))
-            .map(str::to_owned);
         Ok(Decoded {
             dedup_key: envelope.dedup_key(msg.body),
             order_key: envelope.order_key(),
             envelope,
-            traceparent,
             published_at_ms: headers::header_i64(msg.properties, headers::PUBLISHED_AT_MS),
             replay: headers::header(msg.properties, headers::REPLAY).is_some(),
             delivery_count: headers::header_i64(msg.properties, headers::DELIVERY_COUNT),
@@ -166,6 +181,10 @@ impl Processor {
     /// attempt's verdict when it was already asked for (pipelined with the
     /// previous event's commit). The commit is the caller's, with the ack.
     /// Waits out Redis outages.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one attempt's inputs, each from a different owner (settle, lookahead, gate)"
+    )]
     pub async fn attempt(
         &self,
         redis: &mut RedisSlot,
@@ -174,6 +193,7 @@ impl Processor {
         attempt: u32,
         admitted: Option<Verdict>,
         bypass_gate: bool,
+        trace: &ProcessTrace,
     ) -> Outcome {
         let key = decoded.dedup_key.as_str();
         if attempt == 1 {
@@ -236,15 +256,18 @@ impl Processor {
             dedup_key: key,
             shard: self.shard,
             attempt,
-            traceparent: decoded.traceparent.as_deref(),
+            trace: &trace.cx,
+            traceparent: &trace.traceparent,
             published_at_ms: decoded.published_at_ms,
         };
         Stats::bump(&self.stats.handler_attempts);
-        let result =
-            match tokio::time::timeout(self.handler_timeout, self.handler.handle(&event)).await {
-                Ok(result) => result,
-                Err(_) => Err(HandlerError::Timeout(self.handler_timeout)),
-            };
+        // The process span is the current context inside the handler, for
+        // handlers whose own instrumentation reads it.
+        let handled = self.handler.handle(&event).with_context(trace.cx.clone());
+        let result = match tokio::time::timeout(self.handler_timeout, handled).await {
+            Ok(result) => result,
+            Err(_) => Err(HandlerError::Timeout(self.handler_timeout)),
+        };
         match result {
             Ok(()) => Outcome::Processed,
             Err(HandlerError::Permanent(error)) => Outcome::DeadLetter {
@@ -267,11 +290,264 @@ impl Processor {
         }
     }
 
-    /// Decode and first attempt in one call.
+    /// Decode and first attempt in one call (under a process span of its own).
     pub async fn process_one(&self, redis: &mut RedisSlot, msg: &Message<'_>) -> Outcome {
         match self.decode(msg) {
-            Ok(decoded) => self.attempt(redis, msg, &decoded, 1, None, false).await,
+            Ok(decoded) => {
+                let trace = self.start_trace(msg, Some(&decoded));
+                self.attempt(redis, msg, &decoded, 1, None, false, &trace)
+                    .await
+            }
             Err(outcome) => outcome,
+        }
+    }
+
+    /// Opens the delivery's consumer span, `{queue} process`, as a child of the
+    /// context in its headers (a new root when that is missing or malformed).
+    /// Attributes are only built when the span records.
+    pub fn start_trace(&self, msg: &Message<'_>, decoded: Option<&Decoded>) -> ProcessTrace {
+        let parent = telemetry::extract(msg.properties);
+        let span = self
+            .tracer
+            .span_builder(self.span_name.clone())
+            .with_kind(SpanKind::Consumer)
+            .start_with_context(&self.tracer, &parent);
+        let recording = span.is_recording();
+        let mut cx = parent.with_span(span);
+        let span_context = telemetry::propagated(&cx);
+        if !recording && !cx.span().span_context().is_valid() {
+            // No provider and no parent: a fresh context still correlates the
+            // downstream call, the dead letter and the log lines.
+            cx = Context::new().with_remote_span_context(span_context.clone());
+        }
+        if recording {
+            cx.span().set_attributes(self.span_attributes(msg, decoded));
+        }
+        let traceparent = telemetry::traceparent(&span_context);
+        let log = tracing::info_span!(
+            telemetry::LOG_SPAN,
+            trace_id = %span_context.trace_id(),
+            span_id = %span_context.span_id(),
+        );
+        ProcessTrace {
+            cx,
+            span_context,
+            traceparent,
+            log,
+            recording,
+            finished: false,
+        }
+    }
+
+    fn span_attributes(&self, msg: &Message<'_>, decoded: Option<&Decoded>) -> Vec<KeyValue> {
+        let mut attributes = vec![
+            KeyValue::new(attr::MESSAGING_SYSTEM, attr::MESSAGING_SYSTEM_RABBITMQ),
+            KeyValue::new(attr::MESSAGING_OPERATION, op::PROCESS),
+            KeyValue::new(attr::MESSAGING_DESTINATION_NAME, msg.exchange.to_owned()),
+            KeyValue::new(attr::MESSAGING_ROUTING_KEY, msg.routing_key.to_owned()),
+            KeyValue::new(
+                attr::MESSAGING_BODY_SIZE,
+                i64::try_from(msg.body.len()).unwrap_or(i64::MAX),
+            ),
+            KeyValue::new(attr::QUEUE, self.queue.clone()),
+            KeyValue::new(attr::SHARD, i64::from(self.shard.get())),
+        ];
+        if let Some(id) = msg.properties.message_id() {
+            attributes.push(KeyValue::new(
+                attr::MESSAGING_MESSAGE_ID,
+                id.as_str().to_owned(),
+            ));
+        }
+        if let Some(d) = decoded {
+            attributes.push(KeyValue::new(attr::ORDER_ID, d.envelope.order_id.clone()));
+            attributes.push(KeyValue::new(attr::EVENT, d.envelope.event.clone()));
+            attributes.push(KeyValue::new(attr::DEDUP_KEY, d.dedup_key.clone()));
+            if let Some(seq) = d.envelope.seq.and_then(|s| i64::try_from(s).ok()) {
+                attributes.push(KeyValue::new(attr::SEQ, seq));
+            }
+        }
+        attributes
+    }
+}
+
+/// One delivery's consumer span (`{queue} process`) and what is propagated from
+/// it: the handler's context and `traceparent`, and a dead letter's trace
+/// context. Ends when settled; dropped unsettled (stop, lost connection), it
+/// ends with outcome `abandoned`.
+pub struct ProcessTrace {
+    cx: Context,
+    span_context: SpanContext,
+    traceparent: String,
+    log: tracing::Span,
+    recording: bool,
+    finished: bool,
+}
+
+impl ProcessTrace {
+    /// The context holding the process span: the parent of handler spans.
+    pub fn context(&self) -> &Context {
+        &self.cx
+    }
+
+    /// The span context propagated downstream and onto a dead letter: the
+    /// process span's, or (no tracer provider) the incoming one, else a fresh one.
+    pub fn span_context(&self) -> &SpanContext {
+        &self.span_context
+    }
+
+    pub fn traceparent(&self) -> &str {
+        &self.traceparent
+    }
+
+    /// The `tracing` span that puts `trace_id` and `span_id` on log lines.
+    pub fn log_span(&self) -> &tracing::Span {
+        &self.log
+    }
+
+    /// A failed attempt, to be retried after `after`.
+    pub fn retry(&self, attempt: u32, after: Duration, error: &HandlerError) {
+        if self.recording {
+            self.cx.span().add_event(
+                telemetry::event::RETRY,
+                vec![
+                    KeyValue::new(attr::ATTEMPT, i64::from(attempt)),
+                    KeyValue::new(
+                        attr::RETRY_IN_MS,
+                        i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
+                    ),
+                    KeyValue::new(attr::ERROR, error.to_string()),
+                ],
+            );
+        }
+    }
+
+    /// Waiting for another consumer's claim to lapse.
+    pub fn claim_wait(&self, after: Duration) {
+        if self.recording {
+            self.cx.span().add_event(
+                telemetry::event::CLAIM_WAIT,
+                vec![KeyValue::new(
+                    attr::RETRY_IN_MS,
+                    i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
+                )],
+            );
+        }
+    }
+
+    /// Ends the span with `outcome` (a [`telemetry::outcome`] value) after
+    /// `attempts` handler attempts.
+    pub fn finish(mut self, outcome: &'static str, attempts: u32) {
+        self.end(outcome, attempts, Vec::new());
+    }
+
+    /// Ends the span of a dead-lettered event, with an error status.
+    pub fn dead_lettered(mut self, reason: FailReason, attempts: u32, id: &str, error: &str) {
+        if self.recording {
+            self.cx.span().set_status(Status::error(error.to_owned()));
+        }
+        self.end(
+            outcome::DEAD_LETTERED,
+            attempts,
+            vec![
+                KeyValue::new(attr::FAIL_REASON, reason.as_str()),
+                KeyValue::new(attr::DEAD_LETTER_ID, id.to_owned()),
+                KeyValue::new(attr::ERROR, error.to_owned()),
+            ],
+        );
+    }
+
+    fn end(&mut self, outcome: &'static str, attempts: u32, mut more: Vec<KeyValue>) {
+        self.finished = true;
+        if !self.recording {
+            return;
+        }
+        more.push(KeyValue::new(attr::OUTCOME, outcome));
+        more.push(KeyValue::new(attr::ATTEMPT, i64::from(attempts)));
+        let span = self.cx.span();
+        span.set_attributes(more);
+        span.end();
+    }
+}
+
+impl Drop for ProcessTrace {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.end(outcome::ABANDONED, 0, Vec::new());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::types::{AMQPValue, FieldTable, LongString};
+    use shardline_topology::ShardCount;
+
+    use super::*;
+    use crate::handler::Noop;
+
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn processor() -> Processor {
+        let config = Config::default();
+        let shard = ShardId::new(3, ShardCount::default()).unwrap();
+        Processor::new(&config, shard, Arc::new(Noop), Arc::new(Stats::default()))
+    }
+
+    fn with_traceparent(value: Option<&[u8]>) -> BasicProperties {
+        let mut headers = FieldTable::default();
+        if let Some(v) = value {
+            headers.insert(
+                headers::TRACEPARENT.into(),
+                AMQPValue::LongString(LongString::from(v.to_vec())),
+            );
+        }
+        BasicProperties::default().with_headers(headers)
+    }
+
+    fn trace_of(props: &BasicProperties) -> ProcessTrace {
+        let msg = Message {
+            body: br#"{"order_id":"A1","event":"order.created","seq":1}"#,
+            properties: props,
+            exchange: "order.sharding",
+            routing_key: "shard.3",
+            redelivered: false,
+        };
+        let p = processor();
+        let decoded = p.decode(&msg).ok();
+        p.start_trace(&msg, decoded.as_ref())
+    }
+
+    /// No tracer provider is installed in unit tests: the incoming context is
+    /// what the handler and a dead letter get.
+    #[test]
+    fn a_valid_traceparent_is_continued() {
+        let trace = trace_of(&with_traceparent(Some(TP.as_bytes())));
+        assert_eq!(trace.traceparent(), TP);
+        assert!(trace.context().span().span_context().is_valid());
+    }
+
+    #[test]
+    fn a_malformed_or_missing_traceparent_starts_a_new_trace() {
+        for bad in [
+            None,
+            Some(&b"garbage"[..]),
+            Some(&b"00-00000000000000000000000000000000-00f067aa0ba902b7-01"[..]),
+            Some(&[0xff, 0xfe][..]),
+        ] {
+            let a = trace_of(&with_traceparent(bad));
+            let b = trace_of(&with_traceparent(bad));
+            assert!(headers::is_valid_traceparent(a.traceparent()), "{bad:?}");
+            assert_ne!(a.traceparent(), TP);
+            assert_ne!(
+                a.span_context().trace_id(),
+                b.span_context().trace_id(),
+                "{bad:?}: each is a new root"
+            );
+            // The handler's context agrees with what is sent downstream.
+            assert_eq!(
+                a.context().span().span_context().trace_id(),
+                a.span_context().trace_id()
+            );
         }
     }
 }

@@ -9,10 +9,13 @@ use lapin::options::{BasicAckOptions, BasicPublishOptions};
 use lapin::{Channel, Confirmation};
 use shardline_topology::Names;
 use shardline_topology::headers::DeadLetter;
+use shardline_topology::telemetry::outcome;
+use tracing::Instrument as _;
 
 use crate::gate::Directive;
 use crate::lookahead::{Lookahead, Ready};
-use crate::process::{Decoded, Message, Outcome, Processor};
+use crate::metrics::ShardMetrics;
+use crate::process::{Decoded, Message, Outcome, ProcessTrace, Processor};
 use crate::stats::Stats;
 use crate::store::RedisSlot;
 
@@ -26,6 +29,7 @@ pub struct ShardContext {
     pub names: Names,
     pub shard: shardline_topology::ShardId,
     pub stats: Arc<Stats>,
+    pub metrics: Arc<ShardMetrics>,
 }
 
 /// How a delivery left [`settle`].
@@ -44,16 +48,50 @@ pub enum Settled {
 
 /// Processes `ready` until it is acked or held. `in_flight` holds the dedup
 /// key while a claim may be held, so that a caller who abandons this future can
-/// release it.
+/// release it. Runs under the delivery's process span (its ids on every log line).
 pub async fn settle(
     ctx: &ShardContext,
     channel: &Channel,
     redis: &mut RedisSlot,
-    mut ready: Ready,
+    ready: Ready,
     directive: Directive,
     lookahead: &mut Lookahead,
     in_flight: &mut Option<String>,
 ) -> Result<Settled, lapin::Error> {
+    let trace = ctx
+        .processor
+        .start_trace(&Message::of(&ready.delivery), ready.decoded.as_ref().ok());
+    let log = trace.log_span().clone();
+    let delivery = Delivery {
+        ready,
+        directive,
+        trace,
+    };
+    settle_traced(ctx, channel, redis, delivery, lookahead, in_flight)
+        .instrument(log)
+        .await
+}
+
+/// A delivery on its way through [`settle`].
+struct Delivery {
+    ready: Ready,
+    directive: Directive,
+    trace: ProcessTrace,
+}
+
+async fn settle_traced(
+    ctx: &ShardContext,
+    channel: &Channel,
+    redis: &mut RedisSlot,
+    delivery: Delivery,
+    lookahead: &mut Lookahead,
+    in_flight: &mut Option<String>,
+) -> Result<Settled, lapin::Error> {
+    let Delivery {
+        mut ready,
+        directive,
+        trace,
+    } = delivery;
     let msg = Message::of(&ready.delivery);
     let bypass = directive == Directive::Bypass;
     let mut attempt = 1;
@@ -68,7 +106,15 @@ pub async fn settle(
             (Ok(decoded), _) => {
                 *in_flight = Some(decoded.dedup_key.clone());
                 ctx.processor
-                    .attempt(redis, &msg, decoded, attempt, ready.admitted.take(), bypass)
+                    .attempt(
+                        redis,
+                        &msg,
+                        decoded,
+                        attempt,
+                        ready.admitted.take(),
+                        bypass,
+                        &trace,
+                    )
                     .await
             }
             (Err(outcome), _) => outcome.clone(),
@@ -81,26 +127,34 @@ pub async fn settle(
                 }
                 ready.delivery.ack(BasicAckOptions::default()).await?;
                 Stats::bump(&ctx.stats.processed);
+                ctx.metrics.processed();
+                trace.finish(outcome::PROCESSED, attempt);
                 break;
             }
             Outcome::Duplicate => {
                 ready.delivery.ack(BasicAckOptions::default()).await?;
                 Stats::bump(&ctx.stats.duplicates);
+                ctx.metrics.duplicate();
+                trace.finish(outcome::DUPLICATE, 0);
                 break;
             }
             Outcome::Retry { after, error } => {
                 Stats::bump(&ctx.stats.retries);
+                ctx.metrics.retried();
                 first_failed_at.get_or_insert_with(SystemTime::now);
+                trace.retry(attempt, after, &error);
                 tracing::warn!(shard = %ctx.shard, attempt, retry_in = ?after, %error, "handler failed; retrying in place");
                 tokio::time::sleep(after).await;
                 attempt += 1;
             }
             Outcome::Wait(after) => {
+                trace.claim_wait(after);
                 tracing::warn!(shard = %ctx.shard, wait = ?after, "event claimed by another consumer; waiting for its lease");
                 tokio::time::sleep(after).await;
             }
             Outcome::Hold { start } => {
                 *in_flight = None;
+                trace.finish(outcome::HELD, 0);
                 let (order_key, seq) = decoded
                     .map(|d| (d.order_key.clone(), d.envelope.seq.unwrap_or_default()))
                     .unwrap_or_default();
@@ -124,6 +178,7 @@ pub async fn settle(
                     original_routing_key: msg.routing_key.to_owned(),
                     first_failed_at: first_failed_at.unwrap_or_else(SystemTime::now),
                     id: uuid::Uuid::new_v4().to_string(),
+                    trace: Some(trace.span_context().clone()),
                 };
                 publish_dead_letter(channel, &ctx.names, &msg, &letter).await?;
                 if let Some(decoded) = decoded {
@@ -135,10 +190,12 @@ pub async fn settle(
                 }
                 ready.delivery.ack(BasicAckOptions::default()).await?;
                 ctx.stats.dead_lettered(reason);
+                ctx.metrics.dead_lettered(reason);
                 tracing::warn!(
                     shard = %ctx.shard, reason = %reason, attempts, dead_letter_id = %letter.id,
                     error = %letter.error, "event dead-lettered"
                 );
+                trace.dead_lettered(reason, attempts, &letter.id, &letter.error);
                 break;
             }
         }
@@ -156,6 +213,7 @@ pub async fn settle(
 pub async fn ack_duplicate(ctx: &ShardContext, ready: &Ready) -> Result<(), lapin::Error> {
     ready.delivery.ack(BasicAckOptions::default()).await?;
     Stats::bump(&ctx.stats.duplicates);
+    ctx.metrics.duplicate();
     Ok(())
 }
 

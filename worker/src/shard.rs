@@ -15,7 +15,8 @@ use std::time::Instant;
 
 use crate::config::Config;
 use crate::gate::{Directive, Expired, Gate};
-use crate::lookahead::Lookahead;
+use crate::lookahead::{Lookahead, Ready};
+use crate::metrics::{ShardState, ShardWatch, published_ms, unix_ms};
 use crate::settle::{Settled, ShardContext, ack_duplicate, settle};
 use crate::stats::Stats;
 use crate::store::RedisSlot;
@@ -42,11 +43,18 @@ pub async fn consume_shard(
     conn_lost: &CancellationToken,
 ) -> Result<(), ShardError> {
     let tag = format!("{}/shard-{}", config.worker_name, ctx.shard);
-    let Some((channel, consumer)) =
-        take_shard(conn, config, ctx, &tag, shutdown, conn_lost).await?
+    let watch = &ctx.metrics.watch;
+    let taken = take_shard(conn, config, ctx, &tag, shutdown, conn_lost).await;
+    let Some((channel, consumer)) = taken.inspect_err(|_| watch.set_state(ShardState::Idle))?
     else {
+        watch.set_state(ShardState::Idle);
         return Ok(());
     };
+    watch.set_state(if config.exclusive {
+        ShardState::Consuming
+    } else {
+        ShardState::Registered
+    });
     let mut lookahead = Lookahead::new(consumer);
     let mut gate = Gate::new(config);
     let result = run_consumer(
@@ -60,6 +68,7 @@ pub async fn consume_shard(
         conn_lost,
     )
     .await;
+    watch.set_state(ShardState::Idle);
     lookahead.release(&ctx.processor, redis).await;
     if result.is_ok() {
         stop(&channel, &tag).await;
@@ -114,6 +123,7 @@ async fn take_shard(
             }
             Err(e) if soft_error(&e, AMQPSoftError::ACCESSREFUSED).is_some() => {
                 if !standing_by {
+                    ctx.metrics.watch.set_state(ShardState::StandingBy);
                     tracing::info!(shard = %ctx.shard, %queue, "standing by: another consumer holds the shard");
                     standing_by = true;
                 }
@@ -143,10 +153,11 @@ async fn run_consumer(
 ) -> Result<(), ShardError> {
     let mut gauge = HeldGauge {
         stats: &ctx.stats,
+        watch: &ctx.metrics.watch,
         reported: 0,
     };
     loop {
-        gauge.sync(gate.held());
+        gauge.sync(gate);
         let (ready, directive) = match gate.pop_runnable() {
             Some(runnable) => runnable,
             None => {
@@ -168,6 +179,9 @@ async fn run_consumer(
             }
         };
         let mut in_flight = None;
+        ctx.metrics
+            .watch
+            .start_inflight(published_ms(&ready.delivery.properties, unix_ms()));
         let finished = {
             let work = settle(
                 ctx,
@@ -189,6 +203,7 @@ async fn run_consumer(
                 _ = conn_lost.cancelled() => None,
             }
         };
+        ctx.metrics.watch.clear_inflight();
         match finished {
             Some(Ok(Settled::Done { order_key })) => {
                 if let Some(order_key) = order_key {
@@ -217,14 +232,27 @@ async fn run_consumer(
     }
 }
 
-/// Keeps the worker-wide held-events gauge in step with one shard's gate.
+/// Keeps the worker-wide held-events gauge and the shard's watch (held
+/// events, the oldest one's publish time) in step with one shard's gate.
 struct HeldGauge<'a> {
     stats: &'a Stats,
+    watch: &'a ShardWatch,
     reported: u64,
 }
 
 impl HeldGauge<'_> {
-    fn sync(&mut self, held: usize) {
+    fn sync(&mut self, gate: &Gate) {
+        let mut waiting = gate.waiting().peekable();
+        // The clock is read only while the gate has something.
+        let oldest = waiting.peek().is_some().then(|| {
+            let now = unix_ms();
+            waiting.map(|r| held_published_ms(r, now)).min()
+        });
+        self.watch.set_held(gate.held(), oldest.flatten());
+        self.set(gate.held());
+    }
+
+    fn set(&mut self, held: usize) {
         let held = held as u64;
         if held > self.reported {
             self.stats
@@ -241,8 +269,17 @@ impl HeldGauge<'_> {
 
 impl Drop for HeldGauge<'_> {
     fn drop(&mut self) {
-        self.sync(0);
+        self.set(0);
+        self.watch.set_held(0, None);
     }
+}
+
+/// When a held event was published; without publish time, when it was first held.
+fn held_published_ms(ready: &Ready, now_ms: u64) -> u64 {
+    let received = ready.held_since.map_or(now_ms, |since| {
+        now_ms.saturating_sub(u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX))
+    });
+    published_ms(&ready.delivery.properties, received)
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -5,7 +5,9 @@
 //! redelivers), and the supervisor reconnects with capped backoff and starts
 //! them again.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -18,14 +20,19 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::handler::Handler;
+use crate::http::{self, Readiness};
+use crate::metrics::Metrics;
 use crate::process::Processor;
 use crate::settle::ShardContext;
 use crate::shard::{ShardError, consume_shard};
 use crate::stats::Stats;
+use crate::status::{self, WriterHealth};
 use crate::store::{RedisHealth, RedisSlot};
 
 const RECONNECT_MIN: Duration = Duration::from_millis(200);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
+/// How often queue depths are read (passive declare), for the depth gauges.
+const DEPTH_POLL: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -39,6 +46,8 @@ pub enum WorkerError {
     NoShards,
     #[error("--prefetch must be at least 1")]
     Prefetch,
+    #[error("--metrics-addr {addr}: {cause}")]
+    MetricsAddr { addr: SocketAddr, cause: String },
 }
 
 /// Runs the worker until `shutdown` is cancelled: one consumer per assigned
@@ -56,21 +65,59 @@ pub async fn run(
         return Err(WorkerError::Prefetch);
     }
     let config = Arc::new(config);
+    // Bound first: a port in use fails the start before anything connects.
+    let listener = match config.metrics_addr {
+        Some(addr) => Some(http::bind(addr).await?),
+        None => None,
+    };
     let pool = redis_pool(&config)?;
     warn_if_redis_may_evict(&pool).await;
     let health = Arc::new(RedisHealth::default());
-    let contexts: Vec<Arc<ShardContext>> = config
-        .assign
+    let metrics = Arc::new(Metrics::new(
+        &config.assign,
+        stats.clone(),
+        config.backlog,
+        config.stuck_after,
+    ));
+    let contexts: Vec<Arc<ShardContext>> = metrics
+        .shards()
         .iter()
-        .map(|&shard| {
+        .map(|shard_metrics| {
+            let shard = shard_metrics.watch.shard;
             Arc::new(ShardContext {
                 processor: Processor::new(&config, shard, handler.clone(), stats.clone()),
                 names: config.names.clone(),
                 shard,
                 stats: stats.clone(),
+                metrics: shard_metrics.clone(),
             })
         })
         .collect();
+
+    // Endpoint and status writer live as long as this function.
+    let background = shutdown.child_token();
+    let _stop_background = background.clone().drop_guard();
+    let writer_health = Arc::new(WriterHealth::default());
+    let readiness = Arc::new(Readiness {
+        metrics: metrics.clone(),
+        broker: false.into(),
+        redis: health.clone(),
+        status_writer: writer_health.clone(),
+    });
+    if let Some(listener) = listener {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+        }
+        tokio::spawn(http::serve(listener, readiness.clone(), background.clone()));
+    }
+    tokio::spawn(status::run_writer(
+        pool.clone(),
+        metrics.clone(),
+        config.redis_prefix.clone(),
+        config.worker_name.clone(),
+        writer_health,
+        background.clone(),
+    ));
 
     let name = connection_name(&config);
     let mut conn = broker::connect(&config.amqp_url, &name).await?;
@@ -81,7 +128,15 @@ pub async fn run(
     );
     loop {
         let conn_arc = Arc::new(conn);
+        readiness.broker.store(true, Ordering::Relaxed);
+        let depths = tokio::spawn(poll_depths(
+            conn_arc.clone(),
+            config.clone(),
+            metrics.clone(),
+        ));
         let lost = run_shards(&conn_arc, &config, &contexts, &pool, &health, &shutdown).await;
+        depths.abort();
+        readiness.broker.store(false, Ordering::Relaxed);
         if let Err(e) = conn_arc.close(200, "shutdown".into()).await {
             tracing::debug!(error = %e, "closing the broker connection");
         }
@@ -94,6 +149,62 @@ pub async fn run(
             None => return Ok(()),
         }
     }
+}
+
+/// Reads the depth of the assigned shard queues and of the dead-letter queue
+/// every [`DEPTH_POLL`] with passive declares on one channel, for the gauges.
+async fn poll_depths(conn: Arc<Connection>, config: Arc<Config>, metrics: Arc<Metrics>) {
+    let mut tick = tokio::time::interval(DEPTH_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut channel = None;
+    loop {
+        tick.tick().await;
+        if channel
+            .as_ref()
+            .is_none_or(|c: &lapin::Channel| !c.status().connected())
+        {
+            match conn.create_channel().await {
+                Ok(fresh) => channel = Some(fresh),
+                Err(e) => {
+                    tracing::debug!(error = %e, "queue depth poll: cannot open a channel");
+                    continue;
+                }
+            }
+        }
+        let Some(ch) = &channel else { continue };
+        let queues = config
+            .assign
+            .iter()
+            .map(|&shard| (Some(shard), config.names.shard_queue(shard)))
+            .chain([(None, config.names.dead_letter_queue.clone())]);
+        for (shard, queue) in queues {
+            match passive_depth(ch, &queue).await {
+                Ok(messages) => match shard {
+                    Some(shard) => metrics.set_queue_depth(shard, messages),
+                    None => metrics.set_dlq_depth(messages),
+                },
+                Err(e) => {
+                    // The broker closed the channel (queue deleted?): reopen next time.
+                    tracing::debug!(%queue, error = %e, "queue depth poll failed");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+async fn passive_depth(channel: &lapin::Channel, queue: &str) -> Result<u32, lapin::Error> {
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await?;
+    Ok(declared.message_count())
 }
 
 /// Runs every shard task on `conn`; returns whether the connection was lost

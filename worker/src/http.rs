@@ -1,0 +1,168 @@
+//! The worker's HTTP endpoint (`--metrics-addr`): `/metrics` (Prometheus,
+//! OpenMetrics text), `/healthz` (the process is alive) and `/readyz` (broker
+//! connected, Redis reachable, every assigned shard consuming or standing by).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::CONTENT_TYPE;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::{self, Metrics, ShardState};
+use crate::status::WriterHealth;
+use crate::store::RedisHealth;
+use crate::supervisor::WorkerError;
+
+/// What `/readyz` looks at.
+#[derive(Debug)]
+pub struct Readiness {
+    pub metrics: Arc<Metrics>,
+    /// The broker connection is up (false while reconnecting).
+    pub broker: AtomicBool,
+    pub redis: Arc<RedisHealth>,
+    pub status_writer: Arc<WriterHealth>,
+}
+
+impl Readiness {
+    /// Whether the worker is ready, and the JSON body that says why not.
+    pub fn check(&self) -> (bool, serde_json::Value) {
+        let broker = self.broker.load(Ordering::Relaxed);
+        let redis = self.redis.is_up() && self.status_writer.redis_ok();
+        let (mut consuming, mut standing_by, mut starting) = (Vec::new(), Vec::new(), Vec::new());
+        for watch in self.metrics.watches() {
+            let shard = watch.shard.get();
+            match watch.state() {
+                ShardState::Consuming => consuming.push(shard),
+                ShardState::StandingBy | ShardState::Registered => standing_by.push(shard),
+                ShardState::Idle => starting.push(shard),
+            }
+        }
+        let shards_ok = starting.is_empty();
+        let ready = broker && redis && shards_ok;
+        let mut not_ready = Vec::new();
+        if !broker {
+            not_ready.push("broker");
+        }
+        if !redis {
+            not_ready.push("redis");
+        }
+        if !shards_ok {
+            not_ready.push("shards");
+        }
+        let body = serde_json::json!({
+            "ready": ready,
+            "not_ready": not_ready,
+            "broker": if broker { "connected" } else { "disconnected" },
+            "redis": if redis { "reachable" } else { "unreachable" },
+            "shards": {
+                "consuming": consuming,
+                "standing_by": standing_by,
+                "not_consuming": starting,
+            },
+        });
+        (ready, body)
+    }
+}
+
+/// Binds `addr` now, so that a port in use fails the start naming the flag.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, WorkerError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| WorkerError::MetricsAddr {
+            addr,
+            cause: match e.kind() {
+                std::io::ErrorKind::AddrInUse => "address in use".into(),
+                _ => e.to_string(),
+            },
+        })
+}
+
+/// Serves the endpoints on `listener` until `shutdown`.
+pub async fn serve(listener: TcpListener, readiness: Arc<Readiness>, shutdown: CancellationToken) {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.cancelled() => return,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::debug!(error = %e, "metrics endpoint: accept failed");
+                continue;
+            }
+        };
+        while connections.try_join_next().is_some() {}
+        let readiness = readiness.clone();
+        connections.spawn(async move {
+            let service = service_fn(move |req| respond(readiness.clone(), req));
+            if let Err(e) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(error = %e, "metrics endpoint: connection ended");
+            }
+        });
+    }
+}
+
+async fn respond(
+    readiness: Arc<Readiness>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return Ok(reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "GET only\n".into(),
+        ));
+    }
+    let response = match req.uri().path() {
+        "/metrics" => match readiness.metrics.encode() {
+            Ok(text) => reply(StatusCode::OK, metrics::CONTENT_TYPE, text),
+            Err(_) => reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                "cannot encode metrics\n".into(),
+            ),
+        },
+        "/healthz" => reply(
+            StatusCode::OK,
+            "application/json",
+            "{\"alive\":true}\n".into(),
+        ),
+        "/readyz" => {
+            let (ready, body) = readiness.check();
+            let status = if ready {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            reply(status, "application/json", format!("{body}\n"))
+        }
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /metrics, /healthz or /readyz\n".into(),
+        ),
+    };
+    Ok(response)
+}
+
+fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if let Ok(value) = content_type.parse() {
+        response.headers_mut().insert(CONTENT_TYPE, value);
+    }
+    response
+}
