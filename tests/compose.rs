@@ -44,6 +44,7 @@ struct Service {
     depends_on: Option<Value>,
     healthcheck: Option<Healthcheck>,
     volumes: Option<Vec<String>>,
+    ports: Option<Vec<Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -141,7 +142,8 @@ impl Service {
 
 fn compose() -> Compose {
     let mut value: Value = serde_yaml::from_str(&read("docker-compose.yml")).unwrap();
-    // Compose resolves YAML merge keys (`<<: *anchor`); serde_yaml does so on request.
+    // Compose resolves YAML merge keys (`<<: *anchor`); serde_yaml does so on request,
+    // at every depth: a service's `environment: { <<: *env, ... }` is merged here too.
     value.apply_merge().unwrap();
     assert!(
         value.get("version").is_none(),
@@ -565,6 +567,92 @@ fn the_dashboard_charts_backlog_with_its_thresholds_and_only_real_metrics() {
         assert!(
             exprs.iter().any(|e| e.contains(wanted)),
             "no panel uses {wanted}"
+        );
+    }
+}
+
+/// `ports:` as (host port, container port) pairs: the short form
+/// `[IP:]HOST:CONTAINER[/PROTO]` (a bare `CONTAINER` publishes no fixed host port) or
+/// the long form with `target` and `published`.
+fn published_ports(service: &Service) -> Vec<(Option<u16>, u16)> {
+    let port = |v: &Value| -> Option<u16> {
+        match v {
+            Value::Number(n) => n.as_u64().and_then(|n| u16::try_from(n).ok()),
+            Value::String(s) => s.parse().ok(),
+            _ => None,
+        }
+    };
+    service
+        .ports
+        .iter()
+        .flatten()
+        .map(|entry| match entry {
+            Value::Mapping(_) => {
+                let target = entry.get("target").and_then(port);
+                let published = entry.get("published").and_then(port);
+                (
+                    published,
+                    target.unwrap_or_else(|| panic!("port {entry:?}")),
+                )
+            }
+            Value::Number(_) => (None, port(entry).unwrap()),
+            Value::String(s) => {
+                let s = s.split('/').next().unwrap();
+                let parts: Vec<&str> = s.rsplitn(3, ':').collect();
+                let container = parts[0].parse().unwrap_or_else(|e| panic!("port {s}: {e}"));
+                let host = parts
+                    .get(1)
+                    .map(|h| h.parse().unwrap_or_else(|e| panic!("port {s}: {e}")));
+                (host, container)
+            }
+            other => panic!("port {other:?} is neither a string, a number nor a map"),
+        })
+        .collect()
+}
+
+#[test]
+fn jaeger_receives_otlp_and_serves_its_ui() {
+    let compose = compose();
+    let jaeger = service(&compose, "jaeger");
+    assert!(
+        jaeger
+            .image
+            .as_deref()
+            .is_some_and(|i| i.starts_with("jaegertracing/all-in-one")),
+        "{:?}",
+        jaeger.image
+    );
+    let ports = published_ports(jaeger);
+    for wanted in [16686, 4318] {
+        assert!(
+            ports.contains(&(Some(wanted), wanted)),
+            "jaeger must publish {wanted}:{wanted}: {ports:?}"
+        );
+    }
+}
+
+#[test]
+fn publisher_and_workers_export_traces_to_jaeger() {
+    let compose = compose();
+    let name_of = |name: &str| {
+        let env = service(&compose, name).env();
+        assert_eq!(
+            env.get("OTEL_EXPORTER_OTLP_ENDPOINT").map(String::as_str),
+            Some("http://jaeger:4318"),
+            "{name}: {env:?}"
+        );
+        let service_name = env
+            .get("OTEL_SERVICE_NAME")
+            .filter(|n| !n.trim().is_empty())
+            .unwrap_or_else(|| panic!("{name} has no OTEL_SERVICE_NAME: {env:?}"));
+        service_name.clone()
+    };
+    let publisher = name_of("publisher");
+    for worker in ["worker-a", "worker-b", "worker-standby"] {
+        let worker_name = name_of(worker);
+        assert_ne!(
+            publisher, worker_name,
+            "publisher and {worker} must trace under different service names"
         );
     }
 }
