@@ -13,7 +13,9 @@
 
 use std::time::Duration;
 
-use redis::{Cmd, Script};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use redis::{Cmd, Pipeline, Script};
 
 use crate::store::RedisSlot;
 
@@ -107,6 +109,9 @@ return 1
 /// lease: a process that crash-loops slowly is still caught.
 const EVIDENCE: Duration = Duration::from_secs(24 * 3600);
 
+/// The dedup mark of a processed event.
+const DONE: &str = "done";
+
 /// What `admit` decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -140,6 +145,16 @@ pub struct Admission<'a> {
     pub bypass_gate: bool,
     /// Unique per delivery.
     pub token: u64,
+}
+
+/// An event whose handler succeeded, to commit.
+#[derive(Debug, Clone, Copy)]
+pub struct Done<'a> {
+    pub dedup_key: &'a str,
+    pub order_key: &'a str,
+    pub seq: Option<u64>,
+    /// It ran past the gate (replay, accepted start, applied gap).
+    pub bypassed: bool,
 }
 
 /// Key layout, timings and scripts of the Redis state.
@@ -235,39 +250,128 @@ impl Dedup {
         )
     }
 
-    /// Decides whether an event may run now and, if so, claims it.
+    /// Decides whether an event may run now and, if so, claims it: one round
+    /// trip of plain commands on the usual path, the `admit` script when the key
+    /// holds a claim already (a crash, a copy in flight).
     pub async fn admit(&self, redis: &mut RedisSlot, admission: &Admission<'_>) -> Verdict {
+        let mut pipe = redis::pipe();
+        if admission.redelivered {
+            return self.admit_scripted(redis, admission).await;
+        }
+        self.add_fast_admit(&mut pipe, admission);
+        let (previous, last): (Option<String>, Option<String>) = redis.query_pipeline(&pipe).await;
+        self.finish_admit(redis, admission, previous, last).await
+    }
+
+    /// The full `admit` script: takeover, crash-loop count, lease wait.
+    async fn admit_scripted(&self, redis: &mut RedisSlot, admission: &Admission<'_>) -> Verdict {
         let answer: (String, i64) = redis.query(&self.admit_cmd(admission)).await;
         verdict(answer)
     }
 
-    /// Commits one event and admits the next in one round trip. Redis runs them
-    /// in order, so a next event that repeats this one finds it `done`.
+    /// Claims with `SET NX GET` and reads the order's gate alongside.
+    fn add_fast_admit(&self, pipe: &mut Pipeline, a: &Admission<'_>) {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let deadline = now_ms.saturating_add(self.lease_ms);
+        pipe.cmd("SET")
+            .arg(self.key(a.dedup_key))
+            .arg(format!("processing:{deadline}:1:{}", a.token))
+            .arg("NX")
+            .arg("PX")
+            .arg(EVIDENCE.as_millis().to_string())
+            .arg("GET");
+        pipe.cmd("GET").arg(self.gate_key(a.order_key));
+    }
+
+    /// The verdict from a fast admit's answers; gives the claim back when the
+    /// gate says the event must wait or is late.
+    async fn finish_admit(
+        &self,
+        redis: &mut RedisSlot,
+        a: &Admission<'_>,
+        previous: Option<String>,
+        last: Option<String>,
+    ) -> Verdict {
+        match previous.as_deref() {
+            Some(DONE) => return Verdict::Duplicate,
+            Some(_) => return self.admit_scripted(redis, a).await,
+            None => {}
+        }
+        let Some(seq) = a.seq.filter(|_| !a.bypass_gate) else {
+            return Verdict::Claimed;
+        };
+        let held = match last.and_then(|l| l.parse::<u64>().ok()) {
+            None if seq > 1 => Some(Verdict::Start),
+            Some(last) if seq <= last => Some(Verdict::Late),
+            Some(last) if seq > last.saturating_add(1) => Some(Verdict::Gap),
+            _ => None,
+        };
+        match held {
+            Some(verdict) => {
+                self.release(redis, a.dedup_key).await;
+                verdict
+            }
+            None => Verdict::Claimed,
+        }
+    }
+
+    /// Adds the commit of `done` to `pipe`. An event that ran in sequence moves
+    /// its gate with a plain `SET` (its shard is the order's only writer and the
+    /// admit saw seq = last + 1); one that bypassed the gate (a replay, an
+    /// accepted start, an applied gap) needs the script, which only moves it
+    /// forward.
+    fn add_commit(&self, pipe: &mut Pipeline, done: &Done<'_>) {
+        if done.bypassed {
+            pipe.add_command(self.commit_cmd(done.dedup_key, done.order_key, done.seq))
+                .ignore();
+            return;
+        }
+        pipe.cmd("SET")
+            .arg(self.key(done.dedup_key))
+            .arg(DONE)
+            .arg("EX")
+            .arg(self.ttl_secs)
+            .ignore();
+        if let Some(seq) = done.seq {
+            pipe.cmd("SET")
+                .arg(self.gate_key(done.order_key))
+                .arg(seq)
+                .arg("EX")
+                .arg(self.ttl_secs)
+                .ignore();
+        }
+    }
+
+    /// Commits one event and admits the next in one round trip (one MULTI).
+    /// Redis runs them in order, so a next event that repeats this one finds it
+    /// `done`.
     pub async fn commit_and_admit(
         &self,
         redis: &mut RedisSlot,
-        done: (&str, &str, Option<u64>),
+        done: &Done<'_>,
         next: &Admission<'_>,
     ) -> Verdict {
         let mut pipe = redis::pipe();
-        pipe.add_command(self.commit_cmd(done.0, done.1, done.2))
-            .ignore()
-            .add_command(self.admit_cmd(next));
-        let (answer,): ((String, i64),) = redis.query_pipeline(&pipe).await;
-        verdict(answer)
+        pipe.atomic();
+        self.add_commit(&mut pipe, done);
+        if next.redelivered {
+            pipe.add_command(self.admit_cmd(next));
+            let (answer,): ((String, i64),) = redis.query_pipeline(&pipe).await;
+            return verdict(answer);
+        }
+        self.add_fast_admit(&mut pipe, next);
+        let (previous, last): (Option<String>, Option<String>) = redis.query_pipeline(&pipe).await;
+        self.finish_admit(redis, next, previous, last).await
     }
 
     /// Marks the event processed and moves its order's gate, atomically.
-    pub async fn commit(
-        &self,
-        redis: &mut RedisSlot,
-        dedup_key: &str,
-        order_key: &str,
-        seq: Option<u64>,
-    ) {
-        redis
-            .query::<i64>(&self.commit_cmd(dedup_key, order_key, seq))
-            .await;
+    pub async fn commit(&self, redis: &mut RedisSlot, done: &Done<'_>) {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        self.add_commit(&mut pipe, done);
+        redis.query_pipeline::<()>(&pipe).await;
     }
 
     /// Extends the lease before another attempt.

@@ -12,6 +12,7 @@ use shardline_topology::headers::DeadLetter;
 use shardline_topology::telemetry::outcome;
 use tracing::Instrument as _;
 
+use crate::dedup::Done;
 use crate::gate::Directive;
 use crate::lookahead::{Lookahead, Ready};
 use crate::metrics::ShardMetrics;
@@ -123,7 +124,7 @@ async fn settle_traced(
         match outcome {
             Outcome::Processed => {
                 if let Some(decoded) = decoded {
-                    commit(ctx, redis, lookahead, decoded).await;
+                    commit(ctx, redis, lookahead, decoded, bypass).await;
                 }
                 ready.delivery.ack(BasicAckOptions::default()).await?;
                 Stats::bump(&ctx.stats.processed);
@@ -224,13 +225,15 @@ async fn commit(
     redis: &mut RedisSlot,
     lookahead: &mut Lookahead,
     done: &Decoded,
+    bypassed: bool,
 ) {
     let dedup = ctx.processor.dedup();
-    let done_keys = (
-        done.dedup_key.as_str(),
-        done.order_key.as_str(),
-        done.envelope.seq,
-    );
+    let done = Done {
+        dedup_key: &done.dedup_key,
+        order_key: &done.order_key,
+        seq: done.envelope.seq,
+        bypassed: bypassed || done.replay,
+    };
     match lookahead.peek(&ctx.processor) {
         Some(Ready {
             delivery,
@@ -239,13 +242,9 @@ async fn commit(
             ..
         }) => {
             let admission = next.admission(delivery.redelivered, false);
-            *admitted = Some(dedup.commit_and_admit(redis, done_keys, &admission).await);
+            *admitted = Some(dedup.commit_and_admit(redis, &done, &admission).await);
         }
-        _ => {
-            dedup
-                .commit(redis, done_keys.0, done_keys.1, done_keys.2)
-                .await
-        }
+        _ => dedup.commit(redis, &done).await,
     }
 }
 
