@@ -29,10 +29,6 @@ pub fn scope() -> InstrumentationScope {
         .build()
 }
 
-/// Name of the `tracing` span around one delivery's processing, whose fields
-/// `trace_id` and `span_id` put the process span's ids on every log line.
-pub const LOG_SPAN: &str = "event";
-
 /// Span names (`{destination} {operation}`, the messaging conventions' form).
 pub mod span {
     use super::Cow;

@@ -324,16 +324,10 @@ impl Processor {
             cx.span().set_attributes(self.span_attributes(msg, decoded));
         }
         let traceparent = telemetry::traceparent(&span_context);
-        let log = tracing::info_span!(
-            telemetry::LOG_SPAN,
-            trace_id = %span_context.trace_id(),
-            span_id = %span_context.span_id(),
-        );
         ProcessTrace {
             cx,
             span_context,
             traceparent,
-            log,
             recording,
             finished: false,
         }
@@ -378,7 +372,6 @@ pub struct ProcessTrace {
     cx: Context,
     span_context: SpanContext,
     traceparent: String,
-    log: tracing::Span,
     recording: bool,
     finished: bool,
 }
@@ -397,11 +390,6 @@ impl ProcessTrace {
 
     pub fn traceparent(&self) -> &str {
         &self.traceparent
-    }
-
-    /// The `tracing` span that puts `trace_id` and `span_id` on log lines.
-    pub fn log_span(&self) -> &tracing::Span {
-        &self.log
     }
 
     /// A failed attempt, to be retried after `after`.

@@ -10,7 +10,6 @@ use lapin::{Channel, Confirmation};
 use shardline_topology::Names;
 use shardline_topology::headers::DeadLetter;
 use shardline_topology::telemetry::outcome;
-use tracing::Instrument as _;
 
 use crate::dedup::Done;
 use crate::gate::Directive;
@@ -49,7 +48,8 @@ pub enum Settled {
 
 /// Processes `ready` until it is acked or held. `in_flight` holds the dedup
 /// key while a claim may be held, so that a caller who abandons this future can
-/// release it. Runs under the delivery's process span (its ids on every log line).
+/// release it. Log lines about the event carry its trace and span ids (fields,
+/// not a per-event `tracing` span: that would format both ids for every event).
 pub async fn settle(
     ctx: &ShardContext,
     channel: &Channel,
@@ -62,15 +62,12 @@ pub async fn settle(
     let trace = ctx
         .processor
         .start_trace(&Message::of(&ready.delivery), ready.decoded.as_ref().ok());
-    let log = trace.log_span().clone();
     let delivery = Delivery {
         ready,
         directive,
         trace,
     };
-    settle_traced(ctx, channel, redis, delivery, lookahead, in_flight)
-        .instrument(log)
-        .await
+    settle_traced(ctx, channel, redis, delivery, lookahead, in_flight).await
 }
 
 /// A delivery on its way through [`settle`].
@@ -144,13 +141,13 @@ async fn settle_traced(
                 ctx.metrics.retried();
                 first_failed_at.get_or_insert_with(SystemTime::now);
                 trace.retry(attempt, after, &error);
-                tracing::warn!(shard = %ctx.shard, attempt, retry_in = ?after, %error, "handler failed; retrying in place");
+                tracing::warn!(shard = %ctx.shard, attempt, retry_in = ?after, %error, trace_id = %trace.span_context().trace_id(), span_id = %trace.span_context().span_id(), "handler failed; retrying in place");
                 tokio::time::sleep(after).await;
                 attempt += 1;
             }
             Outcome::Wait(after) => {
                 trace.claim_wait(after);
-                tracing::warn!(shard = %ctx.shard, wait = ?after, "event claimed by another consumer; waiting for its lease");
+                tracing::warn!(shard = %ctx.shard, wait = ?after, trace_id = %trace.span_context().trace_id(), "event claimed by another consumer; waiting for its lease");
                 tokio::time::sleep(after).await;
             }
             Outcome::Hold { start } => {
@@ -194,7 +191,8 @@ async fn settle_traced(
                 ctx.metrics.dead_lettered(reason);
                 tracing::warn!(
                     shard = %ctx.shard, reason = %reason, attempts, dead_letter_id = %letter.id,
-                    error = %letter.error, "event dead-lettered"
+                    error = %letter.error, trace_id = %trace.span_context().trace_id(),
+                    span_id = %trace.span_context().span_id(), "event dead-lettered"
                 );
                 trace.dead_lettered(reason, attempts, &letter.id, &letter.error);
                 break;
