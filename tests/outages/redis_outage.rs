@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use crate::harness::{
-    Downstream, PROCESSING, Publisher, Reply, TestEnv, all_ok, assert_in_order_and_complete,
-    describe, interleaved, ok_keys, orders_covering_shards,
+    Downstream, PROCESSING, Publisher, Reply, TestEnv, Worker, all_ok,
+    assert_in_order_and_complete, describe, interleaved, ok_keys, orders_covering_shards,
 };
-use crate::support::{PrivateRedis, RedisWorker, assert_nothing_dead_lettered, wait_until};
+use crate::support::{PrivateRedis, assert_nothing_dead_lettered, wait_until};
 
 /// How long the downstream must stay silent while Redis is down. A pause is the
 /// absence of calls, which no event can signal, so this is a fixed observation
@@ -26,7 +26,7 @@ async fn redis_outage_pauses_the_shards_and_they_resume() {
         Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(25))).await;
     let events = interleaved(&orders_covering_shards("redis", 20, &env), 5, env.shards);
 
-    let mut worker = RedisWorker::start(&env, "redis", &redis.url(), &downstream.url());
+    let mut worker = Worker::start_on_redis(&env, "redis", &redis.url(), &downstream.url(), &[]);
     let conn = env.connect().await;
     worker.wait_consuming(&env, &conn).await;
     Publisher::connect(&env).await.publish(&events).await;

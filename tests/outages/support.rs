@@ -7,12 +7,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tokio::process::Child as AsyncChild;
-
 use crate::harness::env::rabbitmqctl;
 use crate::harness::{STARTUP, TestEnv};
-
-const BIN: &str = env!("CARGO_BIN_EXE_shardline");
 
 /// How long the broker may take to come back after `start_app`.
 pub const BROKER_RESTART: Duration = Duration::from_secs(90);
@@ -236,110 +232,6 @@ fn log_dir() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("outages");
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// `shardline worker` against `env`'s vhost but another Redis. (The fleet
-/// harness's `Worker` always passes the shared Redis URL, and the CLI refuses
-/// a repeated `--redis-url`.)
-pub struct RedisWorker {
-    pub name: String,
-    pub log: PathBuf,
-    child: AsyncChild,
-}
-
-impl RedisWorker {
-    pub fn start(env: &TestEnv, name: &str, redis_url: &str, handler: &str) -> Self {
-        let log = log_dir().join(format!("{}-{name}.log", env.id));
-        let file = File::create(&log).unwrap();
-        let mut global = env.global_args();
-        let at = global.iter().position(|a| a == "--redis-url").unwrap() + 1;
-        global[at] = redis_url.to_owned();
-        let child = tokio::process::Command::new(BIN)
-            .arg("worker")
-            .args(["--retry-base", "10ms", "--retry-cap", "100ms"])
-            .args(global)
-            .args(["--handler", handler, "--worker-name", name])
-            .env("NO_COLOR", "1")
-            .env("RUST_LOG", "info")
-            .env(env.queue_type_env().0, env.queue_type_env().1)
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        Self {
-            name: name.to_owned(),
-            log,
-            child,
-        }
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    pub fn log_tail(&self, lines: usize) -> String {
-        let text = self.log_text();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
-    }
-
-    /// Lines of the log containing `needle`.
-    pub fn count_lines(&self, needle: &str) -> usize {
-        self.log_text()
-            .lines()
-            .filter(|l| l.contains(needle))
-            .count()
-    }
-
-    /// Fails the test (with the log tail) if the worker exited.
-    pub fn assert_running(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!(
-                "worker {} exited ({status}); log tail:\n{}",
-                self.name,
-                self.log_tail(40)
-            );
-        }
-    }
-
-    /// Waits until every shard queue has exactly one consumer (quorum queues: at
-    /// least one; their single-active-consumer picks the active one).
-    pub async fn wait_consuming(&mut self, env: &TestEnv, conn: &lapin::Connection) {
-        let deadline = Instant::now() + STARTUP;
-        loop {
-            let statuses = env.shard_statuses(conn).await;
-            if statuses
-                .iter()
-                .all(|s| s.consumers == 1 || (env.is_quorum() && s.consumers >= 1))
-            {
-                return;
-            }
-            self.assert_running();
-            assert!(
-                Instant::now() < deadline,
-                "worker {}: shard queues without exactly one consumer after {STARTUP:?}: {statuses:?}",
-                self.name
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for RedisWorker {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "---- worker {} log ({}), last 60 lines ----\n{}\n---- end of worker {} log ----",
-                self.name,
-                self.log.display(),
-                self.log_tail(60),
-                self.name
-            );
-        }
-        let _ = self.child.start_kill();
-    }
 }
 
 /// Fails the test if the dead-letter queue holds anything: an outage is no

@@ -25,6 +25,32 @@ impl Worker {
     /// `shardline worker --handler HANDLER` on every shard of `env` with `extra`
     /// flags, and small retry delays unless `extra` sets them.
     pub fn start(env: &TestEnv, name: &str, handler: &str, extra: &[&str]) -> Self {
+        Self::spawn(env, name, handler, extra, None)
+    }
+
+    /// Like [`Worker::start`], against the Redis at `redis_url` instead of the
+    /// shared one (a private Redis that a test kills and restarts).
+    #[allow(
+        dead_code,
+        reason = "used by the outages tests, which share this harness"
+    )]
+    pub fn start_on_redis(
+        env: &TestEnv,
+        name: &str,
+        redis_url: &str,
+        handler: &str,
+        extra: &[&str],
+    ) -> Self {
+        Self::spawn(env, name, handler, extra, Some(redis_url))
+    }
+
+    fn spawn(
+        env: &TestEnv,
+        name: &str,
+        handler: &str,
+        extra: &[&str],
+        redis_url: Option<&str>,
+    ) -> Self {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fleet");
         std::fs::create_dir_all(&dir).unwrap();
         let log = dir.join(format!("{}-{name}.log", env.id));
@@ -36,7 +62,12 @@ impl Worker {
                 cmd.args([flag, value]);
             }
         }
-        cmd.args(env.global_args())
+        let mut global = env.global_args();
+        if let Some(url) = redis_url {
+            let at = global.iter().position(|a| a == "--redis-url").unwrap() + 1;
+            global[at] = url.to_owned();
+        }
+        cmd.args(global)
             .args(["--handler", handler, "--worker-name", name])
             .args(extra)
             .env("NO_COLOR", "1")
@@ -155,6 +186,27 @@ impl Worker {
     /// Whether the process is still running.
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Fails the test (with the log tail) if the worker exited.
+    #[allow(
+        dead_code,
+        reason = "used by the outages tests, which share this harness"
+    )]
+    pub fn assert_running(&mut self) {
+        self.fail_if_exited("the test ended");
+    }
+
+    /// Lines of the log containing `needle`.
+    #[allow(
+        dead_code,
+        reason = "used by the outages tests, which share this harness"
+    )]
+    pub fn count_lines(&self, needle: &str) -> usize {
+        self.log_text()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .count()
     }
 
     fn fail_if_exited(&mut self, before: &str) {
