@@ -3,6 +3,7 @@
 
 mod bench;
 mod demo;
+mod dlq;
 mod publish;
 mod scratch;
 mod telemetry;
@@ -132,6 +133,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Measure the worker draining a fixed load against a raw consume loop.
     Bench(bench::BenchArgs),
+    /// Inspect, replay or purge the dead-letter queue.
+    #[command(subcommand)]
+    Dlq(dlq::DlqCommand),
 }
 
 /// Exit code 3: a check found something to alert on.
@@ -159,6 +163,7 @@ fn main() -> ExitCode {
             Command::Worker(args) => worker::run(&global, args, shutdown).await,
             Command::Demo(args) => demo::run(&global, args, shutdown).await,
             Command::Bench(args) => bench::run(&global, args, shutdown).await,
+            Command::Dlq(cmd) => dlq::run(&global, cmd).await,
         }
     });
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));

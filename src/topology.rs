@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
-use lapin::options::BasicGetOptions;
 use shardline_topology::declare::{self, QueueType, TopologyOptions};
-use shardline_topology::headers::{self, header_str};
 use shardline_topology::{Names, ShardStatus, broker, redact_url};
 use shardline_worker::metrics::unix_ms;
 use shardline_worker::status::{self, Level, ShardReport, Thresholds};
@@ -296,33 +294,19 @@ async fn read_reports(
 }
 
 /// Counts dead letters by `x-fail-reason`, reading at most `limit` of them
-/// without acking; closing the channel returns them to the queue in their
-/// order (RabbitMQ marks them redelivered).
+/// without acking and returning them to the queue in their order
+/// ([`crate::dlq::browse`]).
 async fn browse_dead_letters(
     conn: &lapin::Connection,
     names: &Names,
     limit: u32,
 ) -> anyhow::Result<(BTreeMap<String, u64>, u64)> {
-    let channel = conn.create_channel().await?;
+    let letters = crate::dlq::browse(conn, names, u64::from(limit)).await?;
     let mut by_reason = BTreeMap::new();
-    let mut browsed = 0u64;
-    while browsed < u64::from(limit) {
-        let got = channel
-            .basic_get(
-                names.dead_letter_queue.as_str().into(),
-                BasicGetOptions { no_ack: false },
-            )
-            .await?;
-        let Some(message) = got else { break };
-        let reason =
-            header_str(&message.delivery.properties, headers::FAIL_REASON).unwrap_or("unknown");
-        *by_reason.entry(reason.to_owned()).or_insert(0) += 1;
-        browsed += 1;
+    for letter in &letters {
+        *by_reason.entry(letter.reason.clone()).or_insert(0) += 1;
     }
-    if let Err(e) = channel.close(200, "browsed".into()).await {
-        tracing::debug!(error = %e, "closing the browse channel");
-    }
-    Ok((by_reason, browsed))
+    Ok((by_reason, letters.len() as u64))
 }
 
 fn secs(d: Duration) -> f64 {

@@ -21,6 +21,7 @@
 //! - [`trace_inmemory`]: publish → process → downstream call in one trace, seen by an in-memory exporter.
 //! - [`trace_otlp`]: the binaries export their spans over OTLP/HTTP, flushed on exit.
 //! - [`observability`]: `/metrics` backlog age behind a slow downstream, `/readyz`, `topology status`.
+//! - [`dlq`]: `dlq list|show|replay|purge` on dead letters a worker made.
 //! - [`tls`]: `amqps://` and `rediss://` with a certificate from a private CA.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -28,6 +29,7 @@ mod harness;
 
 mod crash;
 mod crashloop;
+mod dlq;
 mod duplicates;
 mod failures;
 mod gate;

@@ -1,0 +1,192 @@
+//! `shardline dlq list|show|replay|purge` against dead letters a real worker made:
+//! listing leaves the DLQ as it was, replay after the fix delivers the event
+//! once and leaves the rest, purge refuses without `--yes`.
+
+use std::process::Output;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::harness::dlq::depth;
+use crate::harness::{Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, Worker, all_ok};
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+async fn run_ok(env: &TestEnv, args: &[&str]) -> Output {
+    let out = env.cli(args).await;
+    assert!(out.status.success(), "shardline {args:?}: {}", text(&out));
+    out
+}
+
+async fn list_json(env: &TestEnv, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["dlq", "list", "--json"];
+    args.extend_from_slice(extra);
+    let out = run_ok(env, &args).await;
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("`dlq list --json` printed no JSON ({e}): {}", text(&out)))
+}
+
+fn ids(list: &serde_json::Value) -> Vec<String> {
+    list["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn wait_depth(env: &TestEnv, conn: &lapin::Connection, n: u32, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let d = depth(env, conn).await;
+        if d == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "DLQ depth {d} after {timeout:?}, expected {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_list_show_replay_purge() {
+    let env = TestEnv::new("dlq").await;
+    env.apply_topology().await;
+    let conn = env.connect().await;
+
+    let x: Vec<Event> = (1..=2)
+        .map(|s| Event::new("dlq-x", s, env.shards))
+        .collect();
+    let x2 = x[1].key();
+    let fixed = Arc::new(AtomicBool::new(false));
+    let downstream = {
+        let (x2, fixed) = (x2.clone(), Arc::clone(&fixed));
+        Downstream::scripted(move |call, _| {
+            if call.key() == x2 && !fixed.load(Ordering::SeqCst) {
+                Reply::status(422)
+            } else {
+                Reply::ok()
+            }
+        })
+        .await
+    };
+    let mut worker = Worker::start(&env, "w1", &downstream.url(), &[]);
+    worker.wait_consuming(&env, &conn).await;
+
+    let publisher = Publisher::connect(&env).await;
+    publisher.publish(&x).await;
+    publisher.publish_raw(x[0].shard, b"not json").await;
+    downstream
+        .wait_for("X seq 1 answered 2xx", PROCESSING, |calls| {
+            all_ok(calls, &x[..1])
+        })
+        .await;
+    wait_depth(&env, &conn, 2, PROCESSING).await;
+
+    // list: both letters, and the DLQ exactly as before (same letters, same order).
+    let list = list_json(&env, &[]).await;
+    assert_eq!(list["matched"], 2, "{list:#}");
+    let letters = list["dead_letters"].as_array().unwrap();
+    let handler = letters
+        .iter()
+        .find(|l| l["reason"] == "handler")
+        .unwrap_or_else(|| panic!("no handler letter: {list:#}"));
+    assert_eq!(handler["order_id"], "dlq-x", "{list:#}");
+    assert_eq!(handler["seq"], 2, "{list:#}");
+    assert_eq!(handler["attempts"], 1, "{list:#}");
+    assert_eq!(handler["shard"], x[1].shard, "{list:#}");
+    assert!(handler["age_seconds"].is_number(), "{list:#}");
+    let decode = letters
+        .iter()
+        .find(|l| l["reason"] == "decode")
+        .unwrap_or_else(|| panic!("no decode letter: {list:#}"));
+    assert_eq!(decode["order_id"], serde_json::Value::Null, "{list:#}");
+    let by_reason = list["summary"]["by_reason"].as_array().unwrap();
+    assert_eq!(by_reason.len(), 2, "{list:#}");
+    assert!(by_reason.iter().all(|g| g["count"] == 1), "{list:#}");
+    assert_eq!(depth(&env, &conn).await, 2, "list must not remove letters");
+    let again = list_json(&env, &[]).await;
+    assert_eq!(ids(&again), ids(&list), "list must keep the DLQ's order");
+    let only_x = list_json(&env, &["--order-id", "dlq-x"]).await;
+    assert_eq!(only_x["matched"], 1, "{only_x:#}");
+    let table = run_ok(&env, &["dlq", "list"]).await;
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(
+        table.contains("by reason:") && table.contains("handler"),
+        "{table}"
+    );
+
+    // show: headers and body of one letter; an unknown id is an error.
+    let handler_id = handler["id"].as_str().unwrap();
+    let shown = run_ok(&env, &["dlq", "show", handler_id]).await;
+    let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+    assert!(
+        shown.contains(&String::from_utf8_lossy(&x[1].body).into_owned()),
+        "{shown}"
+    );
+    assert!(shown.contains("x-fail-reason: handler"), "{shown}");
+    let missing = env.cli(&["dlq", "show", "no-such-letter"]).await;
+    assert!(!missing.status.success(), "{}", text(&missing));
+    assert_eq!(depth(&env, &conn).await, 2, "show must not remove letters");
+
+    // replay --dry-run changes nothing.
+    let dry = run_ok(&env, &["dlq", "replay", "--order-id", "dlq-x", "--dry-run"]).await;
+    assert!(
+        String::from_utf8_lossy(&dry.stdout).contains("would replay"),
+        "{}",
+        text(&dry)
+    );
+    assert_eq!(
+        depth(&env, &conn).await,
+        2,
+        "a dry run must not remove letters"
+    );
+
+    // Fixed downstream: replay X; X seq 2 reaches it once, the decode letter stays.
+    fixed.store(true, Ordering::SeqCst);
+    let calls_before = downstream.calls().len();
+    let replay = run_ok(&env, &["dlq", "replay", "--order-id", "dlq-x"]).await;
+    assert!(
+        String::from_utf8_lossy(&replay.stdout).contains("replayed 1 of 1"),
+        "{}",
+        text(&replay)
+    );
+    downstream
+        .wait_for("the replayed X seq 2 answered 2xx", PROCESSING, |calls| {
+            all_ok(calls, &x)
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let calls = downstream.calls();
+    let x2_after: Vec<_> = calls[calls_before..]
+        .iter()
+        .filter(|c| c.key() == x2)
+        .collect();
+    assert_eq!(x2_after.len(), 1, "replay must call once: {x2_after:?}");
+    assert_eq!(calls.len(), calls_before + 1, "only the replay: {calls:?}");
+    assert_eq!(depth(&env, &conn).await, 1, "the decode letter stays");
+    let rest = list_json(&env, &[]).await;
+    assert_eq!(rest["dead_letters"][0]["reason"], "decode", "{rest:#}");
+
+    // purge: refused without --yes (exit 2, nothing removed), done with it.
+    let refused = env.cli(&["dlq", "purge", "--reason", "decode"]).await;
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert_eq!(depth(&env, &conn).await, 1);
+    let purged = run_ok(&env, &["dlq", "purge", "--reason", "decode", "--yes"]).await;
+    assert!(
+        String::from_utf8_lossy(&purged.stdout).contains("purged 1"),
+        "{}",
+        text(&purged)
+    );
+    assert_eq!(depth(&env, &conn).await, 0);
+    worker.assert_running();
+}
