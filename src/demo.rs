@@ -5,7 +5,6 @@
 //! with injected faults, and reports what happened.
 
 use std::collections::HashMap;
-use std::io::IsTerminal as _;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,7 +12,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use shardline_publisher::Publisher;
 use shardline_topology::headers::{self, FailReason};
 use shardline_topology::{broker, declare};
@@ -94,7 +92,7 @@ async fn run_on(
 
     let started = Instant::now();
     let published = publish_stream(global, scratch, args).await?;
-    let progress = progress_bar(published.total());
+    let progress = crate::progress::bar(published.total(), "events settled");
     let deadline = started + args.timeout;
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     while stats.settled() < published.total()
@@ -196,19 +194,6 @@ async fn publish_stream(
     }
     publisher.close().await?;
     Ok(published)
-}
-
-fn progress_bar(total: u64) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total);
-    if let Ok(style) = ProgressStyle::with_template(
-        "{spinner} settled {pos}/{len} events [{bar:40}] {per_sec} {elapsed}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
 }
 
 /// The in-process downstream: injects the faults and checks each order's

@@ -16,9 +16,13 @@ use clap::{Args, Subcommand};
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicGetOptions};
 use lapin::types::{AMQPValue, LongString};
+use opentelemetry::global::BoxedTracer;
+use opentelemetry::trace::{Span as _, SpanKind, Status, TraceId, Tracer as _};
+use opentelemetry::{Context, KeyValue};
 use shardline_publisher::{Config, Publisher};
 use shardline_topology::headers::{self, header_i64, header_str};
-use shardline_topology::{Envelope, Names, redact_url};
+use shardline_topology::telemetry::{self, attr, op};
+use shardline_topology::{Envelope, Names, ShardId, redact_url};
 
 use crate::GlobalArgs;
 
@@ -606,29 +610,27 @@ async fn replay(
     }
     let config = crate::publish::publisher_config(global, 1, "shardline dlq replay");
     let mut publisher = Publisher::connect(config).await?;
+    let audit = ReplayAudit::new(global);
     let pause = args.rate.map(|r| Duration::from_secs_f64(1.0 / r));
+    let progress = crate::progress::bar(letters.len() as u64, "dead letters");
     let mut replayed = 0usize;
     let outcome = async {
         for l in &letters {
             let started = tokio::time::Instant::now();
             let order = l.order_id.as_deref().unwrap_or("");
             let shard = publisher.shard_of(order);
-            publisher
-                .publish_to_shard(shard, l.delivery.data.clone(), replay_properties(l))
-                .await
-                .with_context(|| format!("republishing {}", l.describe()))?;
-            publisher
-                .flush()
-                .await
-                .with_context(|| format!("confirming the republish of {}", l.describe()))?;
-            // Confirmed: only now may it leave the DLQ.
-            l.delivery
-                .ack(BasicAckOptions::default())
-                .await
-                .with_context(|| format!("removing {} from the DLQ", l.describe()))?;
+            let mut span = audit.start(l, shard);
+            let done = replay_one(&mut publisher, l, shard).await;
+            match &done {
+                Ok(()) => span.end(),
+                Err(e) => span.fail(e),
+            }
+            done?;
             replayed += 1;
+            progress.inc(1);
             tracing::info!(
                 dead_letter_id = l.id(),
+                linked_trace_id = %span.linked_trace_id.map_or_else(|| "-".to_owned(), |t| t.to_string()),
                 order_id = order,
                 seq = l.seq,
                 shard = shard.get(),
@@ -636,7 +638,7 @@ async fn replay(
                 traceparent = header_str(&l.delivery.properties, headers::TRACEPARENT),
                 "dead letter replayed"
             );
-            println!("replayed {} to shard {}", l.describe(), shard.get());
+            progress.suspend(|| println!("replayed {} to shard {}", l.describe(), shard.get()));
             if let Some(pause) = pause {
                 tokio::time::sleep_until(started + pause).await;
             }
@@ -644,6 +646,7 @@ async fn replay(
         anyhow::Ok(())
     }
     .await;
+    progress.finish_and_clear();
     if let Err(e) = publisher.close().await {
         tracing::debug!(error = %e, "closing the replay publisher");
     }
@@ -655,6 +658,107 @@ async fn replay(
         read - replayed
     );
     outcome.map(|()| ExitCode::SUCCESS)
+}
+
+/// Republishes one letter, waits for the broker's confirm, and only then
+/// removes it from the DLQ.
+async fn replay_one(publisher: &mut Publisher, l: &Letter, shard: ShardId) -> anyhow::Result<()> {
+    publisher
+        .publish_to_shard(shard, l.delivery.data.clone(), replay_properties(l))
+        .await
+        .with_context(|| format!("republishing {}", l.describe()))?;
+    publisher
+        .flush()
+        .await
+        .with_context(|| format!("confirming the republish of {}", l.describe()))?;
+    // Confirmed: only now may it leave the DLQ.
+    l.delivery
+        .ack(BasicAckOptions::default())
+        .await
+        .with_context(|| format!("removing {} from the DLQ", l.describe()))?;
+    Ok(())
+}
+
+/// The audit spans of a replay: one root span per replayed letter
+/// (`{dlq} replay`), linked to the failed attempt's context (the letter's
+/// `traceparent`/`tracestate`).
+struct ReplayAudit {
+    tracer: BoxedTracer,
+    span_name: std::borrow::Cow<'static, str>,
+    exchange: String,
+}
+
+/// One letter's replay span, and the trace id it links to.
+struct ReplaySpan {
+    span: opentelemetry::global::BoxedSpan,
+    linked_trace_id: Option<TraceId>,
+}
+
+impl ReplayAudit {
+    fn new(global: &GlobalArgs) -> Self {
+        let names = global.names();
+        Self {
+            tracer: opentelemetry::global::tracer_with_scope(telemetry::scope()),
+            span_name: telemetry::span::replay(&names.dead_letter_queue),
+            exchange: names.exchange,
+        }
+    }
+
+    /// Without a tracer provider the span is a no-op: no link, no attributes
+    /// are built, only the linked trace id is read for the log line.
+    fn start(&self, l: &Letter, shard: ShardId) -> ReplaySpan {
+        let failed = telemetry::remote_span_context(&l.delivery.properties);
+        let linked_trace_id = failed.as_ref().map(|sc| sc.trace_id());
+        let mut span = self
+            .tracer
+            .span_builder(self.span_name.clone())
+            .with_kind(SpanKind::Producer)
+            .start_with_context(&self.tracer, &Context::new());
+        if span.is_recording() {
+            if let Some(sc) = failed {
+                span.add_link(sc, Vec::new());
+            }
+            let mut attributes = vec![
+                KeyValue::new(attr::MESSAGING_SYSTEM, attr::MESSAGING_SYSTEM_RABBITMQ),
+                KeyValue::new(attr::MESSAGING_OPERATION, op::REPLAY),
+                KeyValue::new(attr::MESSAGING_DESTINATION_NAME, self.exchange.clone()),
+                KeyValue::new(
+                    attr::MESSAGING_ROUTING_KEY,
+                    shardline_topology::Names::routing_key(shard),
+                ),
+                KeyValue::new(attr::DEAD_LETTER_ID, l.id().to_owned()),
+                KeyValue::new(attr::FAIL_REASON, l.reason.clone()),
+                KeyValue::new(attr::SHARD, i64::from(shard.get())),
+            ];
+            if let Some(order) = &l.order_id {
+                attributes.push(KeyValue::new(attr::ORDER_ID, order.clone()));
+            }
+            if let Some(seq) = l.seq.and_then(|s| i64::try_from(s).ok()) {
+                attributes.push(KeyValue::new(attr::SEQ, seq));
+            }
+            if let Some(t) = linked_trace_id {
+                attributes.push(KeyValue::new(attr::LINKED_TRACE_ID, t.to_string()));
+            }
+            span.set_attributes(attributes);
+        }
+        ReplaySpan {
+            span,
+            linked_trace_id,
+        }
+    }
+}
+
+impl ReplaySpan {
+    fn end(&mut self) {
+        self.span.end();
+    }
+
+    fn fail(&mut self, e: &anyhow::Error) {
+        if self.span.is_recording() {
+            self.span.set_status(Status::error(format!("{e:#}")));
+        }
+        self.span.end();
+    }
 }
 
 /// The letter's properties, as the worker dead-lettered them (the `x-fail-*`

@@ -4,6 +4,7 @@
 mod bench;
 mod demo;
 mod dlq;
+mod progress;
 mod publish;
 mod scratch;
 mod telemetry;

@@ -3,14 +3,12 @@
 //! reuse [`load_events`], [`publish_events`] and [`publisher_config`].
 
 use std::fmt;
-use std::io::IsTerminal as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow};
 use clap::{ArgGroup, Args};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use shardline_publisher::{Config, Publisher};
 use shardline_topology::envelope::MAX_SEQ;
 use shardline_topology::{Envelope, NewEvent, redact_url};
@@ -400,7 +398,7 @@ pub async fn publish_events(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<LoadReport> {
     let before = publisher.counts();
-    let progress = progress_bar(total);
+    let progress = crate::progress::bar(total, "events");
     let started = Instant::now();
     let mut pacer = rate.map(Pacer::new);
     let mut interrupted = false;
@@ -447,19 +445,6 @@ pub async fn publish_events(
         p99: publisher.latency().percentile(99.0),
         interrupted,
     })
-}
-
-fn progress_bar(total: u64) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template(
-        "{bar:40.cyan/blue} {pos}/{len} events  {per_sec}  eta {eta}  {msg}",
-    ) {
-        bar.set_style(style);
-    }
-    bar
 }
 
 /// Paces publishing to an average rate with a timer tick, not a sleep per

@@ -1,6 +1,7 @@
 //! `shardline dlq list|show|replay|purge` against dead letters a real worker made:
 //! listing leaves the DLQ as it was, replay after the fix delivers the event
-//! once and leaves the rest, purge refuses without `--yes`.
+//! once and leaves the rest, purge refuses without `--yes`; a replay killed
+//! mid-way and run again delivers every dead letter exactly once, in order.
 
 use std::process::Output;
 use std::sync::Arc;
@@ -8,7 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::harness::dlq::depth;
-use crate::harness::{Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, Worker, all_ok};
+use crate::harness::{
+    Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, Worker, all_ok, assert_exactly_once,
+    assert_in_order_and_complete, interleaved, order_ids,
+};
 
 fn text(out: &Output) -> String {
     format!(
@@ -155,6 +159,17 @@ async fn dlq_list_show_replay_purge() {
     fixed.store(true, Ordering::SeqCst);
     let calls_before = downstream.calls().len();
     let replay = run_ok(&env, &["dlq", "replay", "--order-id", "dlq-x"]).await;
+    // Audit: the replay is logged with its dead-letter id and the failed
+    // attempt's trace id (the one its replay span links to).
+    let log = String::from_utf8_lossy(&replay.stderr);
+    let failed_trace = x[1].traceparent.split('-').nth(1).unwrap();
+    assert!(
+        log.lines().any(|line| line.contains("dead letter replayed")
+            && line.contains(handler_id)
+            && line.contains(&format!("linked_trace_id={failed_trace}"))),
+        "{}",
+        text(&replay)
+    );
     assert!(
         String::from_utf8_lossy(&replay.stdout).contains("replayed 1 of 1"),
         "{}",
@@ -188,5 +203,110 @@ async fn dlq_list_show_replay_purge() {
         text(&purged)
     );
     assert_eq!(depth(&env, &conn).await, 0);
+    worker.assert_running();
+}
+
+/// ~200 dead letters (4 orders × 50 events, all answered 422 until the fix);
+/// `dlq replay --rate 50` is SIGKILLed once some letters reached the fixed
+/// downstream, then `dlq replay` runs to completion: each letter reached the
+/// downstream exactly once (a republished-but-unacked letter is absorbed by
+/// dedup), per order in seq order, and the DLQ is empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_replay_killed_midway_then_resumed_delivers_each_letter_once() {
+    const ORDERS: usize = 4;
+    const PER_ORDER: u64 = 50;
+    const TOTAL: usize = ORDERS * PER_ORDER as usize;
+    let env = TestEnv::new("dlq-kill").await;
+    env.apply_topology().await;
+    let conn = env.connect().await;
+
+    let events = interleaved(&order_ids("dlq-kill", ORDERS), PER_ORDER, env.shards);
+    let fixed = Arc::new(AtomicBool::new(false));
+    let downstream = {
+        let fixed = Arc::clone(&fixed);
+        Downstream::scripted(move |_, _| {
+            if fixed.load(Ordering::SeqCst) {
+                Reply::ok()
+            } else {
+                Reply::status(422)
+            }
+        })
+        .await
+    };
+    let mut worker = Worker::start(&env, "w1", &downstream.url(), &[]);
+    worker.wait_consuming(&env, &conn).await;
+    Publisher::connect(&env).await.publish(&events).await;
+    wait_depth(&env, &conn, u32::try_from(TOTAL).unwrap(), PROCESSING).await;
+
+    // Fixed downstream; a paced replay, killed once some letters got through.
+    fixed.store(true, Ordering::SeqCst);
+    let calls_before = downstream.calls().len();
+    let mut first = tokio::process::Command::new(env!("CARGO_BIN_EXE_shardline"))
+        .args(["dlq", "replay", "--rate", "50"])
+        .args(env.global_args())
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "info")
+        .env(env.queue_type_env().0, env.queue_type_env().1)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    downstream
+        .wait_for("20 replayed letters answered", PROCESSING, |calls| {
+            calls[calls_before..].iter().filter(|c| c.ok()).count() >= 20
+        })
+        .await;
+    assert!(
+        first.try_wait().unwrap().is_none(),
+        "the paced replay finished before it could be killed"
+    );
+    first.start_kill().unwrap(); // SIGKILL
+    let status = first.wait().await.unwrap();
+    assert!(!status.success(), "killed replay exited {status}");
+    let at_kill = downstream.calls().len() - calls_before;
+    assert!(at_kill < TOTAL, "all {at_kill} replayed before the kill");
+
+    // The broker returns the killed replay's unacked letters to the DLQ.
+    let deadline = Instant::now() + PROCESSING;
+    loop {
+        let depths = env.queue_depths().await;
+        let dlq = depths.get(&env.names.dead_letter_queue).copied();
+        if dlq.is_some_and(|(_, unacked)| unacked == 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "DLQ still has unacked letters after the kill: {depths:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let left = depth(&env, &conn).await;
+    assert!(
+        left > 0 && (left as usize) < TOTAL,
+        "{left} letters left after the kill"
+    );
+
+    // Run again, to completion.
+    let second = run_ok(&env, &["dlq", "replay"]).await;
+    let summary = format!("replayed {left} of {left} matching");
+    assert!(
+        String::from_utf8_lossy(&second.stdout).contains(&summary),
+        "{}",
+        text(&second)
+    );
+    downstream
+        .wait_for("every replayed letter answered 2xx", PROCESSING, |calls| {
+            all_ok(&calls[calls_before..], &events)
+        })
+        .await;
+    env.wait_shard_queues_drained(PROCESSING).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let calls = downstream.calls();
+    let replayed = &calls[calls_before..];
+    assert_exactly_once(replayed, &events);
+    assert_in_order_and_complete(replayed, &events);
+    assert_eq!(depth(&env, &conn).await, 0, "the DLQ must be empty");
     worker.assert_running();
 }

@@ -42,12 +42,20 @@ pub mod span {
     pub fn process(queue: &str) -> Cow<'static, str> {
         Cow::Owned(format!("{queue} {}", super::op::PROCESS))
     }
+
+    /// Span of one dead letter replayed by `shardline dlq replay`:
+    /// `{dead-letter queue} replay`, linked to the failed attempt's context.
+    pub fn replay(dead_letter_queue: &str) -> Cow<'static, str> {
+        Cow::Owned(format!("{dead_letter_queue} {}", super::op::REPLAY))
+    }
 }
 
 /// `messaging.operation` values.
 pub mod op {
     pub const PUBLISH: &str = "publish";
     pub const PROCESS: &str = "process";
+    /// A dead letter republished by `shardline dlq replay`.
+    pub const REPLAY: &str = "replay";
 }
 
 /// Attribute keys.
@@ -82,6 +90,8 @@ pub mod attr {
     pub const RETRY_IN_MS: &str = "shardline.retry_in_ms";
     /// The error text (on retry events and dead-lettered spans).
     pub const ERROR: &str = "shardline.error";
+    /// On a replay span: the trace id of the failed attempt it links to.
+    pub const LINKED_TRACE_ID: &str = "shardline.linked_trace_id";
 }
 
 /// `shardline.outcome` values.
@@ -302,5 +312,6 @@ mod tests {
             span::process("order.events.shard.3"),
             "order.events.shard.3 process"
         );
+        assert_eq!(span::replay("order.dlq"), "order.dlq replay");
     }
 }
