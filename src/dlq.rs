@@ -495,23 +495,10 @@ fn value_text(v: &AMQPValue) -> String {
     match v {
         AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
         AMQPValue::ShortString(s) => s.as_str().to_owned(),
-        other => match headers_i64(other) {
+        other => match shardline_topology::headers::value_i64(other) {
             Some(n) => n.to_string(),
             None => format!("{other:?}"),
         },
-    }
-}
-
-fn headers_i64(v: &AMQPValue) -> Option<i64> {
-    match v {
-        AMQPValue::ShortShortInt(v) => Some(i64::from(*v)),
-        AMQPValue::ShortShortUInt(v) => Some(i64::from(*v)),
-        AMQPValue::ShortInt(v) => Some(i64::from(*v)),
-        AMQPValue::ShortUInt(v) => Some(i64::from(*v)),
-        AMQPValue::LongInt(v) => Some(i64::from(*v)),
-        AMQPValue::LongUInt(v) => Some(i64::from(*v)),
-        AMQPValue::LongLongInt(v) => Some(*v),
-        _ => None,
     }
 }
 

@@ -178,7 +178,12 @@ pub fn header_str<'a>(props: &'a BasicProperties, name: &str) -> Option<&'a str>
 
 /// A header as a signed integer, whatever integer type the publisher chose.
 pub fn header_i64(props: &BasicProperties, name: &str) -> Option<i64> {
-    match header(props, name)? {
+    value_i64(header(props, name)?)
+}
+
+/// An AMQP value as a signed integer, whatever integer type it was sent as.
+pub fn value_i64(value: &AMQPValue) -> Option<i64> {
+    match value {
         AMQPValue::ShortShortInt(v) => Some(i64::from(*v)),
         AMQPValue::ShortShortUInt(v) => Some(i64::from(*v)),
         AMQPValue::ShortInt(v) => Some(i64::from(*v)),

@@ -113,20 +113,7 @@ impl Publisher {
     /// Publishes `body` as is to shard `shard` with exactly `props` (any headers,
     /// of any AMQP type, or none), confirmed.
     pub async fn publish_with(&self, shard: u16, body: &[u8], props: BasicProperties) {
-        let confirm = self
-            .channel
-            .basic_publish(
-                self.exchange.as_str().into(),
-                format!("shard.{shard}").as_str().into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                body,
-                props,
-            )
-            .await
-            .unwrap();
+        let confirm = self.send_with(shard, body, props).await;
         check(confirm.await, "body with custom properties");
     }
 
@@ -138,6 +125,15 @@ impl Publisher {
         traceparent: &str,
     ) -> lapin::PublisherConfirm {
         let props = event_properties(message_id, SystemTime::now(), traceparent);
+        self.send_with(shard, body, props).await
+    }
+
+    async fn send_with(
+        &self,
+        shard: u16,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> lapin::PublisherConfirm {
         self.channel
             .basic_publish(
                 self.exchange.as_str().into(),
