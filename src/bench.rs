@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::GlobalArgs;
 use crate::publish::load_events;
 use crate::scratch::Scratch;
+use crate::worker::OnDeadLetterArg;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -39,6 +40,10 @@ pub struct BenchArgs {
     /// Measurements of each kind per prefetch; the median is reported.
     #[arg(long, default_value_t = 1)]
     pub rounds: u32,
+    /// The worker's `--on-dead-letter` mode (quarantine costs one Redis round
+    /// trip per event).
+    #[arg(long, value_enum, default_value_t = OnDeadLetterArg::Continue)]
+    pub on_dead_letter: OnDeadLetterArg,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,7 +135,14 @@ async fn measure(
         let started = Instant::now();
         match kind {
             Kind::Raw => raw_drain(global, &scratch, prefetch, args.events).await?,
-            Kind::Worker => worker_drain(&scratch, prefetch, args.events).await?,
+            Kind::Worker => {
+                let config = Config {
+                    prefetch,
+                    on_dead_letter: args.on_dead_letter.into(),
+                    ..scratch.worker_config("bench")
+                };
+                worker_drain(config, args.events).await?;
+            }
         }
         Ok::<_, anyhow::Error>(args.events as f64 / started.elapsed().as_secs_f64())
     }
@@ -248,11 +260,7 @@ async fn raw_drain(
     })
 }
 
-async fn worker_drain(scratch: &Scratch, prefetch: u16, total: u64) -> anyhow::Result<()> {
-    let config = Config {
-        prefetch,
-        ..scratch.worker_config("bench")
-    };
+async fn worker_drain(config: Config, total: u64) -> anyhow::Result<()> {
     let stats = Arc::new(Stats::default());
     let stop = CancellationToken::new();
     let worker = tokio::spawn(shardline_worker::run(

@@ -19,8 +19,9 @@ use lapin::types::{AMQPValue, LongString};
 use opentelemetry::global::BoxedTracer;
 use opentelemetry::trace::{Span as _, SpanKind, Status, TraceId, Tracer as _};
 use opentelemetry::{Context, KeyValue};
+use redis::aio::MultiplexedConnection;
 use shardline_publisher::{Config, Publisher};
-use shardline_topology::headers::{self, header_i64, header_str};
+use shardline_topology::headers::{self, FailReason, header_i64, header_str};
 use shardline_topology::telemetry::{self, attr, op};
 use shardline_topology::{Envelope, Names, ShardId, redact_url};
 
@@ -44,6 +45,9 @@ pub enum DlqCommand {
     Replay(ReplayArgs),
     /// Delete the matching dead letters (requires `--yes`).
     Purge(PurgeArgs),
+    /// Lift the quarantine of an order (`worker --on-dead-letter quarantine`):
+    /// its later events flow again; its dead letters stay in the DLQ.
+    Release(ReleaseArgs),
 }
 
 /// Which dead letters a command acts on (all of them without a filter).
@@ -102,6 +106,18 @@ pub struct ReplayArgs {
     /// At most this many republishes per second.
     #[arg(long)]
     pub rate: Option<f64>,
+    /// For a quarantined order, how long to wait for a worker to apply the
+    /// replayed events before looking for successors that were quarantined
+    /// meanwhile.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub wait: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// The quarantined order.
+    #[arg(long)]
+    pub order_id: String,
 }
 
 #[derive(Debug, Args)]
@@ -241,15 +257,24 @@ impl Reader {
         &self,
         filters: &Filters,
     ) -> anyhow::Result<(Vec<Letter>, usize, Vec<Letter>)> {
+        self.select_by(|l| filters.matches(l), filters.limit).await
+    }
+
+    /// [`Self::select`] with any predicate.
+    async fn select_by(
+        &self,
+        matches: impl Fn(&Letter) -> bool,
+        limit: Option<usize>,
+    ) -> anyhow::Result<(Vec<Letter>, usize, Vec<Letter>)> {
         let mut matched = Vec::new();
         let mut others = Vec::new();
         let mut read = 0;
-        while filters.limit.is_none_or(|l| matched.len() < l) {
+        while limit.is_none_or(|l| matched.len() < l) {
             let Some(letter) = self.next().await? else {
                 break;
             };
             read += 1;
-            if filters.matches(&letter) {
+            if matches(&letter) {
                 matched.push(letter);
             } else {
                 others.push(letter);
@@ -310,6 +335,7 @@ pub async fn run(global: &GlobalArgs, cmd: DlqCommand) -> anyhow::Result<ExitCod
         DlqCommand::Show(args) => show(&reader, &args).await,
         DlqCommand::Replay(args) => replay(global, &reader, &args).await,
         DlqCommand::Purge(args) => purge(&reader, &args).await,
+        DlqCommand::Release(args) => release(global, &reader, &args).await,
     }
     .with_context(|| format!("{} on {url}", names.dead_letter_queue));
     // Everything read and not acked goes back, in order.
@@ -595,56 +621,332 @@ async fn replay(
         );
         return Ok(ExitCode::SUCCESS);
     }
+    let quarantines = Quarantines::read(global, &letters).await;
     let config = crate::publish::publisher_config(global, 1, "shardline dlq replay");
-    let mut publisher = Publisher::connect(config).await?;
-    let audit = ReplayAudit::new(global);
-    let pause = args.rate.map(|r| Duration::from_secs_f64(1.0 / r));
-    let progress = crate::progress::bar(letters.len() as u64, "dead letters");
-    let mut replayed = 0usize;
-    let outcome = async {
-        for l in &letters {
-            let started = tokio::time::Instant::now();
-            let order = l.order_id.as_deref().unwrap_or("");
-            let shard = publisher.shard_of(order);
-            let mut span = audit.start(l, shard);
-            let done = replay_one(&mut publisher, l, shard).await;
-            match &done {
-                Ok(()) => span.end(),
-                Err(e) => span.fail(e),
-            }
-            done?;
-            replayed += 1;
-            progress.inc(1);
-            tracing::info!(
-                dead_letter_id = l.id(),
-                linked_trace_id = %span.linked_trace_id.map_or_else(|| "-".to_owned(), |t| t.to_string()),
-                order_id = order,
-                seq = l.seq,
-                shard = shard.get(),
-                reason = %l.reason,
-                traceparent = header_str(&l.delivery.properties, headers::TRACEPARENT),
-                "dead letter replayed"
-            );
-            progress.suspend(|| println!("replayed {} to shard {}", l.describe(), shard.get()));
-            if let Some(pause) = pause {
-                tokio::time::sleep_until(started + pause).await;
-            }
-        }
-        anyhow::Ok(())
-    }
-    .await;
-    progress.finish_and_clear();
-    if let Err(e) = publisher.close().await {
-        tracing::debug!(error = %e, "closing the replay publisher");
-    }
+    let mut replay = Replay {
+        publisher: Publisher::connect(config).await?,
+        audit: ReplayAudit::new(global),
+        pause: args.rate.map(|r| Duration::from_secs_f64(1.0 / r)),
+        replayed: 0,
+    };
+    let outcome = replay.publish(&letters).await;
     println!(
-        "replayed {replayed} of {} matching, {} skipped (not envelopes), {} read; {} left in the DLQ unreplayed",
+        "replayed {} of {} matching, {} skipped (not envelopes), {} read; {} left in the DLQ unreplayed",
+        replay.replayed,
         letters.len(),
         skipped.len(),
         read,
-        read - replayed
+        read - replay.replayed
     );
-    outcome.map(|()| ExitCode::SUCCESS)
+    let outcome = match outcome {
+        Ok(()) => match quarantines {
+            Some(q) => replay.follow_quarantines(reader, q, args.wait).await,
+            None => Ok(ExitCode::SUCCESS),
+        },
+        Err(e) => Err(e),
+    };
+    if let Err(e) = replay.publisher.close().await {
+        tracing::debug!(error = %e, "closing the replay publisher");
+    }
+    outcome
+}
+
+/// Rounds of a replay: a publisher, the audit spans, the pace.
+struct Replay {
+    publisher: Publisher,
+    audit: ReplayAudit,
+    pause: Option<Duration>,
+    replayed: usize,
+}
+
+/// Follow-up rounds for quarantined orders at most: a steady stream of new
+/// events for one order could otherwise keep a replay going for ever.
+const MAX_ROUNDS: usize = 20;
+
+impl Replay {
+    /// Replays `letters` in their order, each confirmed before it leaves the DLQ.
+    async fn publish(&mut self, letters: &[Letter]) -> anyhow::Result<()> {
+        let progress = crate::progress::bar(letters.len() as u64, "dead letters");
+        let outcome = async {
+            for l in letters {
+                let started = tokio::time::Instant::now();
+                let order = l.order_id.as_deref().unwrap_or("");
+                let shard = self.publisher.shard_of(order);
+                let mut span = self.audit.start(l, shard);
+                let done = replay_one(&mut self.publisher, l, shard).await;
+                match &done {
+                    Ok(()) => span.end(),
+                    Err(e) => span.fail(e),
+                }
+                done?;
+                self.replayed += 1;
+                progress.inc(1);
+                tracing::info!(
+                    dead_letter_id = l.id(),
+                    linked_trace_id = %span.linked_trace_id.map_or_else(|| "-".to_owned(), |t| t.to_string()),
+                    order_id = order,
+                    seq = l.seq,
+                    shard = shard.get(),
+                    reason = %l.reason,
+                    traceparent = header_str(&l.delivery.properties, headers::TRACEPARENT),
+                    "dead letter replayed"
+                );
+                progress.suspend(|| println!("replayed {} to shard {}", l.describe(), shard.get()));
+                if let Some(pause) = self.pause {
+                    tokio::time::sleep_until(started + pause).await;
+                }
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        progress.finish_and_clear();
+        outcome
+    }
+
+    /// For each replayed order that is quarantined: waits until a worker has
+    /// applied (or dead-lettered again) what was replayed, then replays the
+    /// order's events that were quarantined meanwhile, until the quarantine
+    /// is lifted or its blocker failed again. Exit 3 when an order stays
+    /// quarantined.
+    async fn follow_quarantines(
+        &mut self,
+        reader: &Reader,
+        quarantines: Quarantines,
+        wait: Duration,
+    ) -> anyhow::Result<ExitCode> {
+        let Quarantines {
+            mut redis,
+            redis_prefix,
+            mut rounds,
+        } = quarantines;
+        let mut attention = false;
+        for _ in 0..MAX_ROUNDS {
+            let mut next = Vec::new();
+            for (order, ids) in std::mem::take(&mut rounds) {
+                let key = quarantine_key(&redis_prefix, &order);
+                if !quarantined(&mut redis, &key).await? {
+                    println!("order {order}: quarantine lifted");
+                    continue;
+                }
+                if !applied(&mut redis, &key, &ids, wait).await? {
+                    println!(
+                        "order {order}: the replayed events were not applied within {} (is a worker with --on-dead-letter quarantine running?); run `dlq replay --order-id {order}` again later",
+                        humantime::format_duration(wait)
+                    );
+                    attention = true;
+                    continue;
+                }
+                match quarantine_head(&mut redis, &key).await? {
+                    None => println!("order {order}: quarantine lifted"),
+                    Some(head) => next.push((order, head)),
+                }
+            }
+            if next.is_empty() {
+                break;
+            }
+            let wanted: Vec<&str> = next.iter().map(|(o, _)| o.as_str()).collect();
+            let (found, _, _) = reader
+                .select_by(
+                    |l| l.order_id.as_deref().is_some_and(|o| wanted.contains(&o)),
+                    None,
+                )
+                .await?;
+            let found = replay_order(found);
+            let mut replaying = Vec::new();
+            for (order, head) in &next {
+                let letters: Vec<&Letter> = found
+                    .iter()
+                    .filter(|l| l.order_id.as_deref() == Some(order))
+                    .collect();
+                let blocker = letters
+                    .iter()
+                    .find(|l| l.id.as_deref() == Some(head.as_str()));
+                match blocker {
+                    // The head of the quarantine is an event quarantined while
+                    // the replay ran: the rest of the order was applied.
+                    Some(b) if b.reason == FailReason::Quarantined.as_str() => {
+                        println!(
+                            "order {order}: {} event(s) quarantined during the replay; replaying them",
+                            letters.len()
+                        );
+                        rounds.insert(
+                            order.clone(),
+                            letters.iter().filter_map(|l| l.id.clone()).collect(),
+                        );
+                        replaying.push(order.clone());
+                    }
+                    blocker => {
+                        println!(
+                            "order {order}: still quarantined behind dead letter {head}{}; fix the cause and replay the order again",
+                            blocker.map_or_else(String::new, |l| format!(" ({})", l.describe()))
+                        );
+                        attention = true;
+                    }
+                }
+            }
+            let batch: Vec<Letter> = found
+                .into_iter()
+                .filter(|l| l.order_id.as_ref().is_some_and(|o| replaying.contains(o)))
+                .collect();
+            self.publish(&batch).await?;
+        }
+        if !rounds.is_empty() {
+            println!(
+                "stopped after {MAX_ROUNDS} rounds; the orders still quarantined: {}",
+                rounds.into_keys().collect::<Vec<_>>().join(", ")
+            );
+            attention = true;
+        }
+        Ok(if attention {
+            ExitCode::from(crate::EXIT_ATTENTION)
+        } else {
+            ExitCode::SUCCESS
+        })
+    }
+}
+
+/// The orders of a replay that are quarantined, with the ids of their
+/// replayed letters, and the Redis connection to follow them.
+struct Quarantines {
+    redis: MultiplexedConnection,
+    redis_prefix: String,
+    rounds: BTreeMap<String, Vec<String>>,
+}
+
+impl Quarantines {
+    /// `None` when no order of `letters` is quarantined, or Redis cannot say
+    /// (the replay goes on without following quarantines; it says so).
+    async fn read(global: &GlobalArgs, letters: &[Letter]) -> Option<Self> {
+        let mut redis = match global.redis().await {
+            Ok(redis) => redis,
+            Err(e) => {
+                println!(
+                    "cannot read quarantines ({e}); replaying without following them (check a quarantined order with `dlq list --order-id` afterwards)"
+                );
+                return None;
+            }
+        };
+        let mut rounds: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for l in letters {
+            if let (Some(order), Some(id)) = (&l.order_id, &l.id) {
+                rounds.entry(order.clone()).or_default().push(id.clone());
+            }
+        }
+        let mut quarantined_orders = BTreeMap::new();
+        for (order, ids) in rounds {
+            let key = quarantine_key(&global.redis_prefix, &order);
+            match quarantined(&mut redis, &key).await {
+                Ok(true) => {
+                    quarantined_orders.insert(order, ids);
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    println!("cannot read the quarantine of order {order} ({e}); not following it");
+                }
+            }
+        }
+        (!quarantined_orders.is_empty()).then(|| Self {
+            redis,
+            redis_prefix: global.redis_prefix.clone(),
+            rounds: quarantined_orders,
+        })
+    }
+}
+
+fn quarantine_key(redis_prefix: &str, order_id: &str) -> String {
+    shardline_worker::quarantine::key(
+        redis_prefix,
+        &shardline_topology::envelope::order_key_of(order_id),
+    )
+}
+
+/// Whether an order's quarantine set exists.
+async fn quarantined(redis: &mut MultiplexedConnection, key: &str) -> anyhow::Result<bool> {
+    Ok(redis::cmd("EXISTS")
+        .arg(key)
+        .query_async::<bool>(redis)
+        .await?)
+}
+
+/// The blocker of a quarantine, `None` when lifted.
+async fn quarantine_head(
+    redis: &mut MultiplexedConnection,
+    key: &str,
+) -> anyhow::Result<Option<String>> {
+    let head: Vec<String> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(0)
+        .query_async(redis)
+        .await?;
+    Ok(head.into_iter().next())
+}
+
+/// Waits until none of `ids` holds the quarantine any more (a worker applied
+/// them, or dead-lettered them again under new ids); `false` after `wait`.
+/// Polls: the worker's progress is only visible in Redis.
+async fn applied(
+    redis: &mut MultiplexedConnection,
+    key: &str,
+    ids: &[String],
+    wait: Duration,
+) -> anyhow::Result<bool> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+            .arg(key)
+            .arg(ids)
+            .query_async(redis)
+            .await?;
+        if scores.iter().all(Option::is_none) {
+            return Ok(true);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(QUARANTINE_POLL).await;
+    }
+}
+
+/// How often a replay looks whether the worker applied a quarantined order's events.
+const QUARANTINE_POLL: Duration = Duration::from_millis(100);
+
+async fn release(
+    global: &GlobalArgs,
+    reader: &Reader,
+    args: &ReleaseArgs,
+) -> anyhow::Result<ExitCode> {
+    let order = &args.order_id;
+    let key = quarantine_key(&global.redis_prefix, order);
+    let mut redis = global.redis().await.map_err(|e| anyhow::anyhow!(e))?;
+    let held: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut redis)
+        .await?;
+    redis::cmd("DEL")
+        .arg(&key)
+        .query_async::<i64>(&mut redis)
+        .await?;
+    let filters = Filters {
+        order_id: Some(order.clone()),
+        ..Filters::default()
+    };
+    let (letters, _, _) = reader.select(&filters).await?;
+    match held.first() {
+        None => println!("order {order} was not quarantined; nothing to release"),
+        Some((id, _)) => println!(
+            "released order {order}: it was quarantined behind dead letter {id} ({} dead letter(s) held it); its later events flow again",
+            held.len()
+        ),
+    }
+    println!(
+        "{} dead letter(s) of order {order} stay in the DLQ (`dlq replay --order-id {order}` applies them where they land, `dlq purge --order-id {order} --yes` drops them)",
+        letters.len()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Republishes one letter, waits for the broker's confirm, and only then

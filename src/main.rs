@@ -6,6 +6,7 @@ mod demo;
 mod dlq;
 mod progress;
 mod publish;
+mod reconcile;
 mod scratch;
 mod telemetry;
 mod topology;
@@ -111,6 +112,29 @@ impl GlobalArgs {
             dead_letter_queue: self.dead_letter_queue.clone(),
         }
     }
+
+    /// A Redis connection for a command. The error names the URL, without
+    /// its password.
+    pub async fn redis(&self) -> Result<redis::aio::MultiplexedConnection, String> {
+        let url = shardline_topology::redact_url(&self.redis_url);
+        let scrub = |e: redis::RedisError| {
+            format!(
+                "Redis {url}: {}",
+                shardline_topology::broker::scrub(&e.to_string(), &self.redis_url)
+            )
+        };
+        let connect = async {
+            redis::Client::open(self.redis_url.as_str())
+                .map_err(scrub)?
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(scrub)
+        };
+        match tokio::time::timeout(std::time::Duration::from_secs(5), connect).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("Redis {url}: no answer within 5 s")),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -137,6 +161,9 @@ enum Command {
     /// Inspect, replay or purge the dead-letter queue.
     #[command(subcommand)]
     Dlq(dlq::DlqCommand),
+    /// Compare order snapshots in PostgreSQL with the events the fleet
+    /// processed; publish a compensation event for each one missing.
+    Reconcile(reconcile::ReconcileArgs),
 }
 
 /// Exit code 3: a check found something to alert on.
@@ -165,6 +192,7 @@ fn main() -> ExitCode {
             Command::Demo(args) => demo::run(&global, args, shutdown).await,
             Command::Bench(args) => bench::run(&global, args, shutdown).await,
             Command::Dlq(cmd) => dlq::run(&global, cmd).await,
+            Command::Reconcile(args) => reconcile::run(&global, args, shutdown).await,
         }
     });
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));

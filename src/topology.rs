@@ -275,17 +275,11 @@ async fn read_reports(
     global: &GlobalArgs,
     shards: &[shardline_topology::ShardId],
 ) -> Result<Vec<Option<ShardReport>>, String> {
-    let scrub = |e: String| broker::scrub(&e, &global.redis_url);
     let read = async {
-        let client =
-            redis::Client::open(global.redis_url.as_str()).map_err(|e| scrub(e.to_string()))?;
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| scrub(e.to_string()))?;
+        let mut conn = global.redis().await?;
         status::read(&mut conn, &global.redis_prefix, shards)
             .await
-            .map_err(|e| scrub(e.to_string()))
+            .map_err(|e| broker::scrub(&e.to_string(), &global.redis_url))
     };
     match tokio::time::timeout(Duration::from_secs(5), read).await {
         Ok(result) => result,
@@ -477,6 +471,7 @@ mod tests {
             backlog_age_seconds: backlog,
             inflight_age_seconds: Some(backlog),
             held_events: 0,
+            held: Vec::new(),
             updated_at_ms: at,
         }
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use shardline_topology::{QueueType, ShardSet};
 use shardline_worker::status::Thresholds;
-use shardline_worker::{Config, OnGap, RetryPolicy, Stats, handler};
+use shardline_worker::{Config, OnDeadLetter, OnGap, RetryPolicy, Stats, handler};
 use tokio_util::sync::CancellationToken;
 
 use crate::GlobalArgs;
@@ -76,6 +76,15 @@ pub struct WorkerArgs {
     /// `apply` (skip the gap).
     #[arg(long, env = "SHARDLINE_ON_GAP", value_enum, default_value_t = OnGapArg::DeadLetter)]
     pub on_gap: OnGapArg,
+    /// An order's later events once one of its events is dead-lettered:
+    /// `continue` (applied; a replay lands out of order) or `quarantine`
+    /// (dead-lettered `quarantined` until the order is replayed or released).
+    #[arg(long, env = "SHARDLINE_ON_DEAD_LETTER", value_enum, default_value_t = OnDeadLetterArg::Continue)]
+    pub on_dead_letter: OnDeadLetterArg,
+    /// How long the event kinds processed per order are kept for `shardline
+    /// reconcile` (default: the longer of 24h and --dedup-ttl).
+    #[arg(long, env = "SHARDLINE_KINDS_TTL", value_parser = humantime::parse_duration)]
+    pub kinds_ttl: Option<Duration>,
     /// Handler starts that end with the process dying before an event is
     /// dead-lettered `crash-loop`.
     #[arg(long, env = "SHARDLINE_MAX_DELIVERIES", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
@@ -103,6 +112,21 @@ pub struct WorkerArgs {
 pub enum OnGapArg {
     DeadLetter,
     Apply,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum OnDeadLetterArg {
+    Continue,
+    Quarantine,
+}
+
+impl From<OnDeadLetterArg> for OnDeadLetter {
+    fn from(arg: OnDeadLetterArg) -> Self {
+        match arg {
+            OnDeadLetterArg::Continue => Self::Continue,
+            OnDeadLetterArg::Quarantine => Self::Quarantine,
+        }
+    }
 }
 
 impl WorkerArgs {
@@ -166,6 +190,8 @@ impl WorkerArgs {
                 OnGapArg::DeadLetter => OnGap::DeadLetter,
                 OnGapArg::Apply => OnGap::Apply,
             },
+            on_dead_letter: self.on_dead_letter.into(),
+            kinds_ttl: self.kinds_ttl,
             max_deliveries: self.max_deliveries,
             delivery_limit: (self.queue_type == QueueType::Quorum).then_some(self.delivery_limit),
             metrics_addr: global.metrics_addr,

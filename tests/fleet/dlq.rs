@@ -3,63 +3,15 @@
 //! once and leaves the rest, purge refuses without `--yes`; a replay killed
 //! mid-way and run again delivers every dead letter exactly once, in order.
 
-use std::process::Output;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::harness::dlq::depth;
+use crate::harness::dlq::{depth, ids, list_json, run_ok, text, wait_depth};
 use crate::harness::{
     Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, Worker, all_ok, assert_exactly_once,
     assert_in_order_and_complete, interleaved, order_ids,
 };
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-async fn run_ok(env: &TestEnv, args: &[&str]) -> Output {
-    let out = env.cli(args).await;
-    assert!(out.status.success(), "shardline {args:?}: {}", text(&out));
-    out
-}
-
-async fn list_json(env: &TestEnv, extra: &[&str]) -> serde_json::Value {
-    let mut args = vec!["dlq", "list", "--json"];
-    args.extend_from_slice(extra);
-    let out = run_ok(env, &args).await;
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("`dlq list --json` printed no JSON ({e}): {}", text(&out)))
-}
-
-fn ids(list: &serde_json::Value) -> Vec<String> {
-    list["dead_letters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["id"].as_str().unwrap().to_owned())
-        .collect()
-}
-
-async fn wait_depth(env: &TestEnv, conn: &lapin::Connection, n: u32, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let d = depth(env, conn).await;
-        if d == n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "DLQ depth {d} after {timeout:?}, expected {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_list_show_replay_purge() {

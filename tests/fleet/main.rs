@@ -22,6 +22,8 @@
 //! - [`trace_otlp`]: the binaries export their spans over OTLP/HTTP, flushed on exit.
 //! - [`observability`]: `/metrics` backlog age behind a slow downstream, `/readyz`, `topology status`.
 //! - [`dlq`]: `dlq list|show|replay|purge` on dead letters a worker made.
+//! - [`reconcile`]: order snapshots in PostgreSQL against the events the fleet processed: one compensation per missing event, pending ones left alone.
+//! - [`quarantine`]: `--on-dead-letter quarantine` holds an order behind its dead letter until replayed or released.
 //! - [`tls`]: `amqps://` and `rediss://` with a certificate from a private CA.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -36,6 +38,8 @@ mod gate;
 mod hostile;
 mod observability;
 mod ordering;
+mod quarantine;
+mod reconcile;
 mod shutdown;
 mod standby;
 mod tls;

@@ -96,9 +96,7 @@ impl Envelope {
 
     /// The order id with `%` and `:` escaped, as it appears in Redis keys.
     pub fn order_key(&self) -> String {
-        let mut key = String::with_capacity(self.order_id.len());
-        escape_into(&mut key, &self.order_id);
-        key
+        order_key_of(&self.order_id)
     }
 
     /// The dedup key `{order_id}:{event}:{seq | event_id | md5(body)}`, each field
@@ -158,6 +156,20 @@ fn checked_field(name: &str, value: Cow<'_, str>) -> Result<String, EnvelopeErro
         return Err(invalid(format!("`{name}` contains a control character")));
     }
     Ok(value.into_owned())
+}
+
+/// An order id as it appears in Redis keys ([`Envelope::order_key`]), for
+/// callers that have the id without an envelope (`shardline reconcile`).
+pub fn order_key_of(order_id: &str) -> String {
+    key_field(order_id)
+}
+
+/// Any field with `%` and `:` escaped, so that it cannot split a `:`-separated
+/// Redis key.
+pub fn key_field(field: &str) -> String {
+    let mut key = String::with_capacity(field.len());
+    escape_into(&mut key, field);
+    key
 }
 
 fn escape_into(out: &mut String, field: &str) {

@@ -58,6 +58,12 @@ pub struct Config {
     pub max_held: u16,
     /// What to do with held events whose gap never filled. Default dead-letter.
     pub on_gap: OnGap,
+    /// What an order's later events do once one of its events is
+    /// dead-lettered. Default continue.
+    pub on_dead_letter: OnDeadLetter,
+    /// How long the processed event kinds of an order are kept (what
+    /// `shardline reconcile` checks). Default the longer of 24 h and the dedup TTL.
+    pub kinds_ttl: Option<Duration>,
     /// Handler starts that may end with the process dying before the event is
     /// dead-lettered `crash-loop`. Default 5.
     pub max_deliveries: u32,
@@ -84,6 +90,18 @@ pub enum OnGap {
     Apply,
 }
 
+/// What happens to an order's later events after one of its events is
+/// dead-lettered (SPEC §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnDeadLetter {
+    /// They continue; a replayed event is applied where it lands.
+    #[default]
+    Continue,
+    /// The order is quarantined: its later events are dead-lettered
+    /// `quarantined` until its dead letters are replayed or it is released.
+    Quarantine,
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -106,6 +124,8 @@ impl Default for Config {
             start_grace: Duration::from_secs(5),
             max_held: 64,
             on_gap: OnGap::DeadLetter,
+            on_dead_letter: OnDeadLetter::Continue,
+            kinds_ttl: None,
             max_deliveries: 5,
             delivery_limit: None,
             metrics_addr: None,
@@ -119,6 +139,14 @@ impl Config {
     /// The claim lease: one handler attempt plus 30 s, renewed before each attempt.
     pub fn lease(&self) -> Duration {
         self.handler_timeout + Duration::from_secs(30)
+    }
+
+    /// How long an order's processed event kinds are kept: `kinds_ttl`, by
+    /// default the longer of 24 h (the reconcile window's default) and the
+    /// dedup TTL.
+    pub fn kinds_ttl(&self) -> Duration {
+        self.kinds_ttl
+            .unwrap_or_else(|| self.dedup_ttl.max(Duration::from_secs(24 * 3600)))
     }
 
     /// The consumer's broker window: read-ahead plus the gate's hold reserve.

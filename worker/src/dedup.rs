@@ -17,6 +17,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis::{Cmd, Pipeline, Script};
 
+use crate::config::Config;
+use crate::quarantine;
 use crate::store::RedisSlot;
 
 /// Lua helpers: seqs go up to 2^63-1, beyond a Lua number's precision, so they
@@ -152,7 +154,12 @@ pub struct Admission<'a> {
 pub struct Done<'a> {
     pub dedup_key: &'a str,
     pub order_key: &'a str,
+    /// Its kind, recorded per order for `shardline reconcile`.
+    pub event: &'a str,
     pub seq: Option<u64>,
+    /// A replay's dead-letter id: applied, it no longer holds its order in
+    /// quarantine.
+    pub replay_of: Option<&'a str>,
     /// It ran past the gate (replay, accepted start, applied gap).
     pub bypassed: bool,
 }
@@ -163,6 +170,7 @@ pub struct Dedup {
     prefix: String,
     lease_ms: u64,
     ttl_secs: u64,
+    kinds_ttl_secs: u64,
     max_starts: u32,
     admit: Script,
     commit: Script,
@@ -172,14 +180,14 @@ pub struct Dedup {
 }
 
 impl Dedup {
-    /// `max_starts`: unfinished handler starts tolerated before `crash-loop`.
-    pub fn new(redis_prefix: &str, lease: Duration, ttl: Duration, max_starts: u32) -> Self {
+    pub fn new(config: &Config) -> Self {
         let script = |body: &str| Script::new(&format!("{LUA_COMMON}{body}"));
         Self {
-            prefix: redis_prefix.to_owned(),
-            lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
-            ttl_secs: ttl.as_secs().max(1),
-            max_starts: max_starts.max(1),
+            prefix: config.redis_prefix.clone(),
+            lease_ms: u64::try_from(config.lease().as_millis()).unwrap_or(u64::MAX),
+            ttl_secs: config.dedup_ttl.as_secs().max(1),
+            kinds_ttl_secs: config.kinds_ttl().as_secs().max(1),
+            max_starts: config.max_deliveries.max(1),
             admit: script(ADMIT),
             commit: script(COMMIT),
             renew: script(RENEW),
@@ -202,6 +210,11 @@ impl Dedup {
     /// The Redis key holding the state of `dedup_key`.
     pub fn key(&self, dedup_key: &str) -> String {
         format!("{}dedup:{dedup_key}", self.prefix)
+    }
+
+    /// The Redis key holding the event kinds processed for an order.
+    pub fn kinds_key(&self, order_key: &str) -> String {
+        kinds_key(&self.prefix, order_key)
     }
 
     /// The Redis key holding an order's last passed seq.
@@ -322,7 +335,21 @@ impl Dedup {
     /// admit saw seq = last + 1); one that bypassed the gate (a replay, an
     /// accepted start, an applied gap) needs the script, which only moves it
     /// forward.
+    /// Either way the order's processed kinds gain this event's, and an
+    /// applied replay leaves its order's quarantine.
     fn add_commit(&self, pipe: &mut Pipeline, done: &Done<'_>) {
+        let kinds = self.kinds_key(done.order_key);
+        pipe.cmd("SADD").arg(&kinds).arg(done.event).ignore();
+        pipe.cmd("EXPIRE")
+            .arg(&kinds)
+            .arg(self.kinds_ttl_secs)
+            .ignore();
+        if let Some(id) = done.replay_of {
+            pipe.cmd("ZREM")
+                .arg(quarantine::key(&self.prefix, done.order_key))
+                .arg(id)
+                .ignore();
+        }
         if done.bypassed {
             pipe.add_command(self.commit_cmd(done.dedup_key, done.order_key, done.seq))
                 .ignore();
@@ -399,6 +426,12 @@ impl Dedup {
         );
         redis.query::<i64>(&cmd).await;
     }
+}
+
+/// The Redis key holding the event kinds processed for an order (a set, kept
+/// [`Config::kinds_ttl`] from the last one): what `shardline reconcile` checks.
+pub fn kinds_key(redis_prefix: &str, order_key: &str) -> String {
+    format!("{redis_prefix}kinds:{order_key}")
 }
 
 fn verdict((kind, n): (String, i64)) -> Verdict {

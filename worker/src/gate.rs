@@ -73,11 +73,16 @@ impl Gate {
     /// The events the gate has not let go of yet: held, or released and
     /// waiting to run (for the backlog age).
     pub fn waiting(&self) -> impl Iterator<Item = &Ready> {
+        self.held_events()
+            .chain(self.runnable.iter().map(|(ready, _)| ready))
+    }
+
+    /// The events held now.
+    pub fn held_events(&self) -> impl Iterator<Item = &Ready> {
         self.orders
             .values()
             .flat_map(BTreeMap::values)
             .map(|h| &*h.ready)
-            .chain(self.runnable.iter().map(|(ready, _)| ready))
     }
 
     /// Holds `ready` (seq `seq` of `order_key`). A second copy of a held event

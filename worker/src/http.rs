@@ -88,6 +88,19 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, WorkerError> {
 
 /// Serves the endpoints on `listener` until `shutdown`.
 pub async fn serve(listener: TcpListener, readiness: Arc<Readiness>, shutdown: CancellationToken) {
+    serve_with(listener, shutdown, move |req| {
+        respond(readiness.clone(), req)
+    })
+    .await;
+}
+
+/// Serves HTTP/1 on `listener` until `shutdown`, answering each request with
+/// `respond` (also the metrics endpoint of `shardline reconcile`).
+pub async fn serve_with<F, Fut>(listener: TcpListener, shutdown: CancellationToken, respond: F)
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send + 'static,
+{
     let mut connections = tokio::task::JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -102,11 +115,10 @@ pub async fn serve(listener: TcpListener, readiness: Arc<Readiness>, shutdown: C
             }
         };
         while connections.try_join_next().is_some() {}
-        let readiness = readiness.clone();
+        let respond = respond.clone();
         connections.spawn(async move {
-            let service = service_fn(move |req| respond(readiness.clone(), req));
             if let Err(e) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
+                .serve_connection(TokioIo::new(stream), service_fn(respond))
                 .await
             {
                 tracing::debug!(error = %e, "metrics endpoint: connection ended");

@@ -11,6 +11,7 @@
 //! - [`gate`]: the sequence gate's held events, per order, with their deadlines.
 //! - [`process`]: one delivery to an [`Outcome`], callable without a broker.
 //! - [`dedup`]: the Redis state: claims, `done` marks, each order's last seq.
+//! - [`quarantine`]: per-order quarantine behind a dead letter (`--on-dead-letter quarantine`).
 //! - [`store`]: one Redis connection per shard; outages pause the shard.
 //! - [`handler`]: the [`Handler`] trait, its errors and the built-in handlers.
 //! - [`settle`]: the one place an outcome becomes ack or dead-letter-then-ack.
@@ -27,6 +28,7 @@ pub mod http;
 pub mod lookahead;
 pub mod metrics;
 pub mod process;
+pub mod quarantine;
 pub mod settle;
 pub mod shard;
 pub mod stats;
@@ -34,7 +36,7 @@ pub mod status;
 pub mod store;
 pub mod supervisor;
 
-pub use config::{Config, OnGap, RetryPolicy};
+pub use config::{Config, OnDeadLetter, OnGap, RetryPolicy};
 pub use handler::{Event, Handler, HandlerError};
 pub use process::Outcome;
 pub use stats::Stats;

@@ -23,7 +23,7 @@ use shardline_topology::ShardId;
 use shardline_topology::headers::{self, FailReason};
 
 use crate::stats::Stats;
-use crate::status::{Level, Thresholds};
+use crate::status::{HeldRef, Level, Thresholds};
 
 /// Metric names, as registered. Counters get `_total` appended on exposition
 /// (OpenMetrics), so `EVENTS` is scraped as `shardline_events_total`.
@@ -289,6 +289,8 @@ pub struct ShardWatch {
     held: AtomicU64,
     /// When the oldest held event was published.
     held_oldest_ms: AtomicU64,
+    /// Which events the gate holds (for the status in Redis).
+    held_refs: std::sync::Mutex<Vec<HeldRef>>,
 }
 
 impl ShardWatch {
@@ -300,6 +302,7 @@ impl ShardWatch {
             inflight_published_ms: AtomicU64::new(0),
             held: AtomicU64::new(0),
             held_oldest_ms: AtomicU64::new(0),
+            held_refs: std::sync::Mutex::default(),
         })
     }
 
@@ -308,6 +311,7 @@ impl ShardWatch {
         if !matches!(state, ShardState::Consuming | ShardState::Registered) {
             self.clear_inflight();
             self.set_held(0, None);
+            self.set_held_refs(Vec::new());
         }
     }
 
@@ -354,6 +358,21 @@ impl ShardWatch {
         self.held.store(held as u64, Ordering::Relaxed);
         self.held_oldest_ms
             .store(oldest_ms.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// The events the gate holds now, by order and kind.
+    pub fn set_held_refs(&self, refs: Vec<HeldRef>) {
+        if let Ok(mut held) = self.held_refs.lock() {
+            *held = refs;
+        }
+    }
+
+    /// The events the gate holds, as last set.
+    pub fn held_refs(&self) -> Vec<HeldRef> {
+        self.held_refs
+            .lock()
+            .map(|held| held.clone())
+            .unwrap_or_default()
     }
 
     /// What the shard looks like at `now_ms`.

@@ -20,9 +20,10 @@ use shardline_topology::headers::{self, FailReason};
 use shardline_topology::telemetry::{self, attr, op, outcome};
 use shardline_topology::{Envelope, EnvelopeError, ShardId};
 
-use crate::config::{Config, RetryPolicy};
+use crate::config::{Config, OnDeadLetter, RetryPolicy};
 use crate::dedup::{Admission, Dedup, Verdict};
 use crate::handler::{Event, Handler, HandlerError};
+use crate::quarantine;
 use crate::stats::Stats;
 use crate::store::RedisSlot;
 
@@ -83,8 +84,8 @@ pub struct Decoded {
     pub dedup_key: String,
     pub order_key: String,
     published_at_ms: Option<i64>,
-    /// A replay from the DLQ: it bypasses the gate.
-    pub replay: bool,
+    /// A replay from the DLQ (the dead-letter id it replays): it bypasses the gate.
+    pub replay_of: Option<String>,
     /// Quorum queues: deliveries so far (`x-delivery-count`).
     delivery_count: Option<i64>,
     token: u64,
@@ -98,7 +99,7 @@ impl Decoded {
             order_key: &self.order_key,
             seq: self.envelope.seq,
             redelivered,
-            bypass_gate: bypass_gate || self.replay,
+            bypass_gate: bypass_gate || self.replay_of.is_some(),
             token: self.token,
         }
     }
@@ -113,6 +114,10 @@ pub struct Processor {
     handler_timeout: Duration,
     max_body_bytes: usize,
     delivery_limit: Option<u32>,
+    /// `--on-dead-letter quarantine`: events of a quarantined order are
+    /// dead-lettered `quarantined`.
+    quarantine: bool,
+    redis_prefix: String,
     stats: Arc<Stats>,
     /// The global tracer as it was when the shard started (a no-op without
     /// a provider).
@@ -131,16 +136,13 @@ impl Processor {
         Self {
             shard,
             handler,
-            dedup: Dedup::new(
-                &config.redis_prefix,
-                config.lease(),
-                config.dedup_ttl,
-                config.max_deliveries,
-            ),
+            dedup: Dedup::new(config),
             retry: config.retry.clone(),
             handler_timeout: config.handler_timeout,
             max_body_bytes: config.max_body_bytes,
             delivery_limit: config.delivery_limit,
+            quarantine: config.on_dead_letter == OnDeadLetter::Quarantine,
+            redis_prefix: config.redis_prefix.clone(),
             stats,
             tracer: global::tracer_with_scope(telemetry::scope()),
             span_name: telemetry::span::process(&config.names.shard_queue(shard)),
@@ -170,7 +172,11 @@ impl Processor {
             order_key: envelope.order_key(),
             envelope,
             published_at_ms: headers::header_i64(msg.properties, headers::PUBLISHED_AT_MS),
-            replay: headers::header(msg.properties, headers::REPLAY).is_some(),
+            replay_of: headers::header(msg.properties, headers::REPLAY).map(|_| {
+                headers::header_str(msg.properties, headers::REPLAY)
+                    .unwrap_or_default()
+                    .to_owned()
+            }),
             delivery_count: headers::header_i64(msg.properties, headers::DELIVERY_COUNT),
             token: rand::random(),
         })
@@ -246,6 +252,9 @@ impl Processor {
                     };
                 }
             }
+            if let Some(blocked) = self.quarantined(redis, decoded).await {
+                return blocked;
+            }
         } else {
             self.dedup.renew(redis, key).await;
         }
@@ -287,6 +296,60 @@ impl Processor {
                 error: error.to_string(),
                 attempts: attempt,
             },
+        }
+    }
+
+    /// In quarantine mode, the `quarantined` dead letter of a claimed event
+    /// whose order waits behind another dead letter (its claim is given back).
+    async fn quarantined(&self, redis: &mut RedisSlot, decoded: &Decoded) -> Option<Outcome> {
+        if !self.quarantine {
+            return None;
+        }
+        let blocker = quarantine::blocker(
+            redis,
+            &self.redis_prefix,
+            &decoded.order_key,
+            decoded.envelope.seq,
+            decoded.replay_of.as_deref(),
+        )
+        .await?;
+        self.dedup.release(redis, &decoded.dedup_key).await;
+        Some(Outcome::DeadLetter {
+            reason: FailReason::Quarantined,
+            error: format!(
+                "order {} is quarantined behind seq {} (dead letter {}); replay the order's dead letters or `shardline dlq release --order-id {}`",
+                decoded.envelope.order_id, blocker.seq, blocker.id, decoded.envelope.order_id
+            ),
+            attempts: 0,
+        })
+    }
+
+    /// After its dead letter `id` is confirmed: gives the claim up (so that a
+    /// replay is not suppressed), holds the order in quarantine (quarantine
+    /// mode) and counts the seq as passed.
+    pub async fn dead_lettered(&self, redis: &mut RedisSlot, decoded: &Decoded, id: &str) {
+        self.dedup.release(redis, &decoded.dedup_key).await;
+        if self.quarantine {
+            quarantine::enter(
+                redis,
+                &self.redis_prefix,
+                &decoded.order_key,
+                decoded.envelope.seq,
+                id,
+                decoded.replay_of.as_deref(),
+            )
+            .await;
+        }
+        if let Some(seq) = decoded.envelope.seq {
+            self.dedup.pass(redis, &decoded.order_key, seq).await;
+        }
+    }
+
+    /// A duplicate needs nothing, unless it is a replay: a second dead letter
+    /// of an applied event no longer holds its order in quarantine.
+    pub async fn duplicate(&self, redis: &mut RedisSlot, decoded: &Decoded) {
+        if let Some(id) = &decoded.replay_of {
+            quarantine::leave(redis, &self.redis_prefix, &decoded.order_key, id).await;
         }
     }
 

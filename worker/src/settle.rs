@@ -130,6 +130,9 @@ async fn settle_traced(
                 break;
             }
             Outcome::Duplicate => {
+                if let Some(decoded) = decoded {
+                    ctx.processor.duplicate(redis, decoded).await;
+                }
                 ready.delivery.ack(BasicAckOptions::default()).await?;
                 Stats::bump(&ctx.stats.duplicates);
                 ctx.metrics.duplicate();
@@ -175,16 +178,15 @@ async fn settle_traced(
                     shard: ctx.shard.get(),
                     original_routing_key: msg.routing_key.to_owned(),
                     first_failed_at: first_failed_at.unwrap_or_else(SystemTime::now),
-                    id: uuid::Uuid::new_v4().to_string(),
+                    // Time-ordered: a quarantine sorts letters of one seq by it.
+                    id: uuid::Uuid::now_v7().to_string(),
                     trace: Some(trace.span_context().clone()),
                 };
                 publish_dead_letter(channel, &ctx.names, &msg, &letter).await?;
                 if let Some(decoded) = decoded {
-                    let dedup = ctx.processor.dedup();
-                    dedup.release(redis, &decoded.dedup_key).await;
-                    if let Some(seq) = decoded.envelope.seq {
-                        dedup.pass(redis, &decoded.order_key, seq).await;
-                    }
+                    ctx.processor
+                        .dead_lettered(redis, decoded, &letter.id)
+                        .await;
                 }
                 ready.delivery.ack(BasicAckOptions::default()).await?;
                 ctx.stats.dead_lettered(reason);
@@ -229,8 +231,10 @@ async fn commit(
     let done = Done {
         dedup_key: &done.dedup_key,
         order_key: &done.order_key,
+        event: &done.envelope.event,
         seq: done.envelope.seq,
-        bypassed: bypassed || done.replay,
+        replay_of: done.replay_of.as_deref(),
+        bypassed: bypassed || done.replay_of.is_some(),
     };
     match lookahead.peek(&ctx.processor) {
         Some(Ready {

@@ -19,6 +19,7 @@ use crate::lookahead::{Lookahead, Ready};
 use crate::metrics::{ShardState, ShardWatch, published_ms, unix_ms};
 use crate::settle::{Settled, ShardContext, ack_duplicate, settle};
 use crate::stats::Stats;
+use crate::status::HeldRef;
 use crate::store::RedisSlot;
 
 /// Why a shard's consumer stopped before it was told to.
@@ -155,6 +156,7 @@ async fn run_consumer(
         stats: &ctx.stats,
         watch: &ctx.metrics.watch,
         reported: 0,
+        refs: false,
     };
     loop {
         gauge.sync(gate);
@@ -238,6 +240,19 @@ struct HeldGauge<'a> {
     stats: &'a Stats,
     watch: &'a ShardWatch,
     reported: u64,
+    /// The watch lists held events.
+    refs: bool,
+}
+
+/// The held events by order and kind (undecodable ones are never held).
+fn held_refs(gate: &Gate) -> Vec<HeldRef> {
+    gate.held_events()
+        .filter_map(|ready| ready.decoded.as_ref().ok())
+        .map(|d| HeldRef {
+            order_key: d.order_key.clone(),
+            event: d.envelope.event.clone(),
+        })
+        .collect()
 }
 
 impl HeldGauge<'_> {
@@ -249,6 +264,10 @@ impl HeldGauge<'_> {
             waiting.map(|r| held_published_ms(r, now)).min()
         });
         self.watch.set_held(gate.held(), oldest.flatten());
+        if gate.held() > 0 || self.refs {
+            self.watch.set_held_refs(held_refs(gate));
+            self.refs = gate.held() > 0;
+        }
         self.set(gate.held());
     }
 

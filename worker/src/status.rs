@@ -82,6 +82,10 @@ pub struct ShardReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inflight_age_seconds: Option<f64>,
     pub held_events: u64,
+    /// The events held by the sequence gate (`shardline reconcile` treats
+    /// them as on their way).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<HeldRef>,
     /// Unix milliseconds when written.
     pub updated_at_ms: u64,
 }
@@ -97,6 +101,13 @@ impl ShardReport {
             reported + Duration::from_millis(now_ms.saturating_sub(self.updated_at_ms))
         }
     }
+}
+
+/// An event held by the sequence gate: its order (as in Redis keys) and kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldRef {
+    pub order_key: String,
+    pub event: String,
 }
 
 /// The Redis key of a shard's status.
@@ -118,6 +129,11 @@ pub fn reports(metrics: &Metrics, owner: &str) -> Vec<ShardReport> {
                 backlog_age_seconds: round_ms(snap.backlog_age),
                 inflight_age_seconds: snap.inflight_age.map(round_ms),
                 held_events: snap.held,
+                held: if snap.held > 0 {
+                    w.held_refs()
+                } else {
+                    Vec::new()
+                },
                 updated_at_ms: now,
             }
         })
@@ -250,6 +266,7 @@ mod tests {
             backlog_age_seconds: 12.5,
             inflight_age_seconds: Some(1.25),
             held_events: 2,
+            held: Vec::new(),
             updated_at_ms: 1_700_000_000_000,
         };
         let json = serde_json::to_value(&report).unwrap();
@@ -279,6 +296,7 @@ mod tests {
             backlog_age_seconds: 10.0,
             inflight_age_seconds: None,
             held_events: 0,
+            held: Vec::new(),
             updated_at_ms: 1_000_000,
         };
         assert_eq!(report.backlog_age_at(1_002_000), Duration::from_secs(12));

@@ -1,5 +1,6 @@
 //! Reading the dead-letter queue: wait for letters, take them off, describe them.
 
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use lapin::Connection;
@@ -83,4 +84,56 @@ pub fn describe(letters: &[Delivery]) -> String {
             )
         })
         .collect()
+}
+
+/// A finished command's exit status and output, for failure messages.
+pub fn text(out: &Output) -> String {
+    format!(
+        "exit {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Runs `shardline ARGS` with the environment's global flags; it must exit 0.
+pub async fn run_ok(env: &TestEnv, args: &[&str]) -> Output {
+    let out = env.cli(args).await;
+    assert!(out.status.success(), "shardline {args:?}: {}", text(&out));
+    out
+}
+
+/// `dlq list --json EXTRA`, parsed.
+pub async fn list_json(env: &TestEnv, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["dlq", "list", "--json"];
+    args.extend_from_slice(extra);
+    let out = run_ok(env, &args).await;
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("`dlq list --json` printed no JSON ({e}): {}", text(&out)))
+}
+
+/// The ids of a `dlq list --json`, in DLQ order.
+pub fn ids(list: &serde_json::Value) -> Vec<String> {
+    list["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Waits until the DLQ holds exactly `n` letters.
+pub async fn wait_depth(env: &TestEnv, conn: &lapin::Connection, n: u32, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let d = depth(env, conn).await;
+        if d == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "DLQ depth {d} after {timeout:?}, expected {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

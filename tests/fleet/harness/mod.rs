@@ -5,11 +5,13 @@
 //! - [`worker`]: `shardline worker` child processes with their logs.
 //! - [`publish`]: raw, confirmed publishing of envelopes and malformed bodies.
 //! - [`dlq`]: waiting for dead letters and taking them off the dead-letter queue.
+//! - [`pg`]: a PostgreSQL schema with an `orders` table, for `reconcile`.
 //! - this module: checks on what the downstream saw.
 
 pub mod dlq;
 pub mod downstream;
 pub mod env;
+pub mod pg;
 pub mod publish;
 pub mod worker;
 
@@ -20,6 +22,7 @@ use shardline_topology::headers::is_valid_traceparent;
 
 pub use downstream::{Call, Downstream, Reply, describe};
 pub use env::{SHARDS, TestEnv};
+pub use pg::OrdersDb;
 pub use publish::{Event, Publisher, interleaved, order_ids};
 pub use shardline_topology::QueueType;
 pub use worker::Worker;

@@ -1,0 +1,116 @@
+//! A PostgreSQL schema per test with an `orders` table, dropped on drop: the
+//! order database `shardline reconcile` reads.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::task::JoinHandle;
+use tokio_postgres::{Client, NoTls};
+
+use super::env::TestEnv;
+
+/// The test database (trust authentication).
+pub const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+pub struct OrdersDb {
+    /// The schema, unique to the test.
+    pub schema: String,
+    client: Client,
+    connection: JoinHandle<()>,
+}
+
+impl OrdersDb {
+    /// Creates schema `reconcile_<test id>` with an empty table
+    /// `orders(order_id text, status text, updated_at timestamptz)`.
+    pub async fn new(env: &TestEnv) -> Self {
+        let slug: String = env
+            .id
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        // Identifiers are cut at 63 bytes; the id's unique part is its end.
+        let schema = format!("reconcile_{}", &slug[slug.len().saturating_sub(50)..]);
+        let (client, connection) = tokio_postgres::connect(PG_URL, NoTls)
+            .await
+            .unwrap_or_else(|e| panic!("PostgreSQL at {PG_URL}: {e}"));
+        let connection = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        client
+            .batch_execute(&format!(
+                "CREATE SCHEMA {schema};
+                 CREATE TABLE {schema}.orders (
+                     order_id text PRIMARY KEY,
+                     status text NOT NULL,
+                     updated_at timestamptz NOT NULL
+                 );"
+            ))
+            .await
+            .unwrap();
+        Self {
+            schema,
+            client,
+            connection,
+        }
+    }
+
+    /// The `--orders-url` that finds the schema's `orders` table.
+    pub fn url(&self) -> String {
+        format!("{PG_URL}?options=-csearch_path%3D{}", self.schema)
+    }
+
+    /// Inserts or updates an order, last updated `age` ago.
+    pub async fn set(&self, order_id: &str, status: &str, age: Duration) {
+        let updated_at = SystemTime::now() - age;
+        self.client
+            .execute(
+                &format!(
+                    "INSERT INTO {}.orders (order_id, status, updated_at) VALUES ($1, $2, $3)
+                     ON CONFLICT (order_id) DO UPDATE SET status = $2, updated_at = $3",
+                    self.schema
+                ),
+                &[&order_id, &status, &updated_at],
+            )
+            .await
+            .unwrap();
+    }
+}
+
+impl Drop for OrdersDb {
+    fn drop(&mut self) {
+        self.connection.abort();
+        let schema = self.schema.clone();
+        // Drop runs outside any async context: a thread of its own with a
+        // one-off runtime, joined so that the schema is gone when it returns.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(async {
+                let (client, connection) = tokio_postgres::connect(PG_URL, NoTls)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let connection = tokio::spawn(connection);
+                let dropped = client
+                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                    .await
+                    .map_err(|e| e.to_string());
+                drop(client);
+                let _ = connection.await;
+                dropped
+            })
+        })
+        .join();
+        match dropped {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("cleanup: DROP SCHEMA {}: {e}", self.schema),
+            Err(_) => eprintln!("cleanup: DROP SCHEMA {} panicked", self.schema),
+        }
+    }
+}

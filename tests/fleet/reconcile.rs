@@ -1,0 +1,317 @@
+//! `shardline reconcile` against orders in PostgreSQL and a real fleet: an
+//! order whose event was never processed gets one compensation (a dry run
+//! emits none, a second run none either), the worker processes it, and the
+//! drift is gone; events held by the gate or in the DLQ are pending, never
+//! compensated; a broken `--orders-url` is one line without the password.
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use shardline_topology::NewEvent;
+
+use crate::harness::dlq::depth;
+use crate::harness::{
+    Call, Downstream, Event, OrdersDb, PROCESSING, Publisher, Reply, STARTUP, TestEnv, Worker,
+};
+
+const PAID: &str = "payment.captured";
+const SETTLED: Duration = Duration::from_secs(600);
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+async fn reconcile(env: &TestEnv, db: &OrdersDb, extra: &[&str]) -> Output {
+    let url = db.url();
+    let mut args = vec!["reconcile", "--orders-url", url.as_str()];
+    args.extend_from_slice(extra);
+    env.cli(&args).await
+}
+
+/// `reconcile --json`, which must exit with `code`; its report.
+async fn reconcile_json(
+    env: &TestEnv,
+    db: &OrdersDb,
+    extra: &[&str],
+    code: i32,
+) -> serde_json::Value {
+    let mut args = vec!["--json"];
+    args.extend_from_slice(extra);
+    let out = reconcile(env, db, &args).await;
+    assert_eq!(out.status.code(), Some(code), "{}", text(&out));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("`reconcile --json` printed no JSON ({e}): {}", text(&out)))
+}
+
+fn counts(
+    scanned: u64,
+    skipped_fresh: u64,
+    no_expectation: u64,
+    processed: u64,
+    pending: u64,
+    drifted: u64,
+    emitted: u64,
+) -> serde_json::Value {
+    json!({
+        "scanned": scanned, "outside_window": 0, "invalid": 0,
+        "skipped_fresh": skipped_fresh, "no_expectation": no_expectation,
+        "processed": processed, "pending": pending, "drifted": drifted, "emitted": emitted,
+    })
+}
+
+/// A `payment.captured` without seq, as a shop's publisher sends it.
+fn payment(order_id: &str) -> Vec<u8> {
+    NewEvent {
+        order_id: order_id.into(),
+        event: PAID.into(),
+        seq: None,
+        event_id: Some(format!("pay-{order_id}")),
+        data: json!({ "amount": 1200 }),
+    }
+    .to_body()
+    .unwrap()
+}
+
+fn answered(calls: &[Call], order_id: &str) -> usize {
+    calls
+        .iter()
+        .filter(|c| c.order_id.as_deref() == Some(order_id) && c.ok() && c.completed)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_compensates_a_missing_event_once() {
+    let env = TestEnv::new("reconcile").await;
+    env.apply_topology().await;
+    let db = OrdersDb::new(&env).await;
+    let conn = env.connect().await;
+    let downstream = Downstream::start().await;
+
+    // The fleet processes rc-present's payment, then stops: what reconcile
+    // emits stays in the queue until a worker runs again.
+    let mut worker = Worker::start(&env, "w1", &downstream.url(), &[]);
+    worker.wait_consuming(&env, &conn).await;
+    let publisher = Publisher::connect(&env).await;
+    publisher
+        .publish_raw(env.shard_of("rc-present"), &payment("rc-present"))
+        .await;
+    downstream
+        .wait_for("rc-present's payment", PROCESSING, |calls| {
+            answered(calls, "rc-present") == 1
+        })
+        .await;
+    // Acked, so committed: its kind is recorded.
+    env.wait_shard_queues_drained(PROCESSING).await;
+    worker.sigterm();
+    assert!(worker.wait_exit(STARTUP).await.success());
+
+    db.set("rc-missing", "PAID", SETTLED).await;
+    db.set("rc-present", "PAID", SETTLED).await;
+    db.set("rc-created", "CREATED", SETTLED).await;
+    db.set("rc-fresh", "PAID", Duration::from_secs(30)).await;
+    db.set("rc-old", "PAID", Duration::from_secs(30 * 3600))
+        .await;
+
+    // A dry run reports the drift, emits nothing and asks for attention.
+    let dry = reconcile_json(&env, &db, &["--dry-run"], 3).await;
+    assert_eq!(dry["counts"], counts(4, 1, 1, 1, 0, 1, 0), "{dry:#}");
+    assert_eq!(dry["drift"][0]["compensation"], "would_emit", "{dry:#}");
+    assert_eq!(env.shard_backlog().await, 0, "a dry run published");
+
+    let first = reconcile_json(&env, &db, &[], 0).await;
+    assert_eq!(first["counts"], counts(4, 1, 1, 1, 0, 1, 1), "{first:#}");
+    let drift = &first["drift"][0];
+    assert_eq!(drift["order_id"], "rc-missing", "{first:#}");
+    assert_eq!(drift["status"], "PAID", "{first:#}");
+    assert_eq!(drift["event"], PAID, "{first:#}");
+    assert_eq!(
+        drift["event_id"],
+        format!("reconcile:rc-missing:{PAID}"),
+        "{first:#}"
+    );
+    assert_eq!(drift["compensation"], "emitted", "{first:#}");
+
+    // Not processed yet: nothing new, the compensation is pending.
+    let second = reconcile_json(&env, &db, &[], 0).await;
+    assert_eq!(second["counts"], counts(4, 1, 1, 1, 1, 0, 0), "{second:#}");
+    assert_eq!(second["pending"][0]["order_id"], "rc-missing", "{second:#}");
+    assert_eq!(
+        second["pending"][0]["reason"], "compensation_emitted",
+        "{second:#}"
+    );
+    assert_eq!(env.shard_backlog().await, 1, "exactly one compensation");
+
+    let mut worker = Worker::start(&env, "w2", &downstream.url(), &[]);
+    worker.wait_consuming(&env, &conn).await;
+    let calls = downstream
+        .wait_for("the compensation", PROCESSING, |calls| {
+            answered(calls, "rc-missing") == 1
+        })
+        .await;
+    let call = calls
+        .iter()
+        .find(|c| c.order_id.as_deref() == Some("rc-missing"))
+        .unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&call.body).unwrap();
+    assert_eq!(body["compensation"], true, "{body}");
+    assert_eq!(body["event"], PAID, "{body}");
+    assert_eq!(body["event_id"], format!("reconcile:rc-missing:{PAID}"));
+    assert_eq!(body["reason"], format!("status=PAID missing={PAID}"));
+    assert!(body.get("seq").is_none(), "{body}");
+    assert!(call.header("traceparent").is_some(), "{call:?}");
+    env.wait_shard_queues_drained(PROCESSING).await;
+
+    // Processed: no drift left.
+    let third = reconcile(&env, &db, &[]).await;
+    assert!(third.status.success(), "{}", text(&third));
+    let stdout = String::from_utf8_lossy(&third.stdout);
+    assert_eq!(
+        stdout.lines().last(),
+        Some(
+            "reconcile: scanned 4, skipped fresh 1, no expectation 1, processed 2, pending 0, drifted 0, emitted 0"
+        ),
+        "{}",
+        text(&third)
+    );
+    assert_eq!(answered(&downstream.calls(), "rc-missing"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_leaves_events_on_their_way_alone() {
+    let env = TestEnv::new("reconcile-pending").await;
+    env.apply_topology().await;
+    let db = OrdersDb::new(&env).await;
+    let conn = env.connect().await;
+
+    // A broken --orders-url: one line naming the flag, no password.
+    let out = env
+        .cli(&[
+            "reconcile",
+            "--orders-url",
+            "postgres://postgres:s3cret@127.0.0.1:1/test",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("error: --orders-url postgres://postgres:***@127.0.0.1:1/test: ")
+            && stderr.lines().count() == 1
+            && !stderr.contains("s3cret"),
+        "{}",
+        text(&out)
+    );
+
+    // rc-dlq's payment is rejected (dead-lettered); rc-held's arrives as seq 3
+    // of an order the gate has not seen, held for the start grace.
+    let downstream = Downstream::scripted(|call, _| {
+        if call.order_id.as_deref() == Some("rc-dlq") {
+            Reply::status(422)
+        } else {
+            Reply::ok()
+        }
+    })
+    .await;
+    let mut worker = Worker::start(&env, "w1", &downstream.url(), &["--start-grace", "10m"]);
+    worker.wait_consuming(&env, &conn).await;
+    let publisher = Publisher::connect(&env).await;
+    publisher
+        .publish_raw(env.shard_of("rc-dlq"), &payment("rc-dlq"))
+        .await;
+    let held = Event::new("rc-held", 3, env.shards);
+    assert_eq!(held.event, PAID);
+    publisher.publish(std::slice::from_ref(&held)).await;
+    wait_dead_letters(&env, &conn, 1).await;
+    wait_held(&env, held.shard, "rc-held").await;
+
+    db.set("rc-dlq", "PAID", SETTLED).await;
+    db.set("rc-held", "PAID", SETTLED).await;
+    let report = reconcile_json(&env, &db, &[], 0).await;
+    assert_eq!(report["counts"], counts(2, 0, 0, 0, 2, 0, 0), "{report:#}");
+    let mut reasons: Vec<(String, String)> = report["pending"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["order_id"].as_str().unwrap().to_owned(),
+                p["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        [
+            ("rc-dlq".to_owned(), "dead_lettered".to_owned()),
+            ("rc-held".to_owned(), "held".to_owned())
+        ],
+        "{report:#}"
+    );
+    assert_eq!(
+        depth(&env, &conn).await,
+        1,
+        "reconcile must leave the DLQ as it was"
+    );
+    assert!(
+        !downstream
+            .calls()
+            .iter()
+            .any(|c| String::from_utf8_lossy(&c.body).contains("\"compensation\"")),
+        "a compensation went out"
+    );
+}
+
+async fn wait_dead_letters(env: &TestEnv, conn: &lapin::Connection, n: u32) {
+    let deadline = Instant::now() + PROCESSING;
+    loop {
+        let d = depth(env, conn).await;
+        if d >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "DLQ depth {d} after {PROCESSING:?}, expected {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the shard status the worker writes lists `order_id`'s event
+/// among the held ones.
+async fn wait_held(env: &TestEnv, shard: u16, order_id: &str) {
+    let mut redis = redis::Client::open(crate::harness::env::REDIS_URL)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let key = shardline_worker::status::key(&env.redis_prefix, shard);
+    let deadline = Instant::now() + STARTUP;
+    loop {
+        let json: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        let report: Option<serde_json::Value> =
+            json.as_deref().and_then(|j| serde_json::from_str(j).ok());
+        let held = report.as_ref().is_some_and(|r| {
+            r["held"]
+                .as_array()
+                .is_some_and(|h| h.iter().any(|e| e["order_key"] == order_id))
+        });
+        if held {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "shard {shard}'s status never listed {order_id} as held: {report:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,147 @@
+//! Per-order quarantine (`--on-dead-letter quarantine`, SPEC §3): once an event
+//! of an order is dead-lettered, the order's later events follow it into the
+//! DLQ (reason `quarantined`) instead of being applied past the hole, until
+//! the order's dead letters are replayed or the order is released.
+//!
+//! The state is one sorted set per order, `{prefix}quarantine:{order}`: the
+//! dead-letter ids that hold the order, scored by seq (0 without one). Ids are
+//! UUIDv7, so letters of equal seq sort in the order they were made. The
+//! lowest member is the blocker. A replayed letter runs only when it is the
+//! blocker (or older than it); applied, it leaves the set (in the dedup commit,
+//! see [`crate::dedup`]), and the order is free when the set is empty — Redis
+//! deletes an empty set, so "no key" means "not quarantined". A replay that
+//! fails again re-enters the set under its new id with the same seq, so it
+//! stays the blocker and the successors replayed behind it are quarantined
+//! again rather than applied out of order.
+
+use crate::store::RedisSlot;
+
+/// The Redis key of an order's quarantine.
+pub fn key(redis_prefix: &str, order_key: &str) -> String {
+    format!("{redis_prefix}quarantine:{order_key}")
+}
+
+/// The dead letter an order waits behind.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Blocker {
+    /// Its `x-dead-letter-id`.
+    pub id: String,
+    /// Its seq (0 when it had none).
+    pub seq: u64,
+}
+
+/// The score of a letter: its seq. Seqs beyond 2^53 lose precision as a
+/// score; they only ever compare against the same order's other seqs.
+#[expect(clippy::cast_precision_loss, reason = "a sort score; documented above")]
+fn score(seq: Option<u64>) -> f64 {
+    seq.unwrap_or(0) as f64
+}
+
+/// Whether an event of `order_key` must wait behind a dead letter: `None`
+/// when the order is not quarantined, or when the event is the replay of its
+/// blocker (or of a letter older than it). `replay_of` is the dead-letter id
+/// a replay carries.
+pub async fn blocker(
+    redis: &mut RedisSlot,
+    redis_prefix: &str,
+    order_key: &str,
+    seq: Option<u64>,
+    replay_of: Option<&str>,
+) -> Option<Blocker> {
+    let key = key(redis_prefix, order_key);
+    let mut pipe = redis::pipe();
+    pipe.cmd("ZRANGE").arg(&key).arg(0).arg(0).arg("WITHSCORES");
+    // A fresh event asks for the empty member, never in the set: one shape
+    // of pipeline either way.
+    pipe.cmd("ZSCORE").arg(&key).arg(replay_of.unwrap_or(""));
+    let (head, own): (Vec<(String, f64)>, Option<f64>) = redis.query_pipeline(&pipe).await;
+    let (id, head_score) = head.into_iter().next()?;
+    let runs = may_run(&id, head_score, replay_of, own.is_some(), seq);
+    (!runs).then(|| Blocker {
+        id,
+        seq: head_score_seq(head_score),
+    })
+}
+
+/// Whether an event of a quarantined order (blocker `head_id` at
+/// `head_score`) may run: only a replay of the blocker, or of a letter that is
+/// not in the set and older than the blocker (from before the quarantine).
+fn may_run(
+    head_id: &str,
+    head_score: f64,
+    replay_of: Option<&str>,
+    replay_in_set: bool,
+    seq: Option<u64>,
+) -> bool {
+    match replay_of {
+        Some(replayed) if replayed == head_id => true,
+        Some(_) => !replay_in_set && score(seq) < head_score,
+        None => false,
+    }
+}
+
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "scores are seqs written by `enter`"
+)]
+fn head_score_seq(score: f64) -> u64 {
+    score.max(0.0) as u64
+}
+
+/// Records the dead letter `id` (of an event with `seq`) as holding its order;
+/// a dead-lettered replay leaves under its old id in the same step.
+pub async fn enter(
+    redis: &mut RedisSlot,
+    redis_prefix: &str,
+    order_key: &str,
+    seq: Option<u64>,
+    id: &str,
+    replay_of: Option<&str>,
+) {
+    let key = key(redis_prefix, order_key);
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    if let Some(old) = replay_of {
+        pipe.cmd("ZREM").arg(&key).arg(old).ignore();
+    }
+    pipe.cmd("ZADD").arg(&key).arg(score(seq)).arg(id).ignore();
+    redis.query_pipeline::<()>(&pipe).await;
+}
+
+/// The dead letter `id` no longer holds its order (its event was applied).
+pub async fn leave(redis: &mut RedisSlot, redis_prefix: &str, order_key: &str, id: &str) {
+    let mut cmd = redis::cmd("ZREM");
+    cmd.arg(key(redis_prefix, order_key)).arg(id);
+    redis.query::<i64>(&cmd).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scores_round_trip_the_seqs_of_real_orders() {
+        for seq in [0, 1, 2, 1_000_000, 1 << 53] {
+            assert_eq!(head_score_seq(score(Some(seq))), seq);
+        }
+        assert_eq!(score(None), 0.0);
+        assert_eq!(key("p:", "A%3a1"), "p:quarantine:A%3a1");
+    }
+
+    #[test]
+    fn only_the_blocker_or_an_older_letter_runs() {
+        let head = "0190-a";
+        // A fresh event waits behind any blocker.
+        assert!(!may_run(head, 2.0, None, false, Some(1)));
+        assert!(!may_run(head, 2.0, None, false, Some(9)));
+        // The blocker's replay runs.
+        assert!(may_run(head, 2.0, Some(head), true, Some(2)));
+        // A successor's replay waits while the blocker is unresolved.
+        assert!(!may_run(head, 2.0, Some("0190-b"), true, Some(3)));
+        // A letter from before the quarantine, older than the blocker, runs.
+        assert!(may_run(head, 2.0, Some("0190-0"), false, Some(1)));
+        // One not in the set but not older waits.
+        assert!(!may_run(head, 2.0, Some("0190-0"), false, Some(2)));
+    }
+}
