@@ -6,8 +6,8 @@
 //! 1. read the order snapshots updated within `--window` from PostgreSQL, in a
 //!    read-only transaction (the order database is never written);
 //! 2. skip orders updated within `--grace`, and statuses that imply no event;
-//! 3. look up the event kinds the workers processed per order (the Redis set
-//!    `{prefix}kinds:{order}`, written with each dedup commit);
+//! 3. look up whether the workers processed each expected kind (the Redis key
+//!    `{prefix}kind:{order}:{kind}`, written with each dedup commit);
 //! 4. look for each missing event on its way: a compensation this command
 //!    emitted before, an event held by the sequence gate, a dead letter, a
 //!    shard backlog older than the grace, or a shard with messages and no
@@ -20,7 +20,7 @@
 //! The counts go to stdout (`--json`: one JSON object per run) and, with
 //! `--metrics-addr`, to Prometheus.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -45,7 +45,7 @@ use shardline_publisher::Publisher;
 use shardline_topology::broker::scrub;
 use shardline_topology::envelope::{MAX_FIELD_BYTES, key_field, order_key_of};
 use shardline_topology::{Envelope, ShardId, declare, redact_url};
-use shardline_worker::dedup::kinds_key;
+use shardline_worker::dedup::kind_key;
 use shardline_worker::status::{self, ShardReport};
 use tokio::net::TcpListener;
 use tokio_postgres::types::{FromSql, ToSql, Type};
@@ -862,37 +862,28 @@ impl Run<'_> {
         Ok(missing)
     }
 
-    /// The expected events whose kind is not in their order's processed kinds.
+    /// The expected events whose kind was not processed for their order.
     async fn unprocessed(&mut self, expected: Vec<Expected>) -> anyhow::Result<Vec<Expected>> {
         let prefix = &self.global.redis_prefix;
         let mut out = Vec::new();
         for chunk in expected.chunks(BATCH) {
-            let keys: Vec<&str> = chunk
-                .iter()
-                .map(|e| e.order_key.as_str())
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect();
             let mut pipe = redis::pipe();
-            for key in &keys {
-                pipe.cmd("SMEMBERS").arg(kinds_key(prefix, key));
+            for e in chunk {
+                pipe.cmd("EXISTS")
+                    .arg(kind_key(prefix, &e.order_key, &e.kind));
             }
-            let sets: Vec<HashSet<String>> = redis_op(
+            let processed: Vec<bool> = redis_op(
                 self.global,
                 "reading processed kinds",
                 pipe.query_async(&mut self.redis),
             )
             .await?;
-            let processed: HashMap<&str, HashSet<String>> = keys.into_iter().zip(sets).collect();
             out.extend(
                 chunk
                     .iter()
-                    .filter(|e| {
-                        !processed
-                            .get(e.order_key.as_str())
-                            .is_some_and(|kinds| kinds.contains(&e.kind))
-                    })
-                    .cloned(),
+                    .zip(processed)
+                    .filter(|(_, processed)| !processed)
+                    .map(|(e, _)| e.clone()),
             );
         }
         Ok(out)

@@ -82,7 +82,7 @@ pub struct WorkerArgs {
     #[arg(long, env = "SHARDLINE_ON_DEAD_LETTER", value_enum, default_value_t = OnDeadLetterArg::Continue)]
     pub on_dead_letter: OnDeadLetterArg,
     /// How long the event kinds processed per order are kept for `shardline
-    /// reconcile` (default: the longer of 24h and --dedup-ttl).
+    /// reconcile` (default: the longer of 24h and --dedup-ttl; 0s records none).
     #[arg(long, env = "SHARDLINE_KINDS_TTL", value_parser = humantime::parse_duration)]
     pub kinds_ttl: Option<Duration>,
     /// Handler starts that end with the process dying before an event is

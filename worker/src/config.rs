@@ -62,7 +62,8 @@ pub struct Config {
     /// dead-lettered. Default continue.
     pub on_dead_letter: OnDeadLetter,
     /// How long the processed event kinds of an order are kept (what
-    /// `shardline reconcile` checks). Default the longer of 24 h and the dedup TTL.
+    /// `shardline reconcile` checks); zero records none. Default the longer of
+    /// 24 h and the dedup TTL.
     pub kinds_ttl: Option<Duration>,
     /// Handler starts that may end with the process dying before the event is
     /// dead-lettered `crash-loop`. Default 5.

@@ -17,8 +17,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis::{Cmd, Pipeline, Script};
 
-use crate::config::Config;
-use crate::quarantine;
+use crate::config::{Config, OnDeadLetter};
+use crate::quarantine::{self, Blocker};
 use crate::store::RedisSlot;
 
 /// Lua helpers: seqs go up to 2^63-1, beyond a Lua number's precision, so they
@@ -115,7 +115,7 @@ const EVIDENCE: Duration = Duration::from_secs(24 * 3600);
 const DONE: &str = "done";
 
 /// What `admit` decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
     /// The event is ours to run (`starts` = this start included).
     Claimed,
@@ -134,6 +134,9 @@ pub enum Verdict {
     Wait(Duration),
     /// Its handler was started this many times and never finished.
     CrashLoop(u32),
+    /// Its order is quarantined behind this dead letter (quarantine mode);
+    /// the claim was given back.
+    Quarantined(Blocker),
 }
 
 /// An `admit` request: the event and how to treat it.
@@ -145,6 +148,8 @@ pub struct Admission<'a> {
     pub redelivered: bool,
     /// Skip the sequence gate (a replay, an applied gap, an accepted start).
     pub bypass_gate: bool,
+    /// A replay's dead-letter id (what the quarantine check needs).
+    pub replay_of: Option<&'a str>,
     /// Unique per delivery.
     pub token: u64,
 }
@@ -164,6 +169,16 @@ pub struct Done<'a> {
     pub bypassed: bool,
 }
 
+/// What a fast admit's pipeline answered.
+struct FastAdmit {
+    /// The dedup key's value before the `SET NX GET` (none: claimed now).
+    previous: Option<String>,
+    /// The order's last passed seq.
+    last: Option<String>,
+    /// Quarantine mode: the order's quarantine head.
+    head: Option<quarantine::Head>,
+}
+
 /// Key layout, timings and scripts of the Redis state.
 #[derive(Debug, Clone)]
 pub struct Dedup {
@@ -172,6 +187,8 @@ pub struct Dedup {
     ttl_secs: u64,
     kinds_ttl_secs: u64,
     max_starts: u32,
+    /// Quarantine mode: admit also checks the order's quarantine.
+    quarantine: bool,
     admit: Script,
     commit: Script,
     renew: Script,
@@ -186,8 +203,9 @@ impl Dedup {
             prefix: config.redis_prefix.clone(),
             lease_ms: u64::try_from(config.lease().as_millis()).unwrap_or(u64::MAX),
             ttl_secs: config.dedup_ttl.as_secs().max(1),
-            kinds_ttl_secs: config.kinds_ttl().as_secs().max(1),
+            kinds_ttl_secs: config.kinds_ttl().as_secs(),
             max_starts: config.max_deliveries.max(1),
+            quarantine: config.on_dead_letter == OnDeadLetter::Quarantine,
             admit: script(ADMIT),
             commit: script(COMMIT),
             renew: script(RENEW),
@@ -210,11 +228,6 @@ impl Dedup {
     /// The Redis key holding the state of `dedup_key`.
     pub fn key(&self, dedup_key: &str) -> String {
         format!("{}dedup:{dedup_key}", self.prefix)
-    }
-
-    /// The Redis key holding the event kinds processed for an order.
-    pub fn kinds_key(&self, order_key: &str) -> String {
-        kinds_key(&self.prefix, order_key)
     }
 
     /// The Redis key holding an order's last passed seq.
@@ -267,19 +280,37 @@ impl Dedup {
     /// trip of plain commands on the usual path, the `admit` script when the key
     /// holds a claim already (a crash, a copy in flight).
     pub async fn admit(&self, redis: &mut RedisSlot, admission: &Admission<'_>) -> Verdict {
-        let mut pipe = redis::pipe();
         if admission.redelivered {
             return self.admit_scripted(redis, admission).await;
         }
+        let mut pipe = redis::pipe();
         self.add_fast_admit(&mut pipe, admission);
-        let (previous, last): (Option<String>, Option<String>) = redis.query_pipeline(&pipe).await;
-        self.finish_admit(redis, admission, previous, last).await
+        let answers = self.query_fast_admit(redis, &pipe).await;
+        self.finish_admit(redis, admission, answers).await
     }
 
-    /// The full `admit` script: takeover, crash-loop count, lease wait.
+    /// The full `admit` script (takeover, crash-loop count, lease wait), then
+    /// the quarantine check apart: this path is rare.
     async fn admit_scripted(&self, redis: &mut RedisSlot, admission: &Admission<'_>) -> Verdict {
         let answer: (String, i64) = redis.query(&self.admit_cmd(admission)).await;
-        verdict(answer)
+        self.after_script(redis, admission, verdict(answer)).await
+    }
+
+    /// A claim the script granted, checked against the order's quarantine in
+    /// quarantine mode (a round trip of its own).
+    async fn after_script(
+        &self,
+        redis: &mut RedisSlot,
+        a: &Admission<'_>,
+        verdict: Verdict,
+    ) -> Verdict {
+        if !self.quarantine || !matches!(verdict, Verdict::Claimed | Verdict::TakenOver) {
+            return verdict;
+        }
+        let mut pipe = redis::pipe();
+        quarantine::add_head_query(&mut pipe, &self.prefix, a.order_key, a.replay_of);
+        let head: quarantine::Head = redis.query_pipeline(&pipe).await;
+        self.quarantine_verdict(redis, a, Some(head), verdict).await
     }
 
     /// Claims with `SET NX GET` and reads the order's gate alongside.
@@ -296,37 +327,75 @@ impl Dedup {
             .arg(EVIDENCE.as_millis().to_string())
             .arg("GET");
         pipe.cmd("GET").arg(self.gate_key(a.order_key));
+        if self.quarantine {
+            quarantine::add_head_query(pipe, &self.prefix, a.order_key, a.replay_of);
+        }
+    }
+
+    /// Runs a pipeline ending in a fast admit: the claim's previous value, the
+    /// gate, and in quarantine mode the order's quarantine head.
+    async fn query_fast_admit(&self, redis: &mut RedisSlot, pipe: &Pipeline) -> FastAdmit {
+        if self.quarantine {
+            let (previous, last, head, own) = redis.query_pipeline(pipe).await;
+            FastAdmit {
+                previous,
+                last,
+                head: Some((head, own)),
+            }
+        } else {
+            let (previous, last) = redis.query_pipeline(pipe).await;
+            FastAdmit {
+                previous,
+                last,
+                head: None,
+            }
+        }
     }
 
     /// The verdict from a fast admit's answers; gives the claim back when the
-    /// gate says the event must wait or is late.
+    /// gate says the event must wait or is late, or its order is quarantined.
     async fn finish_admit(
         &self,
         redis: &mut RedisSlot,
         a: &Admission<'_>,
-        previous: Option<String>,
-        last: Option<String>,
+        answers: FastAdmit,
     ) -> Verdict {
-        match previous.as_deref() {
+        match answers.previous.as_deref() {
             Some(DONE) => return Verdict::Duplicate,
             Some(_) => return self.admit_scripted(redis, a).await,
             None => {}
         }
-        let Some(seq) = a.seq.filter(|_| !a.bypass_gate) else {
-            return Verdict::Claimed;
-        };
-        let held = match last.and_then(|l| l.parse::<u64>().ok()) {
-            None if seq > 1 => Some(Verdict::Start),
-            Some(last) if seq <= last => Some(Verdict::Late),
-            Some(last) if seq > last.saturating_add(1) => Some(Verdict::Gap),
-            _ => None,
-        };
-        match held {
-            Some(verdict) => {
-                self.release(redis, a.dedup_key).await;
-                verdict
+        let held = a.seq.filter(|_| !a.bypass_gate).and_then(|seq| {
+            match answers.last.and_then(|l| l.parse::<u64>().ok()) {
+                None if seq > 1 => Some(Verdict::Start),
+                Some(last) if seq <= last => Some(Verdict::Late),
+                Some(last) if seq > last.saturating_add(1) => Some(Verdict::Gap),
+                _ => None,
             }
-            None => Verdict::Claimed,
+        });
+        if let Some(verdict) = held {
+            self.release(redis, a.dedup_key).await;
+            return verdict;
+        }
+        self.quarantine_verdict(redis, a, answers.head, Verdict::Claimed)
+            .await
+    }
+
+    /// `claimed` unless the order's quarantine head (when asked for) blocks
+    /// the event: then the claim is given back.
+    async fn quarantine_verdict(
+        &self,
+        redis: &mut RedisSlot,
+        a: &Admission<'_>,
+        head: Option<quarantine::Head>,
+        claimed: Verdict,
+    ) -> Verdict {
+        match head.and_then(|head| quarantine::blocker(head, a.seq, a.replay_of)) {
+            Some(blocker) => {
+                self.release(redis, a.dedup_key).await;
+                Verdict::Quarantined(blocker)
+            }
+            None => claimed,
         }
     }
 
@@ -335,15 +404,17 @@ impl Dedup {
     /// admit saw seq = last + 1); one that bypassed the gate (a replay, an
     /// accepted start, an applied gap) needs the script, which only moves it
     /// forward.
-    /// Either way the order's processed kinds gain this event's, and an
-    /// applied replay leaves its order's quarantine.
+    /// Either way the order's processed kind is recorded (one `SET`; off with
+    /// a kinds TTL of 0), and an applied replay leaves its order's quarantine.
     fn add_commit(&self, pipe: &mut Pipeline, done: &Done<'_>) {
-        let kinds = self.kinds_key(done.order_key);
-        pipe.cmd("SADD").arg(&kinds).arg(done.event).ignore();
-        pipe.cmd("EXPIRE")
-            .arg(&kinds)
-            .arg(self.kinds_ttl_secs)
-            .ignore();
+        if self.kinds_ttl_secs > 0 {
+            pipe.cmd("SET")
+                .arg(kind_key(&self.prefix, done.order_key, done.event))
+                .arg(1)
+                .arg("EX")
+                .arg(self.kinds_ttl_secs)
+                .ignore();
+        }
         if let Some(id) = done.replay_of {
             pipe.cmd("ZREM")
                 .arg(quarantine::key(&self.prefix, done.order_key))
@@ -386,11 +457,11 @@ impl Dedup {
         if next.redelivered {
             pipe.add_command(self.admit_cmd(next));
             let (answer,): ((String, i64),) = redis.query_pipeline(&pipe).await;
-            return verdict(answer);
+            return self.after_script(redis, next, verdict(answer)).await;
         }
         self.add_fast_admit(&mut pipe, next);
-        let (previous, last): (Option<String>, Option<String>) = redis.query_pipeline(&pipe).await;
-        self.finish_admit(redis, next, previous, last).await
+        let answers = self.query_fast_admit(redis, &pipe).await;
+        self.finish_admit(redis, next, answers).await
     }
 
     /// Marks the event processed and moves its order's gate, atomically.
@@ -428,10 +499,13 @@ impl Dedup {
     }
 }
 
-/// The Redis key holding the event kinds processed for an order (a set, kept
-/// [`Config::kinds_ttl`] from the last one): what `shardline reconcile` checks.
-pub fn kinds_key(redis_prefix: &str, order_key: &str) -> String {
-    format!("{redis_prefix}kinds:{order_key}")
+/// The Redis key that exists while an event of kind `event` of an order was
+/// processed within [`Config::kinds_ttl`]: what `shardline reconcile` checks.
+pub fn kind_key(redis_prefix: &str, order_key: &str, event: &str) -> String {
+    format!(
+        "{redis_prefix}kind:{order_key}:{}",
+        shardline_topology::envelope::key_field(event)
+    )
 }
 
 fn verdict((kind, n): (String, i64)) -> Verdict {

@@ -36,7 +36,7 @@ impl Ready {
 
     /// The dedup key when this delivery holds a claim.
     fn held_key(&self) -> Option<&str> {
-        match (&self.decoded, self.admitted) {
+        match (&self.decoded, &self.admitted) {
             (Ok(decoded), Some(Verdict::Claimed | Verdict::TakenOver)) => Some(&decoded.dedup_key),
             _ => None,
         }
@@ -92,6 +92,14 @@ impl Lookahead {
         match &mut self.peeked {
             Some(Peeked::Ready(ready)) => Some(ready),
             _ => None,
+        }
+    }
+
+    /// Forgets the verdict asked for early (its claim stays; asking again
+    /// recognises it): a dead letter made since may have quarantined its order.
+    pub fn forget_admission(&mut self) {
+        if let Some(Peeked::Ready(ready)) = &mut self.peeked {
+            ready.admitted = None;
         }
     }
 

@@ -100,6 +100,7 @@ impl Decoded {
             seq: self.envelope.seq,
             redelivered,
             bypass_gate: bypass_gate || self.replay_of.is_some(),
+            replay_of: self.replay_of.as_deref(),
             token: self.token,
         }
     }
@@ -242,6 +243,17 @@ impl Processor {
                         attempts: 0,
                     };
                 }
+                Verdict::Quarantined(blocker) => {
+                    let order = &decoded.envelope.order_id;
+                    return Outcome::DeadLetter {
+                        reason: FailReason::Quarantined,
+                        error: format!(
+                            "order {order} is quarantined behind seq {} (dead letter {}); replay the order's dead letters or `shardline dlq release --order-id {order}`",
+                            blocker.seq, blocker.id
+                        ),
+                        attempts: 0,
+                    };
+                }
                 Verdict::CrashLoop(starts) => {
                     return Outcome::DeadLetter {
                         reason: FailReason::CrashLoop,
@@ -251,9 +263,6 @@ impl Processor {
                         attempts: starts,
                     };
                 }
-            }
-            if let Some(blocked) = self.quarantined(redis, decoded).await {
-                return blocked;
             }
         } else {
             self.dedup.renew(redis, key).await;
@@ -299,29 +308,9 @@ impl Processor {
         }
     }
 
-    /// In quarantine mode, the `quarantined` dead letter of a claimed event
-    /// whose order waits behind another dead letter (its claim is given back).
-    async fn quarantined(&self, redis: &mut RedisSlot, decoded: &Decoded) -> Option<Outcome> {
-        if !self.quarantine {
-            return None;
-        }
-        let blocker = quarantine::blocker(
-            redis,
-            &self.redis_prefix,
-            &decoded.order_key,
-            decoded.envelope.seq,
-            decoded.replay_of.as_deref(),
-        )
-        .await?;
-        self.dedup.release(redis, &decoded.dedup_key).await;
-        Some(Outcome::DeadLetter {
-            reason: FailReason::Quarantined,
-            error: format!(
-                "order {} is quarantined behind seq {} (dead letter {}); replay the order's dead letters or `shardline dlq release --order-id {}`",
-                decoded.envelope.order_id, blocker.seq, blocker.id, decoded.envelope.order_id
-            ),
-            attempts: 0,
-        })
+    /// Quarantine mode is on.
+    pub fn quarantines(&self) -> bool {
+        self.quarantine
     }
 
     /// After its dead letter `id` is confirmed: gives the claim up (so that a

@@ -22,7 +22,7 @@ pub fn key(redis_prefix: &str, order_key: &str) -> String {
 }
 
 /// The dead letter an order waits behind.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blocker {
     /// Its `x-dead-letter-id`.
     pub id: String,
@@ -37,24 +37,28 @@ fn score(seq: Option<u64>) -> f64 {
     seq.unwrap_or(0) as f64
 }
 
-/// Whether an event of `order_key` must wait behind a dead letter: `None`
-/// when the order is not quarantined, or when the event is the replay of its
-/// blocker (or of a letter older than it). `replay_of` is the dead-letter id
-/// a replay carries.
-pub async fn blocker(
-    redis: &mut RedisSlot,
+/// What [`add_head_query`] answers: the order's lowest member with its score
+/// (none when the order is not quarantined), and the replayed letter's score.
+pub type Head = (Vec<(String, f64)>, Option<f64>);
+
+/// Adds the reads [`blocker`] decides on to `pipe` (in the admit's round trip).
+pub fn add_head_query(
+    pipe: &mut redis::Pipeline,
     redis_prefix: &str,
     order_key: &str,
-    seq: Option<u64>,
     replay_of: Option<&str>,
-) -> Option<Blocker> {
+) {
     let key = key(redis_prefix, order_key);
-    let mut pipe = redis::pipe();
     pipe.cmd("ZRANGE").arg(&key).arg(0).arg(0).arg("WITHSCORES");
     // A fresh event asks for the empty member, never in the set: one shape
-    // of pipeline either way.
+    // of answer either way.
     pipe.cmd("ZSCORE").arg(&key).arg(replay_of.unwrap_or(""));
-    let (head, own): (Vec<(String, f64)>, Option<f64>) = redis.query_pipeline(&pipe).await;
+}
+
+/// Whether an event (`seq`, and the dead-letter id it replays) must wait
+/// behind a dead letter: `None` when its order is not quarantined, or when the
+/// event is the replay of the blocker (or of a letter older than it).
+pub fn blocker((head, own): Head, seq: Option<u64>, replay_of: Option<&str>) -> Option<Blocker> {
     let (id, head_score) = head.into_iter().next()?;
     let runs = may_run(&id, head_score, replay_of, own.is_some(), seq);
     (!runs).then(|| Blocker {

@@ -187,6 +187,9 @@ async fn settle_traced(
                     ctx.processor
                         .dead_lettered(redis, decoded, &letter.id)
                         .await;
+                    if ctx.processor.quarantines() {
+                        lookahead.forget_admission();
+                    }
                 }
                 ready.delivery.ack(BasicAckOptions::default()).await?;
                 ctx.stats.dead_lettered(reason);
