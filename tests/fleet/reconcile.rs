@@ -10,22 +10,13 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use shardline_topology::NewEvent;
 
-use crate::harness::dlq::depth;
+use crate::harness::dlq::{depth, text, wait_depth};
 use crate::harness::{
     Call, Downstream, Event, OrdersDb, PROCESSING, Publisher, Reply, STARTUP, TestEnv, Worker,
 };
 
 const PAID: &str = "payment.captured";
 const SETTLED: Duration = Duration::from_secs(600);
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 async fn reconcile(env: &TestEnv, db: &OrdersDb, extra: &[&str]) -> Output {
     let url = db.url();
@@ -226,7 +217,7 @@ async fn reconcile_leaves_events_on_their_way_alone() {
     let held = Event::new("rc-held", 3, env.shards);
     assert_eq!(held.event, PAID);
     publisher.publish(std::slice::from_ref(&held)).await;
-    wait_dead_letters(&env, &conn, 1).await;
+    wait_depth(&env, &conn, 1, PROCESSING).await;
     wait_held(&env, held.shard, "rc-held").await;
 
     db.set("rc-dlq", "PAID", SETTLED).await;
@@ -265,21 +256,6 @@ async fn reconcile_leaves_events_on_their_way_alone() {
             .any(|c| String::from_utf8_lossy(&c.body).contains("\"compensation\"")),
         "a compensation went out"
     );
-}
-
-async fn wait_dead_letters(env: &TestEnv, conn: &lapin::Connection, n: u32) {
-    let deadline = Instant::now() + PROCESSING;
-    loop {
-        let d = depth(env, conn).await;
-        if d >= n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "DLQ depth {d} after {PROCESSING:?}, expected {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Waits until the shard status the worker writes lists `order_id`'s event
