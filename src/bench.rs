@@ -44,6 +44,9 @@ pub struct BenchArgs {
     /// trip per event).
     #[arg(long, value_enum, default_value_t = OnDeadLetterArg::Continue)]
     pub on_dead_letter: OnDeadLetterArg,
+    /// The worker's `--kinds-ttl` (`0s`: record no kinds, to measure their cost).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub kinds_ttl: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,6 +142,7 @@ async fn measure(
                 let config = Config {
                     prefetch,
                     on_dead_letter: args.on_dead_letter.into(),
+                    kinds_ttl: args.kinds_ttl,
                     ..scratch.worker_config("bench")
                 };
                 worker_drain(config, args.events).await?;
