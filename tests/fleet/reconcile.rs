@@ -1,8 +1,8 @@
 //! `shardline reconcile` against orders in PostgreSQL and a real fleet: an
 //! order whose event was never processed gets one compensation (a dry run
 //! emits none, a second run none either), the worker processes it, and the
-//! drift is gone; events held by the gate or in the DLQ are pending, never
-//! compensated; a broken `--orders-url` is one line without the password.
+//! drift is gone; events held by the gate, in the DLQ or behind a shard
+//! backlog older than the grace are pending, never compensated; a broken `--orders-url` is one line without the password.
 
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -199,12 +199,20 @@ async fn reconcile_leaves_events_on_their_way_alone() {
     );
 
     // rc-dlq's payment is rejected (dead-lettered); rc-held's arrives as seq 3
-    // of an order the gate has not seen, held for the start grace.
-    let downstream = Downstream::scripted(|call, _| {
-        if call.order_id.as_deref() == Some("rc-dlq") {
-            Reply::status(422)
-        } else {
-            Reply::ok()
+    // of an order the gate has not seen, held for the start grace; rc-behind's
+    // waits in its shard queue behind a downstream call for rc-slow that takes
+    // 30 s (on a shard of its own among the three).
+    let taken = [env.shard_of("rc-dlq"), env.shard_of("rc-held")];
+    let (slow, behind) = (0..)
+        .map(|i| (format!("rc-slow-{i}"), format!("rc-behind-{i}")))
+        .find(|(a, b)| env.shard_of(a) == env.shard_of(b) && !taken.contains(&env.shard_of(a)))
+        .unwrap();
+    let downstream = Downstream::scripted({
+        let slow = slow.clone();
+        move |call, _| match call.order_id.as_deref() {
+            Some("rc-dlq") => Reply::status(422),
+            Some(order) if order == slow => Reply::ok().after(Duration::from_secs(30)),
+            _ => Reply::ok(),
         }
     })
     .await;
@@ -218,12 +226,34 @@ async fn reconcile_leaves_events_on_their_way_alone() {
     assert_eq!(held.event, PAID);
     publisher.publish(std::slice::from_ref(&held)).await;
     wait_depth(&env, &conn, 1, PROCESSING).await;
-    wait_held(&env, held.shard, "rc-held").await;
+    wait_status(&env, held.shard, "rc-held held", |r| {
+        r["held"]
+            .as_array()
+            .is_some_and(|h| h.iter().any(|e| e["order_key"] == "rc-held"))
+    })
+    .await;
+    let slow_shard = env.shard_of(&slow);
+    publisher.publish_raw(slow_shard, &payment(&slow)).await;
+    publisher.publish_raw(slow_shard, &payment(&behind)).await;
+    downstream
+        .wait_for("the slow call started", PROCESSING, |calls| {
+            calls
+                .iter()
+                .any(|c| c.order_id.as_deref() == Some(slow.as_str()))
+        })
+        .await;
+    wait_status(&env, slow_shard, "a backlog over 1 s", |r| {
+        r["backlog_age_seconds"]
+            .as_f64()
+            .is_some_and(|age| age > 1.0)
+    })
+    .await;
 
     db.set("rc-dlq", "PAID", SETTLED).await;
     db.set("rc-held", "PAID", SETTLED).await;
-    let report = reconcile_json(&env, &db, &[], 0).await;
-    assert_eq!(report["counts"], counts(2, 0, 0, 0, 2, 0, 0), "{report:#}");
+    db.set(&behind, "PAID", SETTLED).await;
+    let report = reconcile_json(&env, &db, &["--grace", "1s"], 0).await;
+    assert_eq!(report["counts"], counts(3, 0, 0, 0, 3, 0, 0), "{report:#}");
     let mut reasons: Vec<(String, String)> = report["pending"]
         .as_array()
         .unwrap()
@@ -239,6 +269,7 @@ async fn reconcile_leaves_events_on_their_way_alone() {
     assert_eq!(
         reasons,
         [
+            (behind.clone(), "backlog".to_owned()),
             ("rc-dlq".to_owned(), "dead_lettered".to_owned()),
             ("rc-held".to_owned(), "held".to_owned())
         ],
@@ -258,9 +289,13 @@ async fn reconcile_leaves_events_on_their_way_alone() {
     );
 }
 
-/// Waits until the shard status the worker writes lists `order_id`'s event
-/// among the held ones.
-async fn wait_held(env: &TestEnv, shard: u16, order_id: &str) {
+/// Waits until the status the worker writes for `shard` satisfies `ok`.
+async fn wait_status(
+    env: &TestEnv,
+    shard: u16,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) {
     let mut redis = redis::Client::open(crate::harness::env::REDIS_URL)
         .unwrap()
         .get_multiplexed_async_connection()
@@ -276,17 +311,12 @@ async fn wait_held(env: &TestEnv, shard: u16, order_id: &str) {
             .unwrap();
         let report: Option<serde_json::Value> =
             json.as_deref().and_then(|j| serde_json::from_str(j).ok());
-        let held = report.as_ref().is_some_and(|r| {
-            r["held"]
-                .as_array()
-                .is_some_and(|h| h.iter().any(|e| e["order_key"] == order_id))
-        });
-        if held {
+        if report.as_ref().is_some_and(&ok) {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "shard {shard}'s status never listed {order_id} as held: {report:?}"
+            "shard {shard}'s status never showed {what}: {report:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
