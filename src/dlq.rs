@@ -832,19 +832,27 @@ impl Quarantines {
                 rounds.entry(order.clone()).or_default().push(id.clone());
             }
         }
-        let mut quarantined_orders = BTreeMap::new();
-        for (order, ids) in rounds {
-            let key = quarantine_key(&global.redis_prefix, &order);
-            match quarantined(&mut redis, &key).await {
-                Ok(true) => {
-                    quarantined_orders.insert(order, ids);
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    println!("cannot read the quarantine of order {order} ({e}); not following it");
-                }
-            }
+        // One round trip for every order of the replay.
+        let mut pipe = redis::pipe();
+        for order in rounds.keys() {
+            pipe.cmd("EXISTS")
+                .arg(quarantine_key(&global.redis_prefix, order));
         }
+        let exists: Vec<bool> = match pipe.query_async(&mut redis).await {
+            Ok(exists) => exists,
+            Err(e) => {
+                println!(
+                    "cannot read quarantines ({}); replaying without following them",
+                    shardline_topology::broker::scrub(&e.to_string(), &global.redis_url)
+                );
+                return None;
+            }
+        };
+        let quarantined_orders: BTreeMap<String, Vec<String>> = rounds
+            .into_iter()
+            .zip(exists)
+            .filter_map(|(order, quarantined)| quarantined.then_some(order))
+            .collect();
         (!quarantined_orders.is_empty()).then(|| Self {
             redis,
             redis_prefix: global.redis_prefix.clone(),

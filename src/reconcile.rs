@@ -23,7 +23,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -46,6 +45,7 @@ use shardline_topology::broker::scrub;
 use shardline_topology::envelope::{MAX_FIELD_BYTES, key_field, order_key_of};
 use shardline_topology::{Envelope, ShardId, declare, redact_url};
 use shardline_worker::dedup::kind_key;
+use shardline_worker::metrics::unix_ms;
 use shardline_worker::status::{self, ShardReport};
 use tokio::net::TcpListener;
 use tokio_postgres::types::{FromSql, ToSql, Type};
@@ -322,7 +322,8 @@ pub async fn run(
     let settings = Settings::new(&args)?;
     let metrics = Arc::new(Metrics::new());
     if let Some(addr) = global.metrics_addr {
-        let listener = bind(addr).await?;
+        // Bound before the first run: a port in use fails the start naming the flag.
+        let listener = shardline_worker::http::bind(addr).await?;
         tokio::spawn(serve(listener, Arc::clone(&metrics), shutdown.clone()));
     }
     tracing::debug!(
@@ -1250,12 +1251,6 @@ async fn redis_op<T>(
     }
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -1375,15 +1370,6 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
     }
-}
-
-/// Binds `--metrics-addr` before the first run, so that a port in use fails
-/// the start naming the flag.
-async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.map_err(|e| match e.kind() {
-        std::io::ErrorKind::AddrInUse => anyhow!("--metrics-addr {addr}: address in use"),
-        _ => anyhow!("--metrics-addr {addr}: {e}"),
-    })
 }
 
 /// Serves `/metrics` on `listener` until `shutdown`.

@@ -24,17 +24,7 @@ async fn dlq_list_show_replay_purge() {
         .collect();
     let x2 = x[1].key();
     let fixed = Arc::new(AtomicBool::new(false));
-    let downstream = {
-        let (x2, fixed) = (x2.clone(), Arc::clone(&fixed));
-        Downstream::scripted(move |call, _| {
-            if call.key() == x2 && !fixed.load(Ordering::SeqCst) {
-                Reply::status(422)
-            } else {
-                Reply::ok()
-            }
-        })
-        .await
-    };
+    let downstream = Downstream::failing_until_fixed(x2.clone(), Arc::clone(&fixed)).await;
     let mut worker = Worker::start(&env, "w1", &downstream.url(), &[]);
     worker.wait_consuming(&env, &conn).await;
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::harness::dlq::{list_json, run_ok, text, wait_depth};
 use crate::harness::{
-    Call, Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, Worker, all_ok,
+    Call, Downstream, Event, PROCESSING, Publisher, TestEnv, Worker, all_ok,
     assert_in_order_and_complete,
 };
 
@@ -36,18 +36,6 @@ fn ok_seqs(calls: &[Call], order: &str) -> Vec<u64> {
         .collect()
 }
 
-/// A downstream failing `failing`'s calls for good (422) until `fixed`.
-async fn failing_until_fixed(failing: String, fixed: Arc<AtomicBool>) -> Downstream {
-    Downstream::scripted(move |call, _| {
-        if call.key() == failing && !fixed.load(Ordering::SeqCst) {
-            Reply::status(422)
-        } else {
-            Reply::ok()
-        }
-    })
-    .await
-}
-
 /// X seq 2 fails for good: X 3..5 are quarantined (each naming X 2's dead
 /// letter) while Y on the same shard proceeds. After the fix, a paced replay
 /// of X delivers 2, 3, 4, 5 in order; X 6, published while the replay runs,
@@ -63,7 +51,7 @@ async fn quarantine_holds_an_order_until_its_replay_restores_the_sequence() {
     let xs = events(x, 1..=7, &env);
     let ys = events(&y, 1..=5, &env);
     let fixed = Arc::new(AtomicBool::new(false));
-    let downstream = failing_until_fixed(xs[1].key(), Arc::clone(&fixed)).await;
+    let downstream = Downstream::failing_until_fixed(xs[1].key(), Arc::clone(&fixed)).await;
     let mut worker = Worker::start(&env, "w1", &downstream.url(), QUARANTINE);
     worker.wait_consuming(&env, &conn).await;
 
@@ -182,7 +170,7 @@ async fn quarantine_survives_a_failed_replay_and_release_lifts_it() {
     let z = "qz";
     let zs = events(z, 1..=4, &env);
     let fixed = Arc::new(AtomicBool::new(false));
-    let downstream = failing_until_fixed(zs[1].key(), fixed).await;
+    let downstream = Downstream::failing_until_fixed(zs[1].key(), fixed).await;
     let mut worker = Worker::start(&env, "w1", &downstream.url(), QUARANTINE);
     worker.wait_consuming(&env, &conn).await;
     let publisher = Publisher::connect(&env).await;

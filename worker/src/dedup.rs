@@ -484,18 +484,31 @@ impl Dedup {
 
     /// Gives the claim up, so that a replay is not suppressed.
     pub async fn release(&self, redis: &mut RedisSlot, dedup_key: &str) {
-        let cmd = Self::evalsha(&self.release, &[self.key(dedup_key)], &[]);
-        redis.query::<i64>(&cmd).await;
+        redis.query::<i64>(&self.release_cmd(dedup_key)).await;
     }
 
-    /// Counts `seq` as passed for its order (it was dead-lettered).
-    pub async fn pass(&self, redis: &mut RedisSlot, order_key: &str, seq: u64) {
-        let cmd = Self::evalsha(
-            &self.pass,
-            &[self.gate_key(order_key)],
-            &[self.ttl_secs.to_string(), seq.to_string()],
-        );
-        redis.query::<i64>(&cmd).await;
+    fn release_cmd(&self, dedup_key: &str) -> Cmd {
+        Self::evalsha(&self.release, &[self.key(dedup_key)], &[])
+    }
+
+    /// Adds to `pipe` what follows a confirmed dead letter: the claim given
+    /// up and `seq` (if any) counted as passed for its order.
+    pub fn add_dead_lettered(
+        &self,
+        pipe: &mut Pipeline,
+        dedup_key: &str,
+        order_key: &str,
+        seq: Option<u64>,
+    ) {
+        pipe.add_command(self.release_cmd(dedup_key)).ignore();
+        if let Some(seq) = seq {
+            pipe.add_command(Self::evalsha(
+                &self.pass,
+                &[self.gate_key(order_key)],
+                &[self.ttl_secs.to_string(), seq.to_string()],
+            ))
+            .ignore();
+        }
     }
 }
 
@@ -520,5 +533,66 @@ fn verdict((kind, n): (String, i64)) -> Verdict {
         "crashloop" => Verdict::CrashLoop(u32::try_from(n).unwrap_or(u32::MAX)),
         // The script returns nothing else; treat surprises as a claim to re-check.
         _ => Verdict::Wait(Duration::from_millis(100)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use redis::Arg;
+
+    use super::*;
+
+    /// The keys `add_commit` writes with `SET`.
+    fn set_keys(config: &Config, done: &Done<'_>) -> Vec<String> {
+        let mut pipe = redis::pipe();
+        Dedup::new(config).add_commit(&mut pipe, done);
+        pipe.cmd_iter()
+            .filter_map(|cmd| {
+                let args: Vec<Vec<u8>> = cmd
+                    .args_iter()
+                    .filter_map(|a| match a {
+                        Arg::Simple(bytes) => Some(bytes.to_vec()),
+                        _ => None,
+                    })
+                    .collect();
+                match args.as_slice() {
+                    [name, key, ..] if name == b"SET" => {
+                        Some(String::from_utf8_lossy(key).into_owned())
+                    }
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_commit_records_the_kind_unless_the_kinds_ttl_is_zero() {
+        let done = Done {
+            dedup_key: "A1:payment.captured:3",
+            order_key: "A1",
+            event: "payment.captured",
+            seq: Some(3),
+            replay_of: None,
+            bypassed: false,
+        };
+        let config = Config::default();
+        assert_eq!(
+            set_keys(&config, &done),
+            [
+                "shardline:kind:A1:payment.captured",
+                "shardline:dedup:A1:payment.captured:3",
+                "shardline:gate:A1",
+            ]
+        );
+        let off = Config {
+            kinds_ttl: Some(Duration::ZERO),
+            ..Config::default()
+        };
+        assert_eq!(
+            set_keys(&off, &done),
+            ["shardline:dedup:A1:payment.captured:3", "shardline:gate:A1"]
+        );
     }
 }

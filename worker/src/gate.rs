@@ -34,6 +34,8 @@ struct Held {
 pub struct Gate {
     orders: HashMap<String, BTreeMap<u64, Held>>,
     held: usize,
+    /// Bumped whenever the set of held events changes.
+    version: u64,
     runnable: VecDeque<(Ready, Directive)>,
     max_held: usize,
     gap_grace: Duration,
@@ -57,6 +59,7 @@ impl Gate {
         Self {
             orders: HashMap::new(),
             held: 0,
+            version: 0,
             runnable: VecDeque::new(),
             max_held: usize::from(config.max_held.max(1)),
             gap_grace: config.gap_grace,
@@ -68,6 +71,11 @@ impl Gate {
     /// Events held now.
     pub fn held(&self) -> usize {
         self.held
+    }
+
+    /// Changes whenever the set of held events does.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// The events the gate has not let go of yet: held, or released and
@@ -115,6 +123,7 @@ impl Gate {
             .or_default()
             .insert(seq, Held { ready, start });
         self.held += 1;
+        self.version += 1;
         Ok(expired)
     }
 
@@ -126,6 +135,7 @@ impl Gate {
         };
         if let Some((_, next)) = held.pop_first() {
             self.held -= 1;
+            self.version += 1;
             self.runnable.push_back((*next.ready, Directive::Normal));
         }
         if held.is_empty() {
@@ -187,6 +197,7 @@ impl Gate {
     fn give_up(&mut self, order_key: &str) -> Expired {
         let held = self.orders.remove(order_key).unwrap_or_default();
         self.held -= held.len();
+        self.version += 1;
         let first_seq = held.keys().next().copied().unwrap_or_default();
         let at_start = held.values().any(|h| h.start);
         let events = held.len();

@@ -313,25 +313,26 @@ impl Processor {
         self.quarantine
     }
 
-    /// After its dead letter `id` is confirmed: gives the claim up (so that a
-    /// replay is not suppressed), holds the order in quarantine (quarantine
-    /// mode) and counts the seq as passed.
+    /// After its dead letter `id` is confirmed, in one round trip: gives the
+    /// claim up (so that a replay is not suppressed), holds the order in
+    /// quarantine (quarantine mode) and counts the seq as passed.
     pub async fn dead_lettered(&self, redis: &mut RedisSlot, decoded: &Decoded, id: &str) {
-        self.dedup.release(redis, &decoded.dedup_key).await;
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        let (order_key, seq) = (&decoded.order_key, decoded.envelope.seq);
         if self.quarantine {
-            quarantine::enter(
-                redis,
+            quarantine::add_enter(
+                &mut pipe,
                 &self.redis_prefix,
-                &decoded.order_key,
-                decoded.envelope.seq,
+                order_key,
+                seq,
                 id,
                 decoded.replay_of.as_deref(),
-            )
-            .await;
+            );
         }
-        if let Some(seq) = decoded.envelope.seq {
-            self.dedup.pass(redis, &decoded.order_key, seq).await;
-        }
+        self.dedup
+            .add_dead_lettered(&mut pipe, &decoded.dedup_key, order_key, seq);
+        redis.query_pipeline::<()>(&pipe).await;
     }
 
     /// A duplicate needs nothing, unless it is a replay: a second dead letter

@@ -93,10 +93,11 @@ fn head_score_seq(score: f64) -> u64 {
     score.max(0.0) as u64
 }
 
-/// Records the dead letter `id` (of an event with `seq`) as holding its order;
-/// a dead-lettered replay leaves under its old id in the same step.
-pub async fn enter(
-    redis: &mut RedisSlot,
+/// Adds to `pipe` the record of dead letter `id` (of an event with `seq`) as
+/// holding its order; a dead-lettered replay leaves under its old id in the
+/// same step (the caller makes the pipeline atomic).
+pub fn add_enter(
+    pipe: &mut redis::Pipeline,
     redis_prefix: &str,
     order_key: &str,
     seq: Option<u64>,
@@ -104,13 +105,10 @@ pub async fn enter(
     replay_of: Option<&str>,
 ) {
     let key = key(redis_prefix, order_key);
-    let mut pipe = redis::pipe();
-    pipe.atomic();
     if let Some(old) = replay_of {
         pipe.cmd("ZREM").arg(&key).arg(old).ignore();
     }
     pipe.cmd("ZADD").arg(&key).arg(score(seq)).arg(id).ignore();
-    redis.query_pipeline::<()>(&pipe).await;
 }
 
 /// The dead letter `id` no longer holds its order (its event was applied).

@@ -156,7 +156,7 @@ async fn run_consumer(
         stats: &ctx.stats,
         watch: &ctx.metrics.watch,
         reported: 0,
-        refs: false,
+        refs_of: 0,
     };
     loop {
         gauge.sync(gate);
@@ -240,8 +240,8 @@ struct HeldGauge<'a> {
     stats: &'a Stats,
     watch: &'a ShardWatch,
     reported: u64,
-    /// The watch lists held events.
-    refs: bool,
+    /// The gate version the watch's list of held events was taken from.
+    refs_of: u64,
 }
 
 /// The held events by order and kind (undecodable ones are never held).
@@ -264,9 +264,10 @@ impl HeldGauge<'_> {
             waiting.map(|r| held_published_ms(r, now)).min()
         });
         self.watch.set_held(gate.held(), oldest.flatten());
-        if gate.held() > 0 || self.refs {
+        // Listed again only when the gate changed, not per event.
+        if gate.version() != self.refs_of {
             self.watch.set_held_refs(held_refs(gate));
-            self.refs = gate.held() > 0;
+            self.refs_of = gate.version();
         }
         self.set(gate.held());
     }

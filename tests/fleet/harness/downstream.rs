@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -154,6 +155,19 @@ impl Downstream {
             state,
             server,
         }
+    }
+
+    /// Answers 422 (a permanent failure) to the calls for dedup key `key`
+    /// until `fixed` is set, 200 to everything else.
+    pub async fn failing_until_fixed(key: String, fixed: Arc<AtomicBool>) -> Self {
+        Self::scripted(move |call, _| {
+            if call.key() == key && !fixed.load(Ordering::SeqCst) {
+                Reply::status(422)
+            } else {
+                Reply::ok()
+            }
+        })
+        .await
     }
 
     /// The `--handler` URL of a worker calling this downstream.
