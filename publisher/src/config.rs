@@ -2,14 +2,14 @@
 
 use std::time::Duration;
 
-use shardline_topology::{Names, ShardCount};
+use shardline_topology::{AmqpTarget, Names, ShardCount};
 
 /// How a [`Publisher`](crate::Publisher) connects and how hard it pushes.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// RabbitMQ URL (`amqps://` for TLS); the vhost is the URL's path.
-    /// Default `amqp://guest:guest@127.0.0.1:5672/%2f`.
-    pub amqp_url: String,
+    /// The broker: one address or several (`amqps://` for TLS); the vhost is
+    /// the URL's path. Default `amqp://guest:guest@127.0.0.1:5672/%2f`.
+    pub amqp: AmqpTarget,
     /// Exchange and queue names; events go to `names.exchange`. Default: the pika
     /// recipe's names.
     pub names: Names,
@@ -40,7 +40,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            amqp: AmqpTarget::default(),
             names: Names::default(),
             shards: ShardCount::default(),
             window: 256,

@@ -12,7 +12,9 @@
 //!
 //! - [`config`]: connection, window and reconnect settings.
 //! - [`publisher`]: shard routing, sending, confirms and reconnection.
-//! - [`window`]: the unconfirmed events, in order; backpressure and re-send order.
+//! - `window`: the unconfirmed events, in order; backpressure and re-send order.
+//! - [`confirm`]: the one confirmed-publish path (a confirm-mode channel, typed
+//!   confirms), also used for the worker's dead letters.
 //! - [`latency`]: publish → confirm latency histogram (p50/p99).
 //! - [`error`]: what went wrong, shaped by what the caller does next.
 //!
@@ -28,12 +30,14 @@
 //! ```
 
 pub mod config;
+pub mod confirm;
 pub mod error;
 pub mod latency;
 pub mod publisher;
 mod window;
 
 pub use config::Config;
+pub use confirm::{ConfirmChannel, ConfirmError, Refusal};
 pub use error::PublishError;
 pub use latency::LatencyHistogram;
 pub use publisher::{Counts, Publisher};

@@ -2,7 +2,7 @@
 //! in call order, re-sending what was unconfirmed after a connection loss.
 //!
 //! One channel carries every event, so the broker sees them in call order; the
-//! unconfirmed ones are kept (see [`crate::window`]) and after a loss are
+//! unconfirmed ones are kept (see `window.rs`) and after a loss are
 //! re-sent, in that order, on a fresh channel before anything new. This loop is
 //! the only owner of reconnection (lapin's auto-recover stays off). Re-sending
 //! may duplicate an event whose confirm was lost in flight; the worker's dedup
@@ -13,28 +13,22 @@ use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Instant, SystemTime};
 
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::options::ExchangeDeclareOptions;
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{FieldTable, ShortString};
-use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ErrorKind, ExchangeKind, PublisherConfirm,
-};
+use lapin::{BasicProperties, Confirmation, Connection, ErrorKind, ExchangeKind, PublisherConfirm};
 use opentelemetry::global::{self, BoxedTracer};
 use opentelemetry::trace::{SpanContext, SpanKind, Status, TraceContextExt as _, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use shardline_topology::broker::soft_error;
 use shardline_topology::telemetry::{self, attr, op};
-use shardline_topology::{Envelope, NewEvent, ShardId, headers, redact_url};
+use shardline_topology::{Envelope, NewEvent, ShardId, headers, w3c};
 
 use crate::config::Config;
+use crate::confirm::{self, ConfirmChannel, Refusal};
 use crate::error::PublishError;
 use crate::latency::LatencyHistogram;
 use crate::window::{Outgoing, Unconfirmed};
-
-const MANDATORY: BasicPublishOptions = BasicPublishOptions {
-    mandatory: true,
-    immediate: false,
-};
 
 /// Running totals of one publisher.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,7 +51,7 @@ pub struct Publisher {
     config: Config,
     exchange: ShortString,
     conn: Option<Connection>,
-    channel: Option<Channel>,
+    channel: Option<ConfirmChannel>,
     unconfirmed: Unconfirmed<PublisherConfirm>,
     /// True while the channel may hold a send we did not see complete (a
     /// failed or abandoned send): the next operation starts on a fresh channel.
@@ -74,7 +68,7 @@ pub struct Publisher {
 impl std::fmt::Debug for Publisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Publisher")
-            .field("url", &redact_url(&self.config.amqp_url))
+            .field("amqp", &self.config.amqp)
             .field("exchange", &self.config.names.exchange)
             .field("unconfirmed", &self.unconfirmed.len())
             .field("counts", &self.counts)
@@ -87,10 +81,10 @@ impl Publisher {
     /// Fails at once (no retry) when the broker cannot be reached.
     pub async fn connect(config: Config) -> Result<Self, PublishError> {
         let exchange = short("exchange", &config.names.exchange)?;
-        let conn = shardline_topology::connect(&config.amqp_url, &config.connection_name).await?;
+        let conn = shardline_topology::connect(&config.amqp, &config.connection_name).await?;
         let channel = open_channel(&conn, &exchange, &config.names.exchange).await?;
         tracing::debug!(
-            url = %redact_url(&config.amqp_url),
+            amqp = %config.amqp,
             exchange = %config.names.exchange,
             window = config.window,
             "publisher connected"
@@ -212,7 +206,7 @@ impl Publisher {
             .with_kind(SpanKind::Producer)
             .start_with_context(&self.tracer, &parent);
         let cx = parent.with_span(span);
-        let trace = telemetry::propagated(&cx);
+        let trace = w3c::propagated(&cx);
         if !cx.span().is_recording() {
             return (trace, None);
         }
@@ -293,7 +287,7 @@ impl Publisher {
     pub async fn close(mut self) -> Result<(), PublishError> {
         self.flush().await?;
         if let Some(channel) = self.channel.take()
-            && let Err(e) = channel.close(200, "publisher closing".into()).await
+            && let Err(e) = channel.channel().close(200, "publisher closing".into()).await
         {
             tracing::debug!(error = %e, "closing the publisher channel");
         }
@@ -322,10 +316,9 @@ impl Publisher {
             while let Some(event) = self.unconfirmed.next_unsent() {
                 self.channel_suspect = true;
                 let sent = channel
-                    .basic_publish(
+                    .send(
                         self.exchange.clone(),
                         event.routing_key.clone(),
-                        MANDATORY,
                         &event.body,
                         event.properties.clone(),
                     )
@@ -411,30 +404,31 @@ impl Publisher {
         };
         let exchange = || self.config.names.exchange.clone();
         let routing_key = || entry.event.routing_key.to_string();
+        let outcome = confirm::outcome(&confirmation);
         if let Some(cx) = &entry.event.trace {
             let span = cx.span();
-            match &confirmation {
-                Confirmation::Ack(None) | Confirmation::NotRequested => {}
-                Confirmation::Ack(Some(_)) => {
+            match outcome {
+                Ok(()) => {}
+                Err(Refusal::Unroutable) => {
                     span.set_status(Status::error("unroutable: topology not applied?"));
                 }
-                Confirmation::Nack(_) => span.set_status(Status::error("nacked by the broker")),
+                Err(Refusal::Nacked) => span.set_status(Status::error("nacked by the broker")),
             }
             span.end();
         }
-        match confirmation {
-            Confirmation::Ack(None) | Confirmation::NotRequested => {
+        match outcome {
+            Ok(()) => {
                 self.counts.confirmed += 1;
                 if let Some(sent) = entry.first_sent {
                     self.latency.record(sent.elapsed());
                 }
                 Ok(())
             }
-            Confirmation::Ack(Some(_returned)) => Err(PublishError::Unroutable {
+            Err(Refusal::Unroutable) => Err(PublishError::Unroutable {
                 exchange: exchange(),
                 routing_key: routing_key(),
             }),
-            Confirmation::Nack(_) => Err(PublishError::Nacked {
+            Err(Refusal::Nacked) => Err(PublishError::Nacked {
                 exchange: exchange(),
                 routing_key: routing_key(),
             }),
@@ -469,11 +463,11 @@ impl Publisher {
         self.channel_suspect = true;
         let resend = self.unconfirmed.forget_confirms();
         if let Some(old) = self.channel.take()
-            && old.status().connected()
+            && old.is_open()
         {
             // An abandoned send may still be in this channel: close it so that
             // nothing it holds can overtake the re-sends.
-            if let Err(e) = old.close(200, "publisher re-opening".into()).await {
+            if let Err(e) = old.channel().close(200, "publisher re-opening".into()).await {
                 tracing::debug!(error = %e, "closing the old publisher channel");
             }
         }
@@ -496,7 +490,7 @@ impl Publisher {
                 Err(e) => {
                     if started.elapsed() + delay > self.config.reconnect_give_up {
                         return Err(PublishError::Disconnected {
-                            url: redact_url(&self.config.amqp_url),
+                            url: self.config.amqp.to_string(),
                             after: self.config.reconnect_give_up,
                             unconfirmed: self.unconfirmed.len(),
                             cause: e.to_string(),
@@ -516,7 +510,7 @@ impl Publisher {
         if !alive {
             self.conn = None;
             let conn =
-                shardline_topology::connect(&self.config.amqp_url, &self.config.connection_name)
+                shardline_topology::connect(&self.config.amqp, &self.config.connection_name)
                     .await?;
             self.conn = Some(conn);
         }
@@ -562,8 +556,9 @@ async fn open_channel(
     conn: &Connection,
     exchange: &ShortString,
     exchange_name: &str,
-) -> Result<Channel, PublishError> {
-    let channel = conn.create_channel().await?;
+) -> Result<ConfirmChannel, PublishError> {
+    let confirms = ConfirmChannel::open(conn).await?;
+    let channel = confirms.channel();
     let passive = ExchangeDeclareOptions {
         passive: true,
         ..ExchangeDeclareOptions::default()
@@ -582,10 +577,7 @@ async fn open_channel(
             },
             None => e.into(),
         })?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    Ok(channel)
+    Ok(confirms)
 }
 
 fn short(what: &'static str, value: &str) -> Result<ShortString, PublishError> {

@@ -1,4 +1,10 @@
 //! Connecting to RabbitMQ. Every error names the URL with its password redacted.
+//!
+//! A connection goes to an [`AmqpTarget`]: one address or several (a cluster),
+//! parsed once from the configured text and tried in turn.
+
+use std::fmt;
+use std::str::FromStr;
 
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::LongString;
@@ -8,19 +14,128 @@ use lapin::{Connection, ConnectionProperties, ErrorKind};
 pub enum BrokerError {
     #[error("cannot connect to RabbitMQ at {url} (TCP connect, then AMQP handshake): {cause}")]
     Connect { url: String, cause: String },
+    /// The configured address list is not one.
+    #[error("RabbitMQ address `{given}`: {problem}")]
+    Address { given: String, problem: String },
+}
+
+/// Where the broker is: one or more `amqp://` / `amqps://` URLs, each with its
+/// own credentials, TLS host and vhost path.
+///
+/// Parsed from text that lists them separated by commas. A comma splits only
+/// where the next address starts with `amqp://` or `amqps://`, since commas are
+/// legal inside a URL's userinfo.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AmqpTarget {
+    addresses: Vec<String>,
+}
+
+impl AmqpTarget {
+    /// The address list in `text`.
+    pub fn parse(text: &str) -> Result<Self, BrokerError> {
+        let problem = |problem: &str| BrokerError::Address {
+            given: redact_list(text),
+            problem: problem.to_owned(),
+        };
+        let mut addresses: Vec<String> = Vec::new();
+        for piece in text.split(',') {
+            let trimmed = piece.trim();
+            let starts_address = trimmed.starts_with("amqp://") || trimmed.starts_with("amqps://");
+            match addresses.last_mut() {
+                Some(last) if !starts_address => {
+                    last.push(',');
+                    last.push_str(piece);
+                }
+                _ if starts_address => addresses.push(trimmed.to_owned()),
+                _ => return Err(problem("each address must start with amqp:// or amqps://")),
+            }
+        }
+        if addresses.is_empty() {
+            return Err(problem("no address given"));
+        }
+        Ok(Self { addresses })
+    }
+
+    /// The addresses, in the order given.
+    pub fn addresses(&self) -> &[String] {
+        &self.addresses
+    }
+
+    /// The first address (whose vhost and credentials tools report).
+    pub fn primary(&self) -> &str {
+        self.addresses.first().map_or("", String::as_str)
+    }
+
+    /// `text` with every address's password blanked out.
+    pub fn scrub(&self, text: &str) -> String {
+        self.addresses
+            .iter()
+            .fold(text.to_owned(), |text, url| scrub(&text, url))
+    }
+}
+
+impl Default for AmqpTarget {
+    fn default() -> Self {
+        Self {
+            addresses: vec!["amqp://guest:guest@127.0.0.1:5672/%2f".into()],
+        }
+    }
+}
+
+impl FromStr for AmqpTarget {
+    type Err = BrokerError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+/// The addresses, comma-separated, passwords redacted.
+impl fmt::Display for AmqpTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown: Vec<String> = self.addresses.iter().map(|a| redact_url(a)).collect();
+        f.write_str(&shown.join(","))
+    }
+}
+
+impl fmt::Debug for AmqpTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AmqpTarget({self})")
+    }
 }
 
 /// Opens a connection named `name` (shown as `connection_name` by `rabbitmqctl
-/// list_connections` and the management UI). `amqps://` URLs use TLS.
-pub async fn connect(url: &str, name: &str) -> Result<Connection, BrokerError> {
-    let props = ConnectionProperties::default()
-        .with_connection_name(LongString::from(name.as_bytes().to_vec()));
-    Connection::connect(url, props)
-        .await
-        .map_err(|e| BrokerError::Connect {
-            url: redact_url(url),
-            cause: scrub(&e.to_string(), url),
-        })
+/// list_connections` and the management UI) to the first address of `target`
+/// that answers. `amqps://` URLs use TLS.
+pub async fn connect(target: &AmqpTarget, name: &str) -> Result<Connection, BrokerError> {
+    let mut failures = Vec::new();
+    for url in &target.addresses {
+        let props = ConnectionProperties::default()
+            .with_connection_name(LongString::from(name.as_bytes().to_vec()));
+        match Connection::connect(url, props).await {
+            Ok(conn) => return Ok(conn),
+            Err(e) => failures.push((redact_url(url), scrub(&e.to_string(), url))),
+        }
+    }
+    Err(match failures.as_slice() {
+        [(url, cause)] => BrokerError::Connect {
+            url: url.clone(),
+            cause: cause.clone(),
+        },
+        _ => BrokerError::Connect {
+            url: target.to_string(),
+            cause: failures
+                .iter()
+                .map(|(url, cause)| format!("{url}: {cause}"))
+                .collect::<Vec<_>>()
+                .join("; "),
+        },
+    })
+}
+
+/// A comma-separated list with the password of anything URL-like redacted.
+fn redact_list(text: &str) -> String {
+    text.split(',').map(redact_url).collect::<Vec<_>>().join(",")
 }
 
 /// `url` with its password replaced by `***`.
@@ -81,6 +196,21 @@ mod tests {
         assert_eq!(redact_url("amqp://127.0.0.1:5672"), "amqp://127.0.0.1:5672");
         assert_eq!(redact_url("amqp://user@host/vh"), "amqp://user@host/vh");
         assert_eq!(redact_url("not a url"), "not a url");
+    }
+
+    #[test]
+    fn address_lists_split_only_before_a_scheme() {
+        let one = AmqpTarget::parse("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap();
+        assert_eq!(one.addresses().len(), 1);
+        assert_eq!(one.to_string(), "amqp://guest:***@127.0.0.1:5672/%2f");
+        let two = AmqpTarget::parse("amqp://a:p,w@h1:5672/v, amqps://b:q@h2/v").unwrap();
+        assert_eq!(two.addresses(), ["amqp://a:p,w@h1:5672/v", "amqps://b:q@h2/v"]);
+        assert_eq!(two.primary(), "amqp://a:p,w@h1:5672/v");
+        assert_eq!(two.to_string(), "amqp://a:***@h1:5672/v,amqps://b:***@h2/v");
+        assert_eq!(two.scrub("x p,w q"), "x *** ***");
+        assert!(AmqpTarget::parse("").is_err());
+        let bad = AmqpTarget::parse("http://u:secret@h/").unwrap_err().to_string();
+        assert!(bad.contains("amqp://") && !bad.contains("secret"), "{bad}");
     }
 
     #[test]

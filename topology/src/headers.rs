@@ -7,15 +7,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use opentelemetry::trace::SpanContext;
+use opentelemetry::Context;
+use opentelemetry::trace::{SpanContext, TraceContextExt as _};
 
-use crate::telemetry;
+use crate::w3c;
+pub use crate::w3c::{TRACEPARENT, TRACESTATE, is_valid_traceparent, new_traceparent};
 
 /// Publish time in milliseconds since the Unix epoch (signed 64-bit).
 pub const PUBLISHED_AT_MS: &str = "x-published-at-ms";
-/// W3C trace context.
-pub const TRACEPARENT: &str = "traceparent";
-pub const TRACESTATE: &str = "tracestate";
 
 /// Dead-letter headers.
 pub const FAIL_REASON: &str = "x-fail-reason";
@@ -119,7 +118,7 @@ pub fn traced_event_properties(
     trace: &SpanContext,
 ) -> BasicProperties {
     let mut headers = FieldTable::default();
-    telemetry::inject(trace, &mut headers);
+    w3c::inject(trace, &mut headers);
     properties_with(message_id, published_at, headers)
 }
 
@@ -144,22 +143,22 @@ fn properties_with(
     props
 }
 
-/// A fresh W3C `traceparent` (version 00, sampled) of a new trace.
-pub fn new_traceparent() -> String {
-    telemetry::traceparent(&telemetry::random_span_context())
+/// The parent context an event arrived with: its `traceparent` (and
+/// `tracestate`) headers. Missing, malformed or not text: an empty context, so
+/// the span started under it is a new root. Never an error.
+pub fn extract(properties: &BasicProperties) -> Context {
+    match remote_span_context(properties) {
+        Some(sc) => Context::new().with_remote_span_context(sc),
+        None => Context::new(),
+    }
 }
 
-/// Whether `value` is a well-formed W3C `traceparent` (version 00).
-pub fn is_valid_traceparent(value: &str) -> bool {
-    let parts: Vec<&str> = value.split('-').collect();
-    let hex = |s: &str, len: usize| {
-        s.len() == len
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    matches!(parts.as_slice(), [v, t, s, f]
-        if *v == "00" && hex(t, 32) && hex(s, 16) && hex(f, 2)
-            && t.bytes().any(|b| b != b'0') && s.bytes().any(|b| b != b'0'))
+/// The W3C trace context in `properties`, when well-formed ([`w3c::decode`]).
+pub fn remote_span_context(properties: &BasicProperties) -> Option<SpanContext> {
+    w3c::decode(
+        header_str(properties, TRACEPARENT),
+        header_str(properties, TRACESTATE),
+    )
 }
 
 /// A header value, if present.
@@ -240,7 +239,7 @@ impl DeadLetter {
         );
         headers.insert(DEAD_LETTER_ID.into(), long_string(&self.id));
         if let Some(trace) = &self.trace {
-            telemetry::inject(trace, &mut headers);
+            w3c::inject(trace, &mut headers);
         }
         let props = original.clone().with_headers(headers);
         if props.delivery_mode().is_none() {
@@ -336,7 +335,7 @@ mod tests {
     #[test]
     fn dead_letters_can_carry_the_process_span_context() {
         let original = event_properties("m-1", SystemTime::now(), &new_traceparent());
-        let process = telemetry::random_span_context();
+        let process = w3c::random_span_context();
         let dl = DeadLetter {
             reason: FailReason::Handler,
             error: "boom".into(),
@@ -350,17 +349,17 @@ mod tests {
         let props = dl.properties(&original);
         assert_eq!(
             header_str(&props, TRACEPARENT),
-            Some(telemetry::traceparent(&process).as_str())
+            Some(w3c::traceparent(&process).as_str())
         );
     }
 
     #[test]
     fn traced_properties_carry_the_span_context() {
-        let sc = telemetry::random_span_context();
+        let sc = w3c::random_span_context();
         let props = traced_event_properties("m-1", SystemTime::now(), &sc);
         assert_eq!(
             header_str(&props, TRACEPARENT),
-            Some(telemetry::traceparent(&sc).as_str())
+            Some(w3c::traceparent(&sc).as_str())
         );
         assert!(header_str(&props, TRACESTATE).is_none());
         assert!(header_i64(&props, PUBLISHED_AT_MS).is_some());

@@ -1,26 +1,37 @@
-//! shardline's wire contract, shared by the publisher and the worker.
+//! shardline's wire contract, shared by the publisher, the worker and the
+//! operator tools.
 //!
-//! Nothing outside this crate builds a queue name, hashes an order or parses an
-//! envelope. Modules, in the order an event meets them:
+//! Nothing outside this crate builds a queue name or a Redis key, hashes an
+//! order or parses an envelope. Modules, in the order an event meets them:
 //!
 //! - [`shard`]: shard count, shard ids and the md5 shard map (agrees with Python's hashlib).
 //! - [`names`]: exchange, queue and routing-key names.
 //! - [`envelope`]: the JSON event envelope, its validation and its dedup key.
 //! - [`headers`]: AMQP properties and header names both sides read and write.
-//! - [`broker`]: connecting to RabbitMQ, with redacted URLs in every error.
+//! - [`w3c`]: the W3C trace context (`traceparent`/`tracestate`) codec.
+//! - [`broker`]: broker addresses and connecting to RabbitMQ, with redacted URLs in every error.
 //! - [`declare`]: declaring the topology (`topology apply`) and reading it back (`status`).
-//! - [`telemetry`]: span names and attribute keys, and the W3C trace context in AMQP headers.
+//! - [`redis_target`]: Redis addresses, connections and pools.
+//! - [`keys`]: the Redis keyspace.
+//! - [`status`]: the shard and worker status documents in Redis, and backlog levels.
+//! - [`telemetry`]: span names and attribute keys.
 
 pub mod broker;
 pub mod declare;
 pub mod envelope;
 pub mod headers;
+pub mod keys;
 pub mod names;
+pub mod redis_target;
 pub mod shard;
+pub mod status;
 pub mod telemetry;
+pub mod w3c;
 
-pub use broker::{BrokerError, connect, redact_url};
+pub use broker::{AmqpTarget, BrokerError, connect, redact_url};
 pub use declare::{ApplyReport, DeclareError, QueueType, ShardStatus, TopologyOptions};
 pub use envelope::{Envelope, EnvelopeError, NewEvent};
+pub use keys::Keys;
 pub use names::Names;
+pub use redis_target::{RedisError, RedisTarget};
 pub use shard::{ShardCount, ShardId, ShardSet};

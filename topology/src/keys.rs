@@ -1,0 +1,144 @@
+//! The Redis keyspace, the second wire contract: every key shardline reads or
+//! writes is built here, from the configured prefix (default `shardline:`).
+//!
+//! Order ids and event kinds enter keys through [`key_field`] (`%` and `:`
+//! escaped), so that no two orders or kinds share a key.
+//!
+//! | key | written by | what it holds |
+//! |---|---|---|
+//! | `dedup:{dedup_key}` | worker | an event's claim (`processing:…`) or `done` |
+//! | `gate:{order}` | worker | an order's last passed seq |
+//! | `kind:{order}:{kind}` | worker | an event of that kind was processed |
+//! | `quarantine:{order}` | worker, `dlq release` | the dead letters holding an order |
+//! | `status:shard:{n}` | worker | the shard status document ([`crate::status`]) |
+//! | `status:worker:{name}` | worker | the worker status document |
+//! | `reconcile:{order}:{kind}` | `reconcile` | a compensation was emitted |
+
+use crate::envelope::key_field;
+use crate::shard::ShardId;
+
+/// Builds the keys under one prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Default for Keys {
+    fn default() -> Self {
+        Self::new("shardline:")
+    }
+}
+
+impl Keys {
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// An event's dedup state, by its dedup key (already escaped, SPEC §2).
+    pub fn dedup(&self, dedup_key: &str) -> String {
+        format!("{}dedup:{dedup_key}", self.prefix)
+    }
+
+    /// An order's last passed seq, by its order key ([`crate::envelope::order_key_of`]).
+    pub fn gate(&self, order_key: &str) -> String {
+        format!("{}gate:{order_key}", self.prefix)
+    }
+
+    /// Exists while an event of kind `event` of the order was processed within
+    /// the kinds TTL: what `shardline reconcile` checks.
+    pub fn kind(&self, order_key: &str, event: &str) -> String {
+        format!("{}kind:{order_key}:{}", self.prefix, key_field(event))
+    }
+
+    /// The dead letters holding an order in quarantine (a sorted set).
+    pub fn quarantine(&self, order_key: &str) -> String {
+        format!("{}quarantine:{order_key}", self.prefix)
+    }
+
+    /// A shard's status document.
+    pub fn shard_status(&self, shard: ShardId) -> String {
+        self.shard_status_of(shard.get())
+    }
+
+    /// [`Self::shard_status`] by shard number.
+    pub fn shard_status_of(&self, shard: u16) -> String {
+        format!("{}status:shard:{shard}", self.prefix)
+    }
+
+    /// A worker's status document, by worker (member) name.
+    pub fn worker_status(&self, worker: &str) -> String {
+        format!("{}status:worker:{}", self.prefix, key_field(worker))
+    }
+
+    /// The pattern matching every worker status document (for `SCAN`).
+    pub fn worker_status_pattern(&self) -> String {
+        format!("{}status:worker:*", glob_escape(&self.prefix))
+    }
+
+    /// `shardline reconcile`'s record of a compensation it emitted.
+    pub fn reconcile_emitted(&self, order_key: &str, kind: &str) -> String {
+        format!("{}reconcile:{order_key}:{}", self.prefix, key_field(kind))
+    }
+
+    /// A key of this prefix that the bench's raw baseline loop writes.
+    pub fn bench_raw(&self, id: &str) -> String {
+        format!("{}raw:{id}", self.prefix)
+    }
+
+    /// The pattern matching every key under the prefix (for `SCAN`): the
+    /// prefix with glob characters escaped, then `*`.
+    pub fn everything_pattern(&self) -> String {
+        format!("{}*", glob_escape(&self.prefix))
+    }
+}
+
+/// `s` with the glob characters of `SCAN MATCH` escaped.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 1);
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envelope::order_key_of;
+    use crate::shard::ShardCount;
+
+    #[test]
+    fn the_keyspace() {
+        let k = Keys::new("p:");
+        let order = order_key_of("A:1%");
+        assert_eq!(order, "A%3A1%25");
+        assert_eq!(k.dedup("A1:payment.captured:3"), "p:dedup:A1:payment.captured:3");
+        assert_eq!(k.gate(&order), "p:gate:A%3A1%25");
+        assert_eq!(k.kind(&order, "pay:x"), "p:kind:A%3A1%25:pay%3Ax");
+        assert_eq!(k.quarantine("A1"), "p:quarantine:A1");
+        let shard = ShardId::new(3, ShardCount::default()).unwrap_or_else(|_| unreachable!());
+        assert_eq!(k.shard_status(shard), "p:status:shard:3");
+        assert_eq!(k.worker_status("host-1"), "p:status:worker:host-1");
+        assert_eq!(
+            k.reconcile_emitted(&order, "payment.captured"),
+            "p:reconcile:A%3A1%25:payment.captured"
+        );
+        assert_eq!(Keys::default().gate("A1"), "shardline:gate:A1");
+    }
+
+    #[test]
+    fn patterns_escape_the_prefix() {
+        let k = Keys::new("t[1]*:");
+        assert_eq!(k.everything_pattern(), "t\\[1\\]\\*:*");
+        assert_eq!(k.worker_status_pattern(), "t\\[1\\]\\*:status:worker:*");
+    }
+}

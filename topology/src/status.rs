@@ -1,0 +1,217 @@
+//! The status documents workers write to Redis every [`WRITE_EVERY`] with a
+//! [`TTL`] (SPEC §5), so that `topology status` (and anything else on
+//! `shardline-ops`) can tell owner, backlog age and in-flight events without
+//! the broker's management plugin and without depending on the worker; and
+//! the backlog levels both sides compute. Keys are in [`crate::keys`].
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// How often a worker writes the status of its shards.
+pub const WRITE_EVERY: Duration = Duration::from_secs(2);
+/// How long a status lives unless written again: a status older than this is
+/// gone, so a missing key means no worker reports the shard.
+pub const TTL: Duration = Duration::from_secs(10);
+
+/// Wall-clock Unix milliseconds now.
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Backlog age thresholds (SPEC §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thresholds {
+    /// WARN from this age. Default 30 s.
+    pub warn: Duration,
+    /// PAGE from this age. Default 2 min.
+    pub page: Duration,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Self {
+            warn: Duration::from_secs(30),
+            page: Duration::from_secs(120),
+        }
+    }
+}
+
+/// How far behind a shard is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Level {
+    Ok,
+    Warn,
+    Page,
+}
+
+impl Level {
+    pub fn of(backlog_age: Duration, thresholds: &Thresholds) -> Self {
+        if backlog_age >= thresholds.page {
+            Self::Page
+        } else if backlog_age >= thresholds.warn {
+            Self::Warn
+        } else {
+            Self::Ok
+        }
+    }
+
+    /// The gauge value: 0 OK, 1 WARN, 2 PAGE.
+    pub fn value(self) -> u8 {
+        self as u8
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "OK",
+            Self::Warn => "WARN",
+            Self::Page => "PAGE",
+        }
+    }
+}
+
+/// One shard's status as a worker writes it (JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardReport {
+    pub shard: u16,
+    /// The worker consuming the shard (`--worker-name`).
+    pub owner: String,
+    /// Age of the oldest unprocessed event, 0 when none.
+    pub backlog_age_seconds: f64,
+    /// How long the in-flight event has been worked on; absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inflight_age_seconds: Option<f64>,
+    /// Events in flight (claimed, not yet acked); the age above is the
+    /// oldest's. Absent in documents of workers that predate it.
+    #[serde(default)]
+    pub inflight_events: u64,
+    pub held_events: u64,
+    /// The events held by the sequence gate (`shardline reconcile` treats
+    /// them as on their way).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<HeldRef>,
+    /// Unix milliseconds when written.
+    pub updated_at_ms: u64,
+}
+
+impl ShardReport {
+    /// The backlog age now: when the shard had a backlog, it has aged since
+    /// the report was written (it may also have drained; the next report says).
+    pub fn backlog_age_at(&self, now_ms: u64) -> Duration {
+        let reported = Duration::from_secs_f64(self.backlog_age_seconds.max(0.0));
+        if reported.is_zero() {
+            reported
+        } else {
+            reported + Duration::from_millis(now_ms.saturating_sub(self.updated_at_ms))
+        }
+    }
+}
+
+/// An event held by the sequence gate: its order (as in Redis keys) and kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldRef {
+    pub order_key: String,
+    pub event: String,
+}
+
+
+/// One worker process as it reports itself (JSON, `status:worker:{name}`):
+/// which shards it was given and which it consumes. Later fields (fleet
+/// membership, the downstream breaker) are added with `#[serde(default)]`, so
+/// older readers and writers keep understanding each other.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerReport {
+    /// The worker's name (`--worker-name`), also the owner in its shard reports.
+    pub worker: String,
+    /// The shards it was assigned (consumed or stood by for).
+    pub assigned: Vec<u16>,
+    /// Of those, the shards it consumes now.
+    pub consuming: Vec<u16>,
+    /// Unix milliseconds when written.
+    pub updated_at_ms: u64,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_start_at_their_thresholds() {
+        let t = Thresholds::default();
+        assert_eq!(Level::of(Duration::ZERO, &t), Level::Ok);
+        assert_eq!(Level::of(Duration::from_millis(29_999), &t), Level::Ok);
+        assert_eq!(Level::of(Duration::from_secs(30), &t), Level::Warn);
+        assert_eq!(Level::of(Duration::from_millis(119_999), &t), Level::Warn);
+        assert_eq!(Level::of(Duration::from_secs(120), &t), Level::Page);
+        assert_eq!(Level::of(Duration::from_secs(3600), &t), Level::Page);
+        assert_eq!(
+            [Level::Ok, Level::Warn, Level::Page].map(Level::value),
+            [0, 1, 2]
+        );
+        let tight = Thresholds {
+            warn: Duration::from_secs(1),
+            page: Duration::from_secs(2),
+        };
+        assert_eq!(Level::of(Duration::from_millis(1500), &tight), Level::Warn);
+    }
+
+    #[test]
+    fn report_json_round_trips_and_names_its_fields() {
+        let report = ShardReport {
+            shard: 3,
+            owner: "worker-a".into(),
+            backlog_age_seconds: 12.5,
+            inflight_age_seconds: Some(1.25),
+            inflight_events: 1,
+            held_events: 2,
+            held: Vec::new(),
+            updated_at_ms: 1_700_000_000_000,
+        };
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "shard": 3, "owner": "worker-a", "backlog_age_seconds": 12.5,
+                "inflight_age_seconds": 1.25, "inflight_events": 1, "held_events": 2,
+                "updated_at_ms": 1_700_000_000_000u64,
+            })
+        );
+        let back: ShardReport = serde_json::from_value(json).unwrap();
+        assert_eq!(back, report);
+        let idle = ShardReport {
+            inflight_age_seconds: None,
+            inflight_events: 0,
+            ..report.clone()
+        };
+        assert!(!serde_json::to_string(&idle).unwrap().contains("inflight_age"));
+        let old: ShardReport = serde_json::from_str(
+            r#"{"shard":1,"owner":"w","backlog_age_seconds":0.0,"held_events":0,"updated_at_ms":1}"#,
+        )
+        .unwrap();
+        assert_eq!(old.inflight_events, 0, "documents of older workers still read");
+    }
+
+    #[test]
+    fn a_backlog_keeps_ageing_after_its_report() {
+        let report = ShardReport {
+            shard: 0,
+            owner: "w".into(),
+            backlog_age_seconds: 10.0,
+            inflight_age_seconds: None,
+            inflight_events: 0,
+            held_events: 0,
+            held: Vec::new(),
+            updated_at_ms: 1_000_000,
+        };
+        assert_eq!(report.backlog_age_at(1_002_000), Duration::from_secs(12));
+        let drained = ShardReport {
+            backlog_age_seconds: 0.0,
+            ..report
+        };
+        assert_eq!(drained.backlog_age_at(1_002_000), Duration::ZERO);
+    }
+}
