@@ -14,7 +14,7 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use shardline_publisher::Publisher;
 use shardline_topology::broker;
-use shardline_worker::{Config, Stats, handler::Noop};
+use shardline_worker::{Config, Worker, handler::Noop};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -161,7 +161,7 @@ async fn prepublish(
     args: &BenchArgs,
 ) -> anyhow::Result<()> {
     let mut publisher = Publisher::connect(shardline_publisher::Config {
-        amqp_url: global.amqp_url.clone(),
+        amqp: global.amqp_url.clone(),
         names: scratch.names.clone(),
         shards: global.shards,
         window: 1024,
@@ -197,7 +197,7 @@ async fn raw_drain(
     total: u64,
 ) -> anyhow::Result<()> {
     let conn = Arc::new(broker::connect(&global.amqp_url, "shardline bench raw loop").await?);
-    let redis = redis::Client::open(global.redis_url.as_str()).context("--redis-url")?;
+    let redis = redis::Client::open(global.redis_url.url()).context("--redis-url")?;
     let done = Arc::new(AtomicU64::new(0));
     let finished = CancellationToken::new();
     let mut tasks = JoinSet::new();
@@ -265,22 +265,19 @@ async fn raw_drain(
 }
 
 async fn worker_drain(config: Config, total: u64) -> anyhow::Result<()> {
-    let stats = Arc::new(Stats::default());
     let stop = CancellationToken::new();
-    let worker = tokio::spawn(shardline_worker::run(
-        config,
-        Arc::new(Noop),
-        stats.clone(),
-        stop.clone(),
-    ));
+    let worker = Worker::new(config, Arc::new(Noop))?;
+    let progress = worker.progress();
+    let worker = tokio::spawn(worker.run(stop.clone()));
     let deadline = Instant::now() + drain_deadline(total);
     let mut tick = tokio::time::interval(Duration::from_millis(2));
-    while stats.settled() < total && Instant::now() < deadline && !worker.is_finished() {
+    while progress.counts().settled() < total && Instant::now() < deadline && !worker.is_finished()
+    {
         tick.tick().await;
     }
     stop.cancel();
     worker.await??;
-    let settled = stats.settled();
+    let settled = progress.counts().settled();
     anyhow::ensure!(
         settled >= total,
         "worker drained {settled} of {total} events before the deadline"

@@ -15,7 +15,7 @@ use clap::Args;
 use shardline_publisher::Publisher;
 use shardline_topology::headers::{self, FailReason};
 use shardline_topology::{broker, declare};
-use shardline_worker::{Config, Event, Handler, HandlerError, RetryPolicy, Stats};
+use shardline_worker::{Config, Counts, Event, Handler, HandlerError, RetryPolicy, Worker};
 use tokio_util::sync::CancellationToken;
 
 use crate::GlobalArgs;
@@ -73,7 +73,6 @@ async fn run_on(
     shutdown: CancellationToken,
 ) -> anyhow::Result<ExitCode> {
     let handler = Arc::new(Downstream::new(args));
-    let stats = Arc::new(Stats::default());
     let stop = shutdown.child_token();
     let config = Config {
         // Short backoff keeps the demo brisk; the policy is the production one.
@@ -83,24 +82,21 @@ async fn run_on(
         },
         ..scratch.worker_config("demo")
     };
-    let worker = tokio::spawn(shardline_worker::run(
-        config,
-        handler.clone(),
-        stats.clone(),
-        stop.clone(),
-    ));
+    let worker = Worker::new(config, handler.clone())?;
+    let counts = worker.progress();
+    let worker = tokio::spawn(worker.run(stop.clone()));
 
     let started = Instant::now();
     let published = publish_stream(global, scratch, args).await?;
     let progress = crate::progress::bar(published.total(), "events settled");
     let deadline = started + args.timeout;
     let mut tick = tokio::time::interval(Duration::from_millis(50));
-    while stats.settled() < published.total()
+    while counts.counts().settled() < published.total()
         && Instant::now() < deadline
         && !shutdown.is_cancelled()
     {
         tick.tick().await;
-        progress.set_position(stats.settled());
+        progress.set_position(counts.counts().settled());
         if worker.is_finished() {
             break;
         }
@@ -118,7 +114,7 @@ async fn run_on(
     };
     let report = Report {
         published,
-        stats: &stats,
+        counts: counts.counts(),
         downstream: &handler,
         elapsed,
         dlq_depth,
@@ -157,7 +153,7 @@ async fn publish_stream(
     args: &DemoArgs,
 ) -> anyhow::Result<Published> {
     let mut publisher = Publisher::connect(shardline_publisher::Config {
-        amqp_url: global.amqp_url.clone(),
+        amqp: global.amqp_url.clone(),
         names: scratch.names.clone(),
         shards: global.shards,
         connection_name: "shardline demo publisher".into(),
@@ -273,7 +269,7 @@ impl Handler for Downstream {
 
 struct Report<'a> {
     published: Published,
-    stats: &'a Stats,
+    counts: Counts,
     downstream: &'a Downstream,
     elapsed: Duration,
     dlq_depth: u32,
@@ -281,13 +277,9 @@ struct Report<'a> {
 }
 
 impl Report<'_> {
-    fn count(counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
-    }
-
     fn print(&self) {
         let p = self.published;
-        let s = self.stats;
+        let s = &self.counts;
         let mut latencies = self
             .downstream
             .latencies_ms
@@ -303,8 +295,8 @@ impl Report<'_> {
         };
         let by_reason: Vec<String> = FailReason::ALL
             .into_iter()
-            .filter(|r| s.dead_lettered_count(*r) > 0)
-            .map(|r| format!("{r} {}", s.dead_lettered_count(r)))
+            .filter(|r| s.dead_lettered(*r) > 0)
+            .map(|r| format!("{r} {}", s.dead_lettered(r)))
             .collect();
         println!(
             "shardline demo: {} shards, {} events in {:.1} s",
@@ -319,9 +311,9 @@ impl Report<'_> {
             p.duplicates,
             p.malformed
         );
-        println!("  processed              {:>8}", Self::count(&s.processed));
-        println!("  duplicates suppressed  {:>8}", Self::count(&s.duplicates));
-        println!("  retries                {:>8}", Self::count(&s.retries));
+        println!("  processed              {:>8}", s.processed);
+        println!("  duplicates suppressed  {:>8}", s.duplicates);
+        println!("  retries                {:>8}", s.retries);
         println!(
             "  dead-lettered          {:>8}  ({})",
             s.dead_lettered_total(),
@@ -345,7 +337,7 @@ impl Report<'_> {
 
     /// Everything that does not add up.
     fn problems(&self) -> Vec<String> {
-        let s = self.stats;
+        let s = &self.counts;
         let p = self.published;
         let mut problems = Vec::new();
         let mut expect = |what: &str, got: u64, want: u64| {
@@ -353,25 +345,21 @@ impl Report<'_> {
                 problems.push(format!("{what}: {got}, expected {want}"));
             }
         };
-        expect("processed", Self::count(&s.processed), p.events - 1);
-        expect(
-            "duplicates suppressed",
-            Self::count(&s.duplicates),
-            p.duplicates,
-        );
+        expect("processed", s.processed, p.events - 1);
+        expect("duplicates suppressed", s.duplicates, p.duplicates);
         expect(
             "dead-lettered decode",
-            s.dead_lettered_count(FailReason::Decode),
+            s.dead_lettered(FailReason::Decode),
             1,
         );
         expect(
             "dead-lettered invalid",
-            s.dead_lettered_count(FailReason::Invalid),
+            s.dead_lettered(FailReason::Invalid),
             1,
         );
         expect(
             "dead-lettered handler",
-            s.dead_lettered_count(FailReason::Handler),
+            s.dead_lettered(FailReason::Handler),
             1,
         );
         expect("dead-letter queue depth", u64::from(self.dlq_depth), 3);

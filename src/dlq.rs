@@ -23,7 +23,7 @@ use redis::aio::MultiplexedConnection;
 use shardline_publisher::{Config, Publisher};
 use shardline_topology::headers::{self, FailReason, header_i64, header_str};
 use shardline_topology::telemetry::{self, attr, op};
-use shardline_topology::{Envelope, Names, ShardId, redact_url};
+use shardline_topology::{Envelope, Names, ShardId};
 
 use crate::GlobalArgs;
 
@@ -325,7 +325,7 @@ pub async fn run(global: &GlobalArgs, cmd: DlqCommand) -> anyhow::Result<ExitCod
         return Ok(ExitCode::from(EXIT_REFUSED));
     }
     let names = global.names();
-    let url = redact_url(&global.amqp_url);
+    let url = global.amqp_url.to_string();
     let conn = shardline_topology::connect(&global.amqp_url, "shardline dlq").await?;
     let reader = Reader::open(&conn, &names)
         .await
@@ -843,7 +843,7 @@ impl Quarantines {
             Err(e) => {
                 println!(
                     "cannot read quarantines ({}); replaying without following them",
-                    shardline_topology::broker::scrub(&e.to_string(), &global.redis_url)
+                    global.redis_url.scrub(&e.to_string())
                 );
                 return None;
             }
@@ -1004,7 +1004,7 @@ impl ReplayAudit {
     /// Without a tracer provider the span is a no-op: no link, no attributes
     /// are built, only the linked trace id is read for the log line.
     fn start(&self, l: &Letter, shard: ShardId) -> ReplaySpan {
-        let failed = telemetry::remote_span_context(&l.delivery.properties);
+        let failed = headers::remote_span_context(&l.delivery.properties);
         let linked_trace_id = failed.as_ref().map(|sc| sc.trace_id());
         let mut span = self
             .tracer

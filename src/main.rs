@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use shardline_topology::{Names, ShardCount};
+use shardline_topology::{AmqpTarget, Names, RedisTarget, ShardCount};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
@@ -43,7 +43,7 @@ pub struct GlobalArgs {
         hide_env_values = true,
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
-    pub amqp_url: String,
+    pub amqp_url: AmqpTarget,
     /// Redis URL (`rediss://` for TLS); a path `/N` selects database N.
     #[arg(
         long,
@@ -52,7 +52,7 @@ pub struct GlobalArgs {
         hide_env_values = true,
         default_value = "redis://127.0.0.1:6379"
     )]
-    pub redis_url: String,
+    pub redis_url: RedisTarget,
     /// Prefix of every Redis key shardline writes.
     #[arg(
         long,
@@ -116,24 +116,7 @@ impl GlobalArgs {
     /// A Redis connection for a command. The error names the URL, without
     /// its password.
     pub async fn redis(&self) -> Result<redis::aio::MultiplexedConnection, String> {
-        let url = shardline_topology::redact_url(&self.redis_url);
-        let scrub = |e: redis::RedisError| {
-            format!(
-                "Redis {url}: {}",
-                shardline_topology::broker::scrub(&e.to_string(), &self.redis_url)
-            )
-        };
-        let connect = async {
-            redis::Client::open(self.redis_url.as_str())
-                .map_err(scrub)?
-                .get_multiplexed_async_connection()
-                .await
-                .map_err(scrub)
-        };
-        match tokio::time::timeout(std::time::Duration::from_secs(5), connect).await {
-            Ok(result) => result,
-            Err(_) => Err(format!("Redis {url}: no answer within 5 s")),
-        }
+        self.redis_url.connect().await.map_err(|e| e.to_string())
     }
 }
 

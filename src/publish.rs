@@ -11,7 +11,7 @@ use anyhow::{Context as _, anyhow};
 use clap::{ArgGroup, Args};
 use shardline_publisher::{Config, Publisher};
 use shardline_topology::envelope::MAX_SEQ;
-use shardline_topology::{Envelope, NewEvent, redact_url};
+use shardline_topology::{Envelope, NewEvent};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt as _, BufReader};
 use tokio_util::sync::CancellationToken;
 
@@ -81,7 +81,7 @@ fn parse_rate(s: &str) -> Result<f64, String> {
 /// Publisher settings from the global flags.
 pub fn publisher_config(global: &GlobalArgs, window: usize, connection_name: &str) -> Config {
     Config {
-        amqp_url: global.amqp_url.clone(),
+        amqp: global.amqp_url.clone(),
         names: global.names(),
         shards: global.shards,
         window,
@@ -168,7 +168,7 @@ async fn finish(mut publisher: Publisher, interrupted: bool) -> anyhow::Result<E
     publisher.flush().await?;
     let counts = publisher.counts();
     let exchange = publisher.config().names.exchange.clone();
-    let url = redact_url(&publisher.config().amqp_url);
+    let url = publisher.config().amqp.to_string();
     publisher.close().await?;
     println!(
         "{}published {} ({} confirmed) to exchange {exchange} at {url}",

@@ -899,7 +899,7 @@ impl Run<'_> {
         let (global, settings) = (self.global, self.settings);
         let prefix = global.redis_prefix.as_str();
         let names = global.names();
-        let url = redact_url(&global.amqp_url);
+        let url = global.amqp_url.to_string();
         // Upstream first: a letter replayed meanwhile shows up in the shard
         // status read next, or as processed.
         let dlq_limit = settings.dlq_browse;
@@ -1241,12 +1241,12 @@ async fn redis_op<T>(
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => Err(anyhow!(
             "{what} in Redis {}: {}",
-            redact_url(&global.redis_url),
-            scrub(&e.to_string(), &global.redis_url)
+            global.redis_url,
+            global.redis_url.scrub(&e.to_string())
         )),
         Err(_) => Err(anyhow!(
             "{what} in Redis {}: no answer within {REDIS_TIMEOUT:?}",
-            redact_url(&global.redis_url)
+            global.redis_url
         )),
     }
 }

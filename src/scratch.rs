@@ -2,7 +2,6 @@
 //! keys on the configured vhost, removed afterwards, so real queues are never
 //! touched.
 
-use anyhow::Context as _;
 use shardline_topology::{Names, TopologyOptions, broker, declare};
 
 use crate::GlobalArgs;
@@ -11,8 +10,8 @@ use crate::GlobalArgs;
 pub struct Scratch {
     pub names: Names,
     pub redis_prefix: String,
-    amqp_url: String,
-    redis_url: String,
+    amqp: shardline_topology::AmqpTarget,
+    redis: shardline_topology::RedisTarget,
     shards: shardline_topology::ShardCount,
 }
 
@@ -23,11 +22,11 @@ impl Scratch {
         let scratch = Self {
             names: Names::prefixed(&format!("{tag}.")),
             redis_prefix: format!("{}{tag}:", global.redis_prefix),
-            amqp_url: global.amqp_url.clone(),
-            redis_url: global.redis_url.clone(),
+            amqp: global.amqp_url.clone(),
+            redis: global.redis_url.clone(),
             shards: global.shards,
         };
-        let conn = broker::connect(&scratch.amqp_url, &format!("shardline {label} setup")).await?;
+        let conn = broker::connect(&scratch.amqp, &format!("shardline {label} setup")).await?;
         let options = TopologyOptions {
             shards: scratch.shards,
             ..TopologyOptions::default()
@@ -40,8 +39,8 @@ impl Scratch {
     /// A worker configuration for every shard of this run's names.
     pub fn worker_config(&self, worker_name: &str) -> shardline_worker::Config {
         shardline_worker::Config {
-            amqp_url: self.amqp_url.clone(),
-            redis_url: self.redis_url.clone(),
+            amqp: self.amqp.clone(),
+            redis: self.redis.clone(),
             redis_prefix: self.redis_prefix.clone(),
             names: self.names.clone(),
             shards: self.shards,
@@ -53,21 +52,19 @@ impl Scratch {
 
     /// Deletes the queues, exchanges and Redis keys of this run.
     pub async fn remove(&self) -> anyhow::Result<()> {
-        let conn = broker::connect(&self.amqp_url, "shardline cleanup").await?;
+        let conn = broker::connect(&self.amqp, "shardline cleanup").await?;
         declare::delete(&conn, &self.names, self.shards).await?;
         conn.close(200, "done".into()).await.ok();
-        delete_redis_keys(&self.redis_url, &self.redis_prefix).await
+        delete_redis_keys(&self.redis, &self.redis_prefix).await
     }
 }
 
 /// Deletes every Redis key starting with `prefix`.
-async fn delete_redis_keys(redis_url: &str, prefix: &str) -> anyhow::Result<()> {
-    let client = redis::Client::open(redis_url)
-        .with_context(|| format!("--redis-url {}", broker::redact_url(redis_url)))?;
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .with_context(|| format!("connecting to Redis at {}", broker::redact_url(redis_url)))?;
+async fn delete_redis_keys(
+    redis: &shardline_topology::RedisTarget,
+    prefix: &str,
+) -> anyhow::Result<()> {
+    let mut conn = redis.connect().await?;
     let mut pattern = String::with_capacity(prefix.len() + 1);
     for c in prefix.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {

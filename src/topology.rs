@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use shardline_topology::declare::{self, QueueType, TopologyOptions};
-use shardline_topology::{Names, ShardStatus, broker, redact_url};
+use shardline_topology::{Names, ShardStatus};
 use shardline_worker::metrics::unix_ms;
 use shardline_worker::status::{self, Level, ShardReport, Thresholds};
 
@@ -75,7 +75,7 @@ async fn apply(global: &GlobalArgs, args: ApplyArgs) -> anyhow::Result<ExitCode>
         queue_type: args.queue_type,
         delivery_limit: args.delivery_limit,
     };
-    let url = redact_url(&global.amqp_url);
+    let url = global.amqp_url.to_string();
     let conn = shardline_topology::connect(&global.amqp_url, "shardline topology apply").await?;
     let report = declare::apply(&conn, &names, &opts)
         .await
@@ -211,7 +211,7 @@ async fn status(global: &GlobalArgs, args: StatusArgs) -> anyhow::Result<ExitCod
         page: args.backlog_page,
     };
     let names = global.names();
-    let url = redact_url(&global.amqp_url);
+    let url = global.amqp_url.to_string();
     let conn = shardline_topology::connect(&global.amqp_url, "shardline topology status").await?;
     let mut queues = Vec::with_capacity(usize::from(global.shards.get()));
     for shard in global.shards.ids() {
@@ -279,7 +279,7 @@ async fn read_reports(
         let mut conn = global.redis().await?;
         status::read(&mut conn, &global.redis_prefix, shards)
             .await
-            .map_err(|e| broker::scrub(&e.to_string(), &global.redis_url))
+            .map_err(|e| global.redis_url.scrub(&e.to_string()))
     };
     match tokio::time::timeout(Duration::from_secs(5), read).await {
         Ok(result) => result,

@@ -1,13 +1,12 @@
 //! `shardline worker`: flags → `shardline_worker::Config`, then run until stopped.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 use shardline_topology::{QueueType, ShardSet};
 use shardline_worker::status::Thresholds;
-use shardline_worker::{Config, OnDeadLetter, OnGap, RetryPolicy, Stats, handler};
+use shardline_worker::{Config, OnDeadLetter, OnGap, RetryPolicy, handler};
 use tokio_util::sync::CancellationToken;
 
 use crate::GlobalArgs;
@@ -162,8 +161,8 @@ impl WorkerArgs {
         }
         .exclusive_consumers();
         Ok(Config {
-            amqp_url: global.amqp_url.clone(),
-            redis_url: global.redis_url.clone(),
+            amqp: global.amqp_url.clone(),
+            redis: global.redis_url.clone(),
             redis_prefix: global.redis_prefix.clone(),
             names: global.names(),
             shards: global.shards,
@@ -219,7 +218,6 @@ pub async fn run(
 ) -> anyhow::Result<ExitCode> {
     let config = args.config(global)?;
     let handler = handler::from_spec(&args.handler)?;
-    let stats = Arc::new(Stats::default());
-    shardline_worker::run(config, handler, stats, shutdown).await?;
+    shardline_worker::run(config, handler, shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -287,7 +287,10 @@ impl Publisher {
     pub async fn close(mut self) -> Result<(), PublishError> {
         self.flush().await?;
         if let Some(channel) = self.channel.take()
-            && let Err(e) = channel.channel().close(200, "publisher closing".into()).await
+            && let Err(e) = channel
+                .channel()
+                .close(200, "publisher closing".into())
+                .await
         {
             tracing::debug!(error = %e, "closing the publisher channel");
         }
@@ -467,7 +470,11 @@ impl Publisher {
         {
             // An abandoned send may still be in this channel: close it so that
             // nothing it holds can overtake the re-sends.
-            if let Err(e) = old.channel().close(200, "publisher re-opening".into()).await {
+            if let Err(e) = old
+                .channel()
+                .close(200, "publisher re-opening".into())
+                .await
+            {
                 tracing::debug!(error = %e, "closing the old publisher channel");
             }
         }
@@ -509,9 +516,8 @@ impl Publisher {
         let alive = self.conn.as_ref().is_some_and(|c| c.status().connected());
         if !alive {
             self.conn = None;
-            let conn =
-                shardline_topology::connect(&self.config.amqp, &self.config.connection_name)
-                    .await?;
+            let conn = shardline_topology::connect(&self.config.amqp, &self.config.connection_name)
+                .await?;
             self.conn = Some(conn);
         }
         let Some(conn) = self.conn.as_ref() else {

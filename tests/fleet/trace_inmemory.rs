@@ -14,7 +14,7 @@ use shardline_topology::NewEvent;
 use shardline_topology::headers::{self, header_str};
 use shardline_topology::telemetry::{self, attr, outcome};
 use shardline_worker::handler::Http;
-use shardline_worker::{Config, RetryPolicy, Stats};
+use shardline_worker::{Config, RetryPolicy};
 use tokio_util::sync::CancellationToken;
 
 use crate::harness::{Downstream, PROCESSING, Reply, TestEnv, dlq, order_ids};
@@ -77,8 +77,8 @@ async fn publish_process_and_downstream_call_share_one_trace() {
 
     let shutdown = CancellationToken::new();
     let config = Config {
-        amqp_url: env.amqp_url.clone(),
-        redis_url: crate::harness::env::REDIS_URL.into(),
+        amqp: env.amqp_target(),
+        redis: crate::harness::env::REDIS_URL.parse().unwrap(),
         redis_prefix: env.redis_prefix.clone(),
         names: env.names.clone(),
         shards: env.shards,
@@ -92,15 +92,10 @@ async fn publish_process_and_downstream_call_share_one_trace() {
         ..Config::default()
     };
     let handler = Arc::new(Http::new(&downstream.url()).unwrap());
-    let worker = tokio::spawn(shardline_worker::run(
-        config,
-        handler,
-        Arc::new(Stats::default()),
-        shutdown.clone(),
-    ));
+    let worker = tokio::spawn(shardline_worker::run(config, handler, shutdown.clone()));
 
     let mut publisher = shardline_publisher::Publisher::connect(shardline_publisher::Config {
-        amqp_url: env.amqp_url.clone(),
+        amqp: env.amqp_target(),
         names: env.names.clone(),
         shards: env.shards,
         ..shardline_publisher::Config::default()

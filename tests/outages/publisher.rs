@@ -55,7 +55,7 @@ async fn publisher_survives(name: &str, outage: Outage) {
     let total = events.len();
     let connection_name = format!("outage publisher {}", env.id);
     let config = Config {
-        amqp_url: env.amqp_url.clone(),
+        amqp: env.amqp_target(),
         shards: env.shards,
         window: 64,
         connection_name: connection_name.clone(),

@@ -30,13 +30,13 @@ struct Args {
         env = "SHARDLINE_AMQP_URL",
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
-    amqp_url: String,
+    amqp_url: shardline_topology::AmqpTarget,
     #[arg(
         long,
         env = "SHARDLINE_REDIS_URL",
         default_value = "redis://127.0.0.1:6379"
     )]
-    redis_url: String,
+    redis_url: shardline_topology::RedisTarget,
     #[arg(long, env = "SHARDLINE_REDIS_PREFIX", default_value = "shardline:")]
     redis_prefix: String,
     #[arg(long, env = "SHARDLINE_SHARDS", default_value_t = ShardCount::default())]
@@ -111,8 +111,8 @@ async fn main() -> ExitCode {
     }
     .exclusive_consumers();
     let config = Config {
-        amqp_url: args.amqp_url,
-        redis_url: args.redis_url,
+        amqp: args.amqp_url,
+        redis: args.redis_url,
         redis_prefix: args.redis_prefix,
         names: Names::default(),
         shards: args.shards,
@@ -130,14 +130,7 @@ async fn main() -> ExitCode {
     };
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    match shardline_worker::run(
-        config,
-        Arc::new(AbortOnPoison { http }),
-        Arc::default(),
-        shutdown,
-    )
-    .await
-    {
+    match shardline_worker::run(config, Arc::new(AbortOnPoison { http }), shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

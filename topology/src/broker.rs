@@ -135,7 +135,10 @@ pub async fn connect(target: &AmqpTarget, name: &str) -> Result<Connection, Brok
 
 /// A comma-separated list with the password of anything URL-like redacted.
 fn redact_list(text: &str) -> String {
-    text.split(',').map(redact_url).collect::<Vec<_>>().join(",")
+    text.split(',')
+        .map(redact_url)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// `url` with its password replaced by `***`.
@@ -204,12 +207,17 @@ mod tests {
         assert_eq!(one.addresses().len(), 1);
         assert_eq!(one.to_string(), "amqp://guest:***@127.0.0.1:5672/%2f");
         let two = AmqpTarget::parse("amqp://a:p,w@h1:5672/v, amqps://b:q@h2/v").unwrap();
-        assert_eq!(two.addresses(), ["amqp://a:p,w@h1:5672/v", "amqps://b:q@h2/v"]);
+        assert_eq!(
+            two.addresses(),
+            ["amqp://a:p,w@h1:5672/v", "amqps://b:q@h2/v"]
+        );
         assert_eq!(two.primary(), "amqp://a:p,w@h1:5672/v");
         assert_eq!(two.to_string(), "amqp://a:***@h1:5672/v,amqps://b:***@h2/v");
         assert_eq!(two.scrub("x p,w q"), "x *** ***");
         assert!(AmqpTarget::parse("").is_err());
-        let bad = AmqpTarget::parse("http://u:secret@h/").unwrap_err().to_string();
+        let bad = AmqpTarget::parse("http://u:secret@h/")
+            .unwrap_err()
+            .to_string();
         assert!(bad.contains("amqp://") && !bad.contains("secret"), "{bad}");
     }
 

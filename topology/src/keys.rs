@@ -121,7 +121,10 @@ mod tests {
         let k = Keys::new("p:");
         let order = order_key_of("A:1%");
         assert_eq!(order, "A%3A1%25");
-        assert_eq!(k.dedup("A1:payment.captured:3"), "p:dedup:A1:payment.captured:3");
+        assert_eq!(
+            k.dedup("A1:payment.captured:3"),
+            "p:dedup:A1:payment.captured:3"
+        );
         assert_eq!(k.gate(&order), "p:gate:A%3A1%25");
         assert_eq!(k.kind(&order, "pay:x"), "p:kind:A%3A1%25:pay%3Ax");
         assert_eq!(k.quarantine("A1"), "p:quarantine:A1");

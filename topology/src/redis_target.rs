@@ -126,7 +126,9 @@ mod tests {
         assert_eq!(target.to_string(), "redis://:***@127.0.0.1:6379/2");
         assert!(!format!("{target:?}").contains("s3cret"));
         assert_eq!(target.scrub("auth s3cret failed"), "auth *** failed");
-        let bad = RedisTarget::parse("http://u:s3cret@h/").unwrap_err().to_string();
+        let bad = RedisTarget::parse("http://u:s3cret@h/")
+            .unwrap_err()
+            .to_string();
         assert!(bad.starts_with("Redis http://u:***@h/: "), "{bad}");
         assert!(!bad.contains("s3cret"), "{bad}");
     }

@@ -117,7 +117,6 @@ pub struct HeldRef {
     pub event: String,
 }
 
-
 /// One worker process as it reports itself (JSON, `status:worker:{name}`):
 /// which shards it was given and which it consumes. Later fields (fleet
 /// membership, the downstream breaker) are added with `#[serde(default)]`, so
@@ -187,12 +186,19 @@ mod tests {
             inflight_events: 0,
             ..report.clone()
         };
-        assert!(!serde_json::to_string(&idle).unwrap().contains("inflight_age"));
+        assert!(
+            !serde_json::to_string(&idle)
+                .unwrap()
+                .contains("inflight_age")
+        );
         let old: ShardReport = serde_json::from_str(
             r#"{"shard":1,"owner":"w","backlog_age_seconds":0.0,"held_events":0,"updated_at_ms":1}"#,
         )
         .unwrap();
-        assert_eq!(old.inflight_events, 0, "documents of older workers still read");
+        assert_eq!(
+            old.inflight_events, 0,
+            "documents of older workers still read"
+        );
     }
 
     #[test]

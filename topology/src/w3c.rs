@@ -205,5 +205,4 @@ mod tests {
             Some(sc.trace_id())
         );
     }
-
 }

@@ -3,17 +3,18 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use shardline_topology::{Names, ShardCount, ShardId};
+use shardline_topology::{AmqpTarget, Names, RedisTarget, ShardCount, ShardId};
 
 use crate::status::Thresholds;
 
 /// Everything one worker process needs to consume its shards.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// RabbitMQ URL; `amqps://` for TLS. Default the local broker's `/` vhost.
-    pub amqp_url: String,
-    /// Redis URL; `rediss://` for TLS.
-    pub redis_url: String,
+    /// The broker: one address or several; `amqps://` for TLS. Default the
+    /// local broker's `/` vhost.
+    pub amqp: AmqpTarget,
+    /// Redis; `rediss://` for TLS. Default the local Redis.
+    pub redis: RedisTarget,
     /// Prefix of every Redis key. Default `shardline:`.
     pub redis_prefix: String,
     pub names: Names,
@@ -106,8 +107,8 @@ pub enum OnDeadLetter {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
-            redis_url: "redis://127.0.0.1:6379".into(),
+            amqp: AmqpTarget::default(),
+            redis: RedisTarget::default(),
             redis_prefix: "shardline:".into(),
             names: Names::default(),
             shards: ShardCount::default(),

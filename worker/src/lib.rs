@@ -18,6 +18,7 @@
 //! - [`stats`]: counters of what happened, for reports and metrics.
 //! - [`metrics`]: Prometheus metric names, per-shard handles and live shard state.
 //! - [`status`]: backlog levels and the shard status each worker writes to Redis.
+//! - [`progress`]: what a running worker did, for the code that embeds it.
 //! - [`http`]: `/metrics`, `/healthz` and `/readyz` on `--metrics-addr`.
 
 pub mod config;
@@ -28,6 +29,7 @@ pub mod http;
 pub mod lookahead;
 pub mod metrics;
 pub mod process;
+pub mod progress;
 pub mod quarantine;
 pub mod settle;
 pub mod shard;
@@ -38,6 +40,8 @@ pub mod supervisor;
 
 pub use config::{Config, OnDeadLetter, OnGap, RetryPolicy};
 pub use handler::{Event, Handler, HandlerError};
+pub use metrics::ShardState;
 pub use process::Outcome;
+pub use progress::{Counts, Progress};
 pub use stats::Stats;
-pub use supervisor::{WorkerError, run};
+pub use supervisor::{Worker, WorkerError, run};

@@ -18,7 +18,7 @@ use opentelemetry::trace::{
 use opentelemetry::{Context, KeyValue};
 use shardline_topology::headers::{self, FailReason};
 use shardline_topology::telemetry::{self, attr, op, outcome};
-use shardline_topology::{Envelope, EnvelopeError, ShardId};
+use shardline_topology::{Envelope, EnvelopeError, ShardId, w3c};
 
 use crate::config::{Config, OnDeadLetter, RetryPolicy};
 use crate::dedup::{Admission, Dedup, Verdict};
@@ -359,7 +359,7 @@ impl Processor {
     /// context in its headers (a new root when that is missing or malformed).
     /// Attributes are only built when the span records.
     pub fn start_trace(&self, msg: &Message<'_>, decoded: Option<&Decoded>) -> ProcessTrace {
-        let parent = telemetry::extract(msg.properties);
+        let parent = headers::extract(msg.properties);
         let span = self
             .tracer
             .span_builder(self.span_name.clone())
@@ -367,7 +367,7 @@ impl Processor {
             .start_with_context(&self.tracer, &parent);
         let recording = span.is_recording();
         let mut cx = parent.with_span(span);
-        let span_context = telemetry::propagated(&cx);
+        let span_context = w3c::propagated(&cx);
         if !recording && !cx.span().span_context().is_valid() {
             // No provider and no parent: a fresh context still correlates the
             // downstream call, the dead letter and the log lines.
@@ -376,7 +376,7 @@ impl Processor {
         if recording {
             cx.span().set_attributes(self.span_attributes(msg, decoded));
         }
-        let traceparent = telemetry::traceparent(&span_context);
+        let traceparent = w3c::traceparent(&span_context);
         ProcessTrace {
             cx,
             span_context,

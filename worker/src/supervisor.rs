@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::Connection;
-use shardline_topology::broker::{self, BrokerError, redact_url};
+use shardline_topology::broker::{self, BrokerError};
 use shardline_topology::declare::DeclareError;
 use shardline_topology::{ShardId, declare};
 use tokio::task::JoinSet;
@@ -23,6 +23,7 @@ use crate::handler::Handler;
 use crate::http::{self, Readiness};
 use crate::metrics::Metrics;
 use crate::process::Processor;
+use crate::progress::Progress;
 use crate::settle::ShardContext;
 use crate::shard::{ShardError, consume_shard};
 use crate::stats::Stats;
@@ -40,8 +41,8 @@ pub enum WorkerError {
     Broker(#[from] BrokerError),
     #[error(transparent)]
     Topology(#[from] DeclareError),
-    #[error("--redis-url {url}: {cause}")]
-    Redis { url: String, cause: String },
+    #[error(transparent)]
+    Redis(#[from] shardline_topology::RedisError),
     #[error("--assign selects no shard")]
     NoShards,
     #[error("--prefetch must be at least 1")]
@@ -52,101 +53,140 @@ pub enum WorkerError {
 
 /// Runs the worker until `shutdown` is cancelled: one consumer per assigned
 /// shard, reconnecting as long as it takes once the first connection worked.
+/// The same as [`Worker::new`] then [`Worker::run`].
 pub async fn run(
     config: Config,
     handler: Arc<dyn Handler>,
-    stats: Arc<Stats>,
     shutdown: CancellationToken,
 ) -> Result<(), WorkerError> {
-    if config.assign.is_empty() {
-        return Err(WorkerError::NoShards);
-    }
-    if config.prefetch == 0 {
-        return Err(WorkerError::Prefetch);
-    }
-    let config = Arc::new(config);
-    // Bound first: a port in use fails the start before anything connects.
-    let listener = match config.metrics_addr {
-        Some(addr) => Some(http::bind(addr).await?),
-        None => None,
-    };
-    let pool = redis_pool(&config)?;
-    warn_if_redis_may_evict(&pool).await;
-    let health = Arc::new(RedisHealth::default());
-    let metrics = Arc::new(Metrics::new(
-        &config.assign,
-        stats.clone(),
-        config.backlog,
-        config.stuck_after,
-    ));
-    let contexts: Vec<Arc<ShardContext>> = metrics
-        .shards()
-        .iter()
-        .map(|shard_metrics| {
-            let shard = shard_metrics.watch.shard;
-            Arc::new(ShardContext {
-                processor: Processor::new(&config, shard, handler.clone(), stats.clone()),
-                names: config.names.clone(),
-                shard,
-                stats: stats.clone(),
-                metrics: shard_metrics.clone(),
-            })
-        })
-        .collect();
+    Worker::new(config, handler)?.run(shutdown).await
+}
 
-    // Endpoint and status writer live as long as this function.
-    let background = shutdown.child_token();
-    let _stop_background = background.clone().drop_guard();
-    let writer_health = Arc::new(WriterHealth::default());
-    let readiness = Arc::new(Readiness {
-        metrics: metrics.clone(),
-        broker: false.into(),
-        redis: health.clone(),
-        status_writer: writer_health.clone(),
-    });
-    if let Some(listener) = listener {
-        if let Ok(addr) = listener.local_addr() {
-            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+/// A worker, built and checked but not yet connected: [`Worker::progress`]
+/// can be taken before it runs.
+pub struct Worker {
+    config: Config,
+    handler: Arc<dyn Handler>,
+    stats: Arc<Stats>,
+    metrics: Arc<Metrics>,
+}
+
+impl Worker {
+    /// Checks `config`; connects nothing yet.
+    pub fn new(config: Config, handler: Arc<dyn Handler>) -> Result<Self, WorkerError> {
+        if config.assign.is_empty() {
+            return Err(WorkerError::NoShards);
         }
-        tokio::spawn(http::serve(listener, readiness.clone(), background.clone()));
-    }
-    tokio::spawn(status::run_writer(
-        pool.clone(),
-        metrics.clone(),
-        config.redis_prefix.clone(),
-        config.worker_name.clone(),
-        writer_health,
-        background.clone(),
-    ));
-
-    let name = connection_name(&config);
-    let mut conn = broker::connect(&config.amqp_url, &name).await?;
-    check_queues(&conn, &config).await?;
-    tracing::info!(
-        worker = %config.worker_name, shards = config.assign.len(), amqp = %redact_url(&config.amqp_url),
-        "worker connected"
-    );
-    loop {
-        let conn_arc = Arc::new(conn);
-        readiness.broker.store(true, Ordering::Relaxed);
-        let depths = tokio::spawn(poll_depths(
-            conn_arc.clone(),
-            config.clone(),
-            metrics.clone(),
+        if config.prefetch == 0 {
+            return Err(WorkerError::Prefetch);
+        }
+        let stats = Arc::new(Stats::default());
+        let metrics = Arc::new(Metrics::new(
+            &config.assign,
+            stats.clone(),
+            config.backlog,
+            config.stuck_after,
         ));
-        let lost = run_shards(&conn_arc, &config, &contexts, &pool, &health, &shutdown).await;
-        depths.abort();
-        readiness.broker.store(false, Ordering::Relaxed);
-        if let Err(e) = conn_arc.close(200, "shutdown".into()).await {
-            tracing::debug!(error = %e, "closing the broker connection");
+        Ok(Self {
+            config,
+            handler,
+            stats,
+            metrics,
+        })
+    }
+
+    /// What the worker has done so far and where its shards are; cheap to
+    /// clone and to read while it runs.
+    pub fn progress(&self) -> Progress {
+        Progress::new(self.stats.clone(), self.metrics.clone())
+    }
+
+    /// Runs until `shutdown` is cancelled (see [`run`]).
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        let Self {
+            config,
+            handler,
+            stats,
+            metrics,
+        } = self;
+        let config = Arc::new(config);
+        // Bound first: a port in use fails the start before anything connects.
+        let listener = match config.metrics_addr {
+            Some(addr) => Some(http::bind(addr).await?),
+            None => None,
+        };
+        let pool = redis_pool(&config)?;
+        warn_if_redis_may_evict(&pool).await;
+        let health = Arc::new(RedisHealth::default());
+        let contexts: Vec<Arc<ShardContext>> = metrics
+            .shards()
+            .iter()
+            .map(|shard_metrics| {
+                let shard = shard_metrics.watch.shard;
+                Arc::new(ShardContext {
+                    processor: Processor::new(&config, shard, handler.clone(), stats.clone()),
+                    names: config.names.clone(),
+                    shard,
+                    stats: stats.clone(),
+                    metrics: shard_metrics.clone(),
+                })
+            })
+            .collect();
+
+        // Endpoint and status writer live as long as this function.
+        let background = shutdown.child_token();
+        let _stop_background = background.clone().drop_guard();
+        let writer_health = Arc::new(WriterHealth::default());
+        let readiness = Arc::new(Readiness {
+            metrics: metrics.clone(),
+            broker: false.into(),
+            redis: health.clone(),
+            status_writer: writer_health.clone(),
+        });
+        if let Some(listener) = listener {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+            }
+            tokio::spawn(http::serve(listener, readiness.clone(), background.clone()));
         }
-        if !lost || shutdown.is_cancelled() {
-            tracing::info!("worker stopped");
-            return Ok(());
-        }
-        match reconnect(&config, &name, &shutdown, &stats).await {
-            Some(fresh) => conn = fresh,
-            None => return Ok(()),
+        tokio::spawn(status::run_writer(
+            pool.clone(),
+            metrics.clone(),
+            config.redis_prefix.clone(),
+            config.worker_name.clone(),
+            writer_health,
+            background.clone(),
+        ));
+
+        let name = connection_name(&config);
+        let mut conn = broker::connect(&config.amqp, &name).await?;
+        check_queues(&conn, &config).await?;
+        tracing::info!(
+            worker = %config.worker_name, shards = config.assign.len(), amqp = %config.amqp,
+            "worker connected"
+        );
+        loop {
+            let conn_arc = Arc::new(conn);
+            readiness.broker.store(true, Ordering::Relaxed);
+            let depths = tokio::spawn(poll_depths(
+                conn_arc.clone(),
+                config.clone(),
+                metrics.clone(),
+            ));
+            let lost = run_shards(&conn_arc, &config, &contexts, &pool, &health, &shutdown).await;
+            depths.abort();
+            readiness.broker.store(false, Ordering::Relaxed);
+            if let Err(e) = conn_arc.close(200, "shutdown".into()).await {
+                tracing::debug!(error = %e, "closing the broker connection");
+            }
+            if !lost || shutdown.is_cancelled() {
+                tracing::info!("worker stopped");
+                return Ok(());
+            }
+            match reconnect(&config, &name, &shutdown, &stats).await {
+                Some(fresh) => conn = fresh,
+                None => return Ok(()),
+            }
         }
     }
 }
@@ -293,7 +333,7 @@ async fn reconnect(
             _ = shutdown.cancelled() => return None,
         }
         tries += 1;
-        match broker::connect(&config.amqp_url, name).await {
+        match broker::connect(&config.amqp, name).await {
             Ok(conn) => {
                 Stats::bump(&stats.broker_reconnects);
                 tracing::info!(tries, "reconnected to the broker");
@@ -323,16 +363,11 @@ async fn check_queues(conn: &Connection, config: &Config) -> Result<(), WorkerEr
 }
 
 fn redis_pool(config: &Config) -> Result<deadpool_redis::Pool, WorkerError> {
-    let redis_error = |cause: String| WorkerError::Redis {
-        url: redact_url(&config.redis_url),
-        cause: broker::scrub(&cause, &config.redis_url),
-    };
-    let mut pool_config = deadpool_redis::Config::from_url(config.redis_url.as_str());
     // One connection held per shard, plus a spare for start-up checks.
-    pool_config.pool = Some(deadpool_redis::PoolConfig::new(config.assign.len() + 1));
-    pool_config
-        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .map_err(|e| redis_error(e.to_string()))
+    config
+        .redis
+        .pool(config.assign.len() + 1)
+        .map_err(WorkerError::Redis)
 }
 
 /// Warns when Redis may evict dedup keys (SPEC §3: anything but `noeviction`).

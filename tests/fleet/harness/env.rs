@@ -151,8 +151,13 @@ impl TestEnv {
         );
     }
 
+    /// This environment's broker address, parsed.
+    pub fn amqp_target(&self) -> shardline_topology::AmqpTarget {
+        self.amqp_url.parse().unwrap()
+    }
+
     pub async fn connect(&self) -> Connection {
-        shardline_topology::connect(&self.amqp_url, &format!("fleet-test {}", self.id))
+        shardline_topology::connect(&self.amqp_target(), &format!("fleet-test {}", self.id))
             .await
             .unwrap()
     }
