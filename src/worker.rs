@@ -296,22 +296,22 @@ mod tests {
 
     #[test]
     fn refusals_name_the_flags() {
-        let refused = |args: &[&str]| config(args).unwrap_err().to_string();
-        assert_eq!(
-            refused(&["--retry-jitter", "1.5"]),
-            "--retry-jitter must be in [0, 1), got 1.5"
-        );
-        assert_eq!(
-            refused(&["--retry-factor", "0.5"]),
-            "--retry-factor must be at least 1, got 0.5"
-        );
-        assert_eq!(
-            refused(&["--prefetch", "0"]),
-            "--prefetch must be at least 1"
-        );
-        assert_eq!(
-            refused(&["--backlog-warn", "5m"]),
-            "--backlog-page must not be below --backlog-warn"
-        );
+        for (args, message) in [
+            (
+                ["--retry-jitter", "1.5"],
+                "--retry-jitter must be in [0, 1), got 1.5",
+            ),
+            (
+                ["--retry-factor", "0.5"],
+                "--retry-factor must be at least 1, got 0.5",
+            ),
+            (["--prefetch", "0"], "--prefetch must be at least 1"),
+            (
+                ["--backlog-warn", "5m"],
+                "--backlog-page must not be below --backlog-warn",
+            ),
+        ] {
+            assert_eq!(config(&args).unwrap_err().to_string(), message);
+        }
     }
 }

@@ -146,52 +146,27 @@ impl Config {
     /// calls it. The first problem found is returned.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let retry = &self.retry;
-        if !(0.0..1.0).contains(&retry.jitter) {
-            return Err(ConfigError::new(
-                "retry.jitter",
-                Problem::NotIn {
-                    range: "[0, 1)",
-                    got: retry.jitter.to_string(),
-                },
-            ));
-        }
-        if retry.factor < 1.0 {
-            return Err(ConfigError::new(
-                "retry.factor",
-                Problem::Below {
-                    min: "1",
-                    got: Some(retry.factor.to_string()),
-                },
-            ));
-        }
-        if retry.max_attempts == 0 {
-            return Err(ConfigError::new(
-                "retry.max_attempts",
-                Problem::Below {
-                    min: "1",
-                    got: None,
-                },
-            ));
-        }
-        if self.prefetch == 0 {
-            return Err(ConfigError::new(
-                "prefetch",
-                Problem::Below {
-                    min: "1",
-                    got: None,
-                },
-            ));
-        }
-        if self.backlog.page < self.backlog.warn {
-            return Err(ConfigError::new(
-                "backlog.page",
-                Problem::BelowField("backlog.warn"),
-            ));
-        }
-        if self.assign.is_empty() {
-            return Err(ConfigError::new("assign", Problem::NoShards));
-        }
-        Ok(())
+        let refuse = ConfigError::new;
+        let jitter = || Problem::NotIn {
+            range: "[0, 1)",
+            got: retry.jitter.to_string(),
+        };
+        let factor = || Problem::Below {
+            min: "1",
+            got: Some(retry.factor.to_string()),
+        };
+        let problems = [
+            (!(0.0..1.0).contains(&retry.jitter)).then(|| refuse("retry.jitter", jitter())),
+            (retry.factor < 1.0).then(|| refuse("retry.factor", factor())),
+            (retry.max_attempts == 0).then(|| refuse("retry.max_attempts", Problem::AT_LEAST_ONE)),
+            (self.prefetch == 0).then(|| refuse("prefetch", Problem::AT_LEAST_ONE)),
+            (self.backlog.page < self.backlog.warn)
+                .then(|| refuse("backlog.page", Problem::BelowField("backlog.warn"))),
+            self.assign
+                .is_empty()
+                .then(|| refuse("assign", Problem::NoShards)),
+        ];
+        problems.into_iter().flatten().next().map_or(Ok(()), Err)
     }
 
     /// The Redis keys under [`Config::redis_prefix`].
@@ -257,6 +232,11 @@ pub enum Problem {
 }
 
 impl Problem {
+    const AT_LEAST_ONE: Self = Self::Below {
+        min: "1",
+        got: None,
+    };
+
     /// The problem in words, other fields named by `name`.
     pub fn describe(&self, name: impl Fn(&'static str) -> String) -> String {
         match self {

@@ -6,7 +6,7 @@
 //! Counters and the processing-time histogram are bumped where things happen
 //! (`settle.rs`, `process.rs`, `store.rs`, the supervisor). Everything that
 //! depends on the clock (backlog age, in-flight age, the levels, stuck) is
-//! computed when scraped, from each shard's [`ShardWatch`] (`live.rs`).
+//! computed when scraped, from each shard's live state (`live.rs`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -50,7 +50,7 @@ pub mod names {
     pub const SEQ_GAPS: &str = "shardline_seq_gaps";
     /// Gauge `{shard}`: age of the shard's oldest unprocessed event, 0 when none.
     pub const BACKLOG_AGE_SECONDS: &str = "shardline_backlog_age_seconds";
-    /// Gauge `{shard}`: 0 OK, 1 WARN, 2 PAGE (`--backlog-warn`, `--backlog-page`).
+    /// Gauge `{shard}`: 0 OK, 1 WARN, 2 PAGE (thresholds: `Config::backlog`).
     pub const BACKLOG_LEVEL: &str = "shardline_backlog_level";
     /// Gauge `{shard}`: messages ready in the shard queue (passive declare, polled).
     pub const QUEUE_DEPTH: &str = "shardline_queue_depth";
@@ -64,7 +64,7 @@ pub mod names {
     pub const SHARD_ACTIVE: &str = "shardline_shard_active";
     /// Gauge `{shard}`: seconds the in-flight event has been worked on, 0 when none.
     pub const INFLIGHT_SECONDS: &str = "shardline_inflight_seconds";
-    /// Gauge `{shard}`: 1 when the in-flight event is older than `--stuck-after`.
+    /// Gauge `{shard}`: 1 when the in-flight event is older than `Config::stuck_after`.
     pub const STUCK: &str = "shardline_stuck";
 }
 

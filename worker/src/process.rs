@@ -116,7 +116,7 @@ pub(crate) struct Processor {
     handler_timeout: Duration,
     max_body_bytes: usize,
     delivery_limit: Option<u32>,
-    /// `--on-dead-letter quarantine`: events of a quarantined order are
+    /// Quarantine mode (`OnDeadLetter::Quarantine`): events of a quarantined order are
     /// dead-lettered `quarantined`.
     quarantine: bool,
     keys: Keys,

@@ -147,23 +147,36 @@ fn json(document: &impl serde::Serialize) -> Result<String, String> {
 pub use shardline_topology::status::{HeldRef, Level, Thresholds};
 
 #[doc(hidden)]
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(from = "Document")]
 pub struct ShardReport {
     pub shard: u16,
     pub owner: String,
     pub backlog_age_seconds: f64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inflight_age_seconds: Option<f64>,
     pub held_events: u64,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<HeldRef>,
     pub updated_at_ms: u64,
+}
+
+impl From<Document> for ShardReport {
+    fn from(d: Document) -> Self {
+        Self {
+            shard: d.shard,
+            owner: d.owner,
+            backlog_age_seconds: d.backlog_age_seconds,
+            inflight_age_seconds: d.inflight_age_seconds,
+            held_events: d.held_events,
+            held: d.held,
+            updated_at_ms: d.updated_at_ms,
+        }
+    }
 }
 
 impl ShardReport {
     /// [`Document::backlog_age_at`].
     pub fn backlog_age_at(&self, now_ms: u64) -> Duration {
-        Document {
+        let document = Document {
             shard: self.shard,
             owner: String::new(),
             backlog_age_seconds: self.backlog_age_seconds,
@@ -172,8 +185,8 @@ impl ShardReport {
             held_events: 0,
             held: Vec::new(),
             updated_at_ms: self.updated_at_ms,
-        }
-        .backlog_age_at(now_ms)
+        };
+        document.backlog_age_at(now_ms)
     }
 }
 
