@@ -44,7 +44,7 @@ impl Readiness {
             match watch.state() {
                 ShardState::Consuming => consuming.push(shard),
                 ShardState::StandingBy | ShardState::Registered => standing_by.push(shard),
-                _ => starting.push(shard),
+                ShardState::Idle => starting.push(shard),
             }
         }
         let shards_ok = starting.is_empty();
