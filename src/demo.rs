@@ -229,14 +229,12 @@ impl Handler for Downstream {
     async fn handle(&self, event: &Event<'_>) -> Result<(), HandlerError> {
         if let Some((n, index)) = self.index(event) {
             if n == POISON_ORDER && event.envelope.seq == Some(POISON_SEQ) {
-                return Err(HandlerError::Permanent(
-                    "downstream rejected the event (422)".into(),
+                return Err(HandlerError::permanent(
+                    "downstream rejected the event (422)",
                 ));
             }
             if index % TRANSIENT_EVERY == 0 && event.attempt <= 2 {
-                return Err(HandlerError::Retryable(
-                    "downstream unavailable (503)".into(),
-                ));
+                return Err(HandlerError::retryable("downstream unavailable (503)"));
             }
         }
         let seq = event.envelope.seq.unwrap_or_default();

@@ -165,7 +165,7 @@ fn main() -> ExitCode {
     };
     let shutdown = CancellationToken::new();
     let result = runtime.block_on(async {
-        tokio::spawn(telemetry::cancel_on_signal(shutdown.clone()));
+        tokio::spawn(shardline_worker::cancel_on_signal(shutdown.clone()));
         let global = cli.global;
         match cli.command {
             Command::Topology(cmd) => topology::run(&global, cmd).await,

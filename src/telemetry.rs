@@ -1,4 +1,5 @@
-//! Logging and tracing set-up, and the process's stop signal.
+//! Logging and tracing set-up. (The stop signal is the worker library's
+//! `shardline_worker::cancel_on_signal`.)
 //!
 //! Tracing (SPEC §5) is OpenTelemetry, configured by the standard `OTEL_*`
 //! variables and off unless an OTLP endpoint is set: then spans are batched
@@ -17,7 +18,6 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::runtime;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
-use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
 use crate::LogFormat;
@@ -146,36 +146,4 @@ impl Exporter {
         }
         self.runtime.shutdown_timeout(Duration::from_secs(1));
     }
-}
-
-/// Cancels `shutdown` on SIGTERM or Ctrl-C; a second signal exits at once.
-pub async fn cancel_on_signal(shutdown: CancellationToken) {
-    wait_for_signal().await;
-    tracing::info!("stop signal received: draining (send it again to exit at once)");
-    shutdown.cancel();
-    wait_for_signal().await;
-    tracing::warn!("second stop signal: exiting without draining");
-    std::process::exit(130);
-}
-
-#[cfg(unix)]
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGTERM; Ctrl-C only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
-#[cfg(not(unix))]
-async fn wait_for_signal() {
-    let _ = tokio::signal::ctrl_c().await;
 }

@@ -5,11 +5,18 @@ use std::time::Duration;
 
 use clap::Args;
 use shardline_topology::{QueueType, ShardSet};
-use shardline_worker::status::Thresholds;
-use shardline_worker::{Config, OnDeadLetter, OnGap, RetryPolicy, handler};
+use shardline_worker::{
+    Config, ConfigError, HandlerSpecError, OnDeadLetter, OnGap, RetryPolicy, Thresholds,
+    WorkerError,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::GlobalArgs;
+
+/// A library default as `--help` shows it.
+fn shown(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
 
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
@@ -21,37 +28,37 @@ pub struct WorkerArgs {
     #[arg(long, env = "SHARDLINE_HANDLER")]
     pub handler: String,
     /// Events read ahead per shard; processing stays serial.
-    #[arg(long, env = "SHARDLINE_PREFETCH", default_value_t = 1)]
+    #[arg(long, env = "SHARDLINE_PREFETCH", default_value_t = Config::default().prefetch)]
     pub prefetch: u16,
     /// Handler attempts per event, the first included.
-    #[arg(long, env = "SHARDLINE_MAX_ATTEMPTS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "SHARDLINE_MAX_ATTEMPTS", default_value_t = RetryPolicy::default().max_attempts, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_attempts: u32,
     /// Delay after the first failed attempt.
-    #[arg(long, env = "SHARDLINE_RETRY_BASE", default_value = "100ms", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SHARDLINE_RETRY_BASE", default_value = shown(RetryPolicy::default().base), value_parser = humantime::parse_duration)]
     pub retry_base: Duration,
     /// Longest delay between attempts.
-    #[arg(long, env = "SHARDLINE_RETRY_CAP", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SHARDLINE_RETRY_CAP", default_value = shown(RetryPolicy::default().cap), value_parser = humantime::parse_duration)]
     pub retry_cap: Duration,
     /// Growth of the delay per attempt.
-    #[arg(long, env = "SHARDLINE_RETRY_FACTOR", default_value_t = 2.0)]
+    #[arg(long, env = "SHARDLINE_RETRY_FACTOR", default_value_t = RetryPolicy::default().factor)]
     pub retry_factor: f64,
     /// Random variation of each delay, as a fraction (0.3 = ±30%).
-    #[arg(long, env = "SHARDLINE_RETRY_JITTER", default_value_t = 0.3)]
+    #[arg(long, env = "SHARDLINE_RETRY_JITTER", default_value_t = RetryPolicy::default().jitter)]
     pub retry_jitter: f64,
     /// Longest one handler attempt may take (then it counts as a retryable failure).
-    #[arg(long, env = "SHARDLINE_HANDLER_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SHARDLINE_HANDLER_TIMEOUT", default_value = shown(Config::default().handler_timeout), value_parser = humantime::parse_duration)]
     pub handler_timeout: Duration,
     /// On stop, how long the in-flight event may still take.
-    #[arg(long, env = "SHARDLINE_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SHARDLINE_DRAIN_TIMEOUT", default_value = shown(Config::default().drain_timeout), value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
     /// How long a processed event's dedup key is kept.
     #[arg(long, env = "SHARDLINE_DEDUP_TTL", default_value = "7d", value_parser = humantime::parse_duration)]
     pub dedup_ttl: Duration,
     /// Largest accepted body; larger ones are dead-lettered `invalid`.
-    #[arg(long, env = "SHARDLINE_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    #[arg(long, env = "SHARDLINE_MAX_BODY_BYTES", default_value_t = Config::default().max_body_bytes)]
     pub max_body_bytes: usize,
     /// How often a standby retries taking a shard another worker holds.
-    #[arg(long, env = "SHARDLINE_STANDBY_RETRY", default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SHARDLINE_STANDBY_RETRY", default_value = shown(Config::default().standby_retry), value_parser = humantime::parse_duration)]
     pub standby_retry: Duration,
     /// Shard queue type, as applied by `topology apply` (quorum implies
     /// single-active-consumer).
@@ -62,14 +69,14 @@ pub struct WorkerArgs {
     pub single_active_consumer: bool,
     /// How long an event that arrived ahead of its order's sequence waits for
     /// the gap to fill (from its arrival).
-    #[arg(long, env = "SHARDLINE_GAP_GRACE", default_value = "2m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SHARDLINE_GAP_GRACE", default_value = shown(Config::default().gap_grace), value_parser = humantime::parse_duration)]
     pub gap_grace: Duration,
     /// How long the first event of an unknown order with seq > 1 waits for
     /// earlier ones before it is accepted as the start.
-    #[arg(long, env = "SHARDLINE_START_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SHARDLINE_START_GRACE", default_value = shown(Config::default().start_grace), value_parser = humantime::parse_duration)]
     pub start_grace: Duration,
     /// Events held per shard at most (also the consumer window's reserve).
-    #[arg(long, env = "SHARDLINE_MAX_HELD", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, env = "SHARDLINE_MAX_HELD", default_value_t = Config::default().max_held, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_held: u16,
     /// Held events whose gap never filled: `dead-letter` (reason `seq-gap`) or
     /// `apply` (skip the gap).
@@ -86,17 +93,17 @@ pub struct WorkerArgs {
     pub kinds_ttl: Option<Duration>,
     /// Handler starts that end with the process dying before an event is
     /// dead-lettered `crash-loop`.
-    #[arg(long, env = "SHARDLINE_MAX_DELIVERIES", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "SHARDLINE_MAX_DELIVERIES", default_value_t = Config::default().max_deliveries, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_deliveries: u32,
     /// Quorum queues: the `x-delivery-limit` they were applied with.
     #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = 20)]
     pub delivery_limit: u32,
     /// Backlog age (oldest unprocessed event of a shard) from which the shard
     /// is at WARN (`shardline_backlog_level` 1).
-    #[arg(long, env = "SHARDLINE_BACKLOG_WARN", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SHARDLINE_BACKLOG_WARN", default_value = shown(Thresholds::default().warn), value_parser = humantime::parse_duration)]
     pub backlog_warn: Duration,
     /// Backlog age from which the shard is at PAGE (`shardline_backlog_level` 2).
-    #[arg(long, env = "SHARDLINE_BACKLOG_PAGE", default_value = "2m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SHARDLINE_BACKLOG_PAGE", default_value = shown(Thresholds::default().page), value_parser = humantime::parse_duration)]
     pub backlog_page: Duration,
     /// An in-flight event worked on longer than this marks its shard stuck
     /// (`shardline_stuck`).
@@ -129,30 +136,13 @@ impl From<OnDeadLetterArg> for OnDeadLetter {
 }
 
 impl WorkerArgs {
-    /// The library configuration these flags describe.
+    /// The library configuration these flags describe, checked by the
+    /// library ([`Config::validate`]) and reported in flag names.
     pub fn config(&self, global: &GlobalArgs) -> anyhow::Result<Config> {
-        if !(0.0..1.0).contains(&self.retry_jitter) {
-            anyhow::bail!(
-                "--retry-jitter must be in [0, 1), got {}",
-                self.retry_jitter
-            );
-        }
-        if self.retry_factor < 1.0 {
-            anyhow::bail!(
-                "--retry-factor must be at least 1, got {}",
-                self.retry_factor
-            );
-        }
-        if self.prefetch == 0 {
-            anyhow::bail!("--prefetch must be at least 1");
-        }
-        if self.backlog_page < self.backlog_warn {
-            anyhow::bail!("--backlog-page must not be below --backlog-warn");
-        }
         let assign = self
             .assign
             .resolve(global.shards)
-            .map_err(|e| anyhow::anyhow!("--assign: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("--assign: {e}"));
         let exclusive = shardline_topology::TopologyOptions {
             shards: global.shards,
             single_active_consumer: self.single_active_consumer,
@@ -160,13 +150,13 @@ impl WorkerArgs {
             ..Default::default()
         }
         .exclusive_consumers();
-        Ok(Config {
+        let mut config = Config {
             amqp: global.amqp_url.clone(),
             redis: global.redis_url.clone(),
             redis_prefix: global.redis_prefix.clone(),
             names: global.names(),
             shards: global.shards,
-            assign,
+            assign: assign.as_ref().map(Clone::clone).unwrap_or_default(),
             prefetch: self.prefetch,
             exclusive,
             retry: RetryPolicy {
@@ -199,7 +189,54 @@ impl WorkerArgs {
                 page: self.backlog_page,
             },
             stuck_after: self.stuck_after,
-        })
+        };
+        // A shard selection that did not parse is reported after the other
+        // settings, as it always was.
+        match config.validate() {
+            Err(e) if e.field != "assign" || assign.is_ok() => return Err(refused(&e)),
+            _ => config.assign = assign?,
+        }
+        Ok(config)
+    }
+}
+
+/// The flag that sets a [`Config`] field.
+fn flag(field: &'static str) -> String {
+    let name = match field {
+        "retry.jitter" => "retry-jitter",
+        "retry.factor" => "retry-factor",
+        "retry.max_attempts" => "max-attempts",
+        "backlog.warn" => "backlog-warn",
+        "backlog.page" => "backlog-page",
+        other => return format!("--{}", other.replace('_', "-")),
+    };
+    format!("--{name}")
+}
+
+/// A configuration the library refused, in flag names.
+fn refused(e: &ConfigError) -> anyhow::Error {
+    anyhow::anyhow!(e.describe(flag))
+}
+
+/// A library error, in flag names where it names a setting.
+fn in_flags(e: WorkerError) -> anyhow::Error {
+    match e {
+        WorkerError::Config(e) => refused(&e),
+        WorkerError::MetricsAddr(e) => anyhow::anyhow!("--metrics-addr {e}"),
+        other => other.into(),
+    }
+}
+
+/// A `--handler` value that names no handler.
+fn handler_error(e: HandlerSpecError) -> anyhow::Error {
+    match e {
+        HandlerSpecError::Unknown(spec) => {
+            anyhow::anyhow!("--handler must be an http(s):// URL, `log` or `noop`, got `{spec}`")
+        }
+        HandlerSpecError::Url { url, cause } => {
+            anyhow::anyhow!("--handler URL `{url}` is not valid: {cause}")
+        }
+        other => other.into(),
     }
 }
 
@@ -217,7 +254,64 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<ExitCode> {
     let config = args.config(global)?;
-    let handler = handler::from_spec(&args.handler)?;
-    shardline_worker::run(config, handler, shutdown).await?;
+    let handler = shardline_worker::from_spec(&args.handler).map_err(handler_error)?;
+    shardline_worker::run(config, handler, shutdown)
+        .await
+        .map_err(in_flags)?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        global: GlobalArgs,
+        #[command(flatten)]
+        worker: WorkerArgs,
+    }
+
+    fn config(args: &[&str]) -> anyhow::Result<Config> {
+        let cli = Cli::try_parse_from(["shardline", "--handler", "noop"].iter().chain(args))?;
+        cli.worker.config(&cli.global)
+    }
+
+    #[test]
+    fn flag_defaults_are_the_library_defaults() {
+        let parsed = config(&[]).unwrap();
+        let library = Config::default();
+        assert_eq!(parsed.retry, library.retry);
+        assert_eq!(parsed.dedup_ttl, library.dedup_ttl);
+        assert_eq!(parsed.stuck_after, library.stuck_after);
+        assert_eq!(parsed.backlog, library.backlog);
+        assert_eq!(
+            (parsed.gap_grace, parsed.start_grace, parsed.max_held),
+            (library.gap_grace, library.start_grace, library.max_held)
+        );
+    }
+
+    #[test]
+    fn refusals_name_the_flags() {
+        for (args, message) in [
+            (
+                ["--retry-jitter", "1.5"],
+                "--retry-jitter must be in [0, 1), got 1.5",
+            ),
+            (
+                ["--retry-factor", "0.5"],
+                "--retry-factor must be at least 1, got 0.5",
+            ),
+            (["--prefetch", "0"], "--prefetch must be at least 1"),
+            (
+                ["--backlog-warn", "5m"],
+                "--backlog-page must not be below --backlog-warn",
+            ),
+        ] {
+            assert_eq!(config(&args).unwrap_err().to_string(), message);
+        }
+    }
 }

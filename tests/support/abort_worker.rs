@@ -4,7 +4,8 @@
 //! Runs [`shardline_worker::run`] on every shard with a handler that calls
 //! `std::process::abort()` on an event whose envelope has `data.poison == true`
 //! and forwards every other event to `--handler-url` (the built-in HTTP
-//! handler). SIGTERM or Ctrl-C drains and exits 0, as `shardline worker` does.
+//! handler). SIGTERM or Ctrl-C drains and exits 0, as `shardline worker` does
+//! (the same [`shardline_worker::cancel_on_signal`]).
 //!
 //! Built as a second binary of the root package (`[[bin]]`, `test = false`) so
 //! that integration tests get its path from `CARGO_BIN_EXE_shardline-abort-worker`;
@@ -129,7 +130,7 @@ async fn main() -> ExitCode {
         ..Config::default()
     };
     let shutdown = CancellationToken::new();
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    tokio::spawn(shardline_worker::cancel_on_signal(shutdown.clone()));
     match shardline_worker::run(config, Arc::new(AbortOnPoison { http }), shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -137,22 +138,4 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-async fn cancel_on_signal(shutdown: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGTERM; Ctrl-C only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-    tracing::info!("stop signal received: draining");
-    shutdown.cancel();
 }

@@ -1,11 +1,12 @@
-//! The worker's settings. Parsing flags and environment happens in the binary.
+//! The worker's settings, their defaults and their one validation
+//! ([`Config::validate`]). Parsing flags and environment happens in the binary.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use shardline_topology::{AmqpTarget, Names, RedisTarget, ShardCount, ShardId};
-
-use crate::status::Thresholds;
+use shardline_topology::status::Thresholds;
+use shardline_topology::{AmqpTarget, Keys, Names, RedisTarget, ShardCount, ShardId};
 
 /// Everything one worker process needs to consume its shards.
 #[derive(Debug, Clone)]
@@ -17,7 +18,9 @@ pub struct Config {
     pub redis: RedisTarget,
     /// Prefix of every Redis key. Default `shardline:`.
     pub redis_prefix: String,
+    /// Exchange and queue names. Default the SPEC's names.
     pub names: Names,
+    /// How many shards the topology has. Default 16.
     pub shards: ShardCount,
     /// Shards this worker consumes (or stands by for). Default all.
     pub assign: Vec<ShardId>,
@@ -29,6 +32,7 @@ pub struct Config {
     /// single-active-consumer). When false the queue's single-active-consumer
     /// decides which consumer is active. Default true.
     pub exclusive: bool,
+    /// In-place retries of a failed handler attempt.
     pub retry: RetryPolicy,
     /// Longest one handler attempt may take; past it the attempt fails as
     /// retryable (`timeout`). Default 30 s.
@@ -138,6 +142,38 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Checks the settings that no type rules out; [`crate::Worker::new`]
+    /// calls it. The first problem found is returned.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let retry = &self.retry;
+        let refuse = ConfigError::new;
+        let jitter = || Problem::NotIn {
+            range: "[0, 1)",
+            got: retry.jitter.to_string(),
+        };
+        let factor = || Problem::Below {
+            min: "1",
+            got: Some(retry.factor.to_string()),
+        };
+        let problems = [
+            (!(0.0..1.0).contains(&retry.jitter)).then(|| refuse("retry.jitter", jitter())),
+            (retry.factor < 1.0).then(|| refuse("retry.factor", factor())),
+            (retry.max_attempts == 0).then(|| refuse("retry.max_attempts", Problem::AT_LEAST_ONE)),
+            (self.prefetch == 0).then(|| refuse("prefetch", Problem::AT_LEAST_ONE)),
+            (self.backlog.page < self.backlog.warn)
+                .then(|| refuse("backlog.page", Problem::BelowField("backlog.warn"))),
+            self.assign
+                .is_empty()
+                .then(|| refuse("assign", Problem::NoShards)),
+        ];
+        problems.into_iter().flatten().next().map_or(Ok(()), Err)
+    }
+
+    /// The Redis keys under [`Config::redis_prefix`].
+    pub(crate) fn keys(&self) -> Keys {
+        Keys::new(&self.redis_prefix)
+    }
+
     /// The claim lease: one handler attempt plus 30 s, renewed before each attempt.
     pub fn lease(&self) -> Duration {
         self.handler_timeout + Duration::from_secs(30)
@@ -154,6 +190,71 @@ impl Config {
     /// The consumer's broker window: read-ahead plus the gate's hold reserve.
     pub fn window(&self) -> u16 {
         self.prefetch.saturating_add(self.max_held)
+    }
+}
+
+/// A setting [`Config::validate`] refused: which field (as a path from
+/// [`Config`], such as `retry.jitter`) and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} {problem}")]
+pub struct ConfigError {
+    pub field: &'static str,
+    pub problem: Problem,
+}
+
+impl ConfigError {
+    fn new(field: &'static str, problem: Problem) -> Self {
+        Self { field, problem }
+    }
+
+    /// The message with every field named by `name` instead (a command line
+    /// maps fields to its flags: `retry.jitter` to `--retry-jitter`).
+    pub fn describe(&self, name: impl Fn(&'static str) -> String) -> String {
+        format!("{} {}", name(self.field), self.problem.describe(name))
+    }
+}
+
+/// What is wrong with a setting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Problem {
+    /// Outside `range` (written as an interval, such as `[0, 1)`).
+    NotIn { range: &'static str, got: String },
+    /// Below `min`; `got` when the value is worth repeating.
+    Below {
+        min: &'static str,
+        got: Option<String>,
+    },
+    /// Below another field, which it must not be.
+    BelowField(&'static str),
+    /// The shard selection is empty.
+    NoShards,
+}
+
+impl Problem {
+    const AT_LEAST_ONE: Self = Self::Below {
+        min: "1",
+        got: None,
+    };
+
+    /// The problem in words, other fields named by `name`.
+    pub fn describe(&self, name: impl Fn(&'static str) -> String) -> String {
+        match self {
+            Self::NotIn { range, got } => format!("must be in {range}, got {got}"),
+            Self::Below {
+                min,
+                got: Some(got),
+            } => format!("must be at least {min}, got {got}"),
+            Self::Below { min, got: None } => format!("must be at least {min}"),
+            Self::BelowField(other) => format!("must not be below {}", name(other)),
+            Self::NoShards => "selects no shard".to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe(|field| field.to_owned()))
     }
 }
 
@@ -232,5 +333,59 @@ mod tests {
     fn lease_covers_one_attempt_plus_margin() {
         let c = Config::default();
         assert_eq!(c.lease(), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn validation_names_the_field_and_the_problem() {
+        assert_eq!(Config::default().validate(), Ok(()));
+        let refused = |config: Config| config.validate().unwrap_err().to_string();
+        let retry = |retry: RetryPolicy| Config {
+            retry,
+            ..Config::default()
+        };
+        assert_eq!(
+            refused(retry(RetryPolicy {
+                jitter: 1.0,
+                ..RetryPolicy::default()
+            })),
+            "retry.jitter must be in [0, 1), got 1"
+        );
+        assert_eq!(
+            refused(retry(RetryPolicy {
+                factor: 0.5,
+                ..RetryPolicy::default()
+            })),
+            "retry.factor must be at least 1, got 0.5"
+        );
+        assert_eq!(
+            refused(Config {
+                prefetch: 0,
+                ..Config::default()
+            }),
+            "prefetch must be at least 1"
+        );
+        let inverted = Config {
+            backlog: Thresholds {
+                warn: Duration::from_secs(60),
+                page: Duration::from_secs(30),
+            },
+            ..Config::default()
+        };
+        assert_eq!(
+            refused(inverted.clone()),
+            "backlog.page must not be below backlog.warn"
+        );
+        let flag = |field: &str| format!("--{}", field.replace('.', "-"));
+        assert_eq!(
+            inverted.validate().unwrap_err().describe(flag),
+            "--backlog-page must not be below --backlog-warn"
+        );
+        assert_eq!(
+            refused(Config {
+                assign: Vec::new(),
+                ..Config::default()
+            }),
+            "assign selects no shard"
+        );
     }
 }

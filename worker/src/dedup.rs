@@ -16,6 +16,7 @@ use std::time::Duration;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis::{Cmd, Pipeline, Script};
+use shardline_topology::Keys;
 
 use crate::config::{Config, OnDeadLetter};
 use crate::quarantine::{self, Blocker};
@@ -116,7 +117,7 @@ const DONE: &str = "done";
 
 /// What `admit` decided.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// The event is ours to run (`starts` = this start included).
     Claimed,
     /// Taken over from a consumer that died mid-handler.
@@ -141,32 +142,32 @@ pub enum Verdict {
 
 /// An `admit` request: the event and how to treat it.
 #[derive(Debug, Clone, Copy)]
-pub struct Admission<'a> {
-    pub dedup_key: &'a str,
-    pub order_key: &'a str,
-    pub seq: Option<u64>,
-    pub redelivered: bool,
+pub(crate) struct Admission<'a> {
+    pub(crate) dedup_key: &'a str,
+    pub(crate) order_key: &'a str,
+    pub(crate) seq: Option<u64>,
+    pub(crate) redelivered: bool,
     /// Skip the sequence gate (a replay, an applied gap, an accepted start).
-    pub bypass_gate: bool,
+    pub(crate) bypass_gate: bool,
     /// A replay's dead-letter id (what the quarantine check needs).
-    pub replay_of: Option<&'a str>,
+    pub(crate) replay_of: Option<&'a str>,
     /// Unique per delivery.
-    pub token: u64,
+    pub(crate) token: u64,
 }
 
 /// An event whose handler succeeded, to commit.
 #[derive(Debug, Clone, Copy)]
-pub struct Done<'a> {
-    pub dedup_key: &'a str,
-    pub order_key: &'a str,
+pub(crate) struct Done<'a> {
+    pub(crate) dedup_key: &'a str,
+    pub(crate) order_key: &'a str,
     /// Its kind, recorded per order for `shardline reconcile`.
-    pub event: &'a str,
-    pub seq: Option<u64>,
+    pub(crate) event: &'a str,
+    pub(crate) seq: Option<u64>,
     /// A replay's dead-letter id: applied, it no longer holds its order in
     /// quarantine.
-    pub replay_of: Option<&'a str>,
+    pub(crate) replay_of: Option<&'a str>,
     /// It ran past the gate (replay, accepted start, applied gap).
-    pub bypassed: bool,
+    pub(crate) bypassed: bool,
 }
 
 /// What a fast admit's pipeline answered.
@@ -181,8 +182,8 @@ struct FastAdmit {
 
 /// Key layout, timings and scripts of the Redis state.
 #[derive(Debug, Clone)]
-pub struct Dedup {
-    prefix: String,
+pub(crate) struct Dedup {
+    keys: Keys,
     lease_ms: u64,
     ttl_secs: u64,
     kinds_ttl_secs: u64,
@@ -197,10 +198,10 @@ pub struct Dedup {
 }
 
 impl Dedup {
-    pub fn new(config: &Config) -> Self {
+    pub(crate) fn new(config: &Config) -> Self {
         let script = |body: &str| Script::new(&format!("{LUA_COMMON}{body}"));
         Self {
-            prefix: config.redis_prefix.clone(),
+            keys: config.keys(),
             lease_ms: u64::try_from(config.lease().as_millis()).unwrap_or(u64::MAX),
             ttl_secs: config.dedup_ttl.as_secs().max(1),
             kinds_ttl_secs: config.kinds_ttl().as_secs(),
@@ -215,7 +216,7 @@ impl Dedup {
     }
 
     /// Every script's source, for loading after a Redis restart.
-    pub fn scripts(&self) -> Vec<Script> {
+    pub(crate) fn scripts(&self) -> Vec<Script> {
         vec![
             self.admit.clone(),
             self.commit.clone(),
@@ -223,16 +224,6 @@ impl Dedup {
             self.release.clone(),
             self.pass.clone(),
         ]
-    }
-
-    /// The Redis key holding the state of `dedup_key`.
-    pub fn key(&self, dedup_key: &str) -> String {
-        format!("{}dedup:{dedup_key}", self.prefix)
-    }
-
-    /// The Redis key holding an order's last passed seq.
-    pub fn gate_key(&self, order_key: &str) -> String {
-        format!("{}gate:{order_key}", self.prefix)
     }
 
     fn evalsha(script: &Script, keys: &[String], args: &[String]) -> Cmd {
@@ -251,7 +242,7 @@ impl Dedup {
         let flag = |b: bool| if b { "1" } else { "0" }.to_owned();
         Self::evalsha(
             &self.admit,
-            &[self.key(a.dedup_key), self.gate_key(a.order_key)],
+            &[self.keys.dedup(a.dedup_key), self.keys.gate(a.order_key)],
             &[
                 self.lease_ms.to_string(),
                 seq,
@@ -268,7 +259,7 @@ impl Dedup {
     fn commit_cmd(&self, dedup_key: &str, order_key: &str, seq: Option<u64>) -> Cmd {
         Self::evalsha(
             &self.commit,
-            &[self.key(dedup_key), self.gate_key(order_key)],
+            &[self.keys.dedup(dedup_key), self.keys.gate(order_key)],
             &[
                 self.ttl_secs.to_string(),
                 seq.map(|s| s.to_string()).unwrap_or_default(),
@@ -279,7 +270,7 @@ impl Dedup {
     /// Decides whether an event may run now and, if so, claims it: one round
     /// trip of plain commands on the usual path, the `admit` script when the key
     /// holds a claim already (a crash, a copy in flight).
-    pub async fn admit(&self, redis: &mut RedisSlot, admission: &Admission<'_>) -> Verdict {
+    pub(crate) async fn admit(&self, redis: &mut RedisSlot, admission: &Admission<'_>) -> Verdict {
         if admission.redelivered {
             return self.admit_scripted(redis, admission).await;
         }
@@ -308,7 +299,7 @@ impl Dedup {
             return verdict;
         }
         let mut pipe = redis::pipe();
-        quarantine::add_head_query(&mut pipe, &self.prefix, a.order_key, a.replay_of);
+        quarantine::add_head_query(&mut pipe, &self.keys, a.order_key, a.replay_of);
         let head: quarantine::Head = redis.query_pipeline(&pipe).await;
         self.quarantine_verdict(redis, a, Some(head), verdict).await
     }
@@ -320,15 +311,15 @@ impl Dedup {
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let deadline = now_ms.saturating_add(self.lease_ms);
         pipe.cmd("SET")
-            .arg(self.key(a.dedup_key))
+            .arg(self.keys.dedup(a.dedup_key))
             .arg(format!("processing:{deadline}:1:{}", a.token))
             .arg("NX")
             .arg("PX")
             .arg(EVIDENCE.as_millis().to_string())
             .arg("GET");
-        pipe.cmd("GET").arg(self.gate_key(a.order_key));
+        pipe.cmd("GET").arg(self.keys.gate(a.order_key));
         if self.quarantine {
-            quarantine::add_head_query(pipe, &self.prefix, a.order_key, a.replay_of);
+            quarantine::add_head_query(pipe, &self.keys, a.order_key, a.replay_of);
         }
     }
 
@@ -409,7 +400,7 @@ impl Dedup {
     fn add_commit(&self, pipe: &mut Pipeline, done: &Done<'_>) {
         if self.kinds_ttl_secs > 0 {
             pipe.cmd("SET")
-                .arg(kind_key(&self.prefix, done.order_key, done.event))
+                .arg(self.keys.kind(done.order_key, done.event))
                 .arg(1)
                 .arg("EX")
                 .arg(self.kinds_ttl_secs)
@@ -417,7 +408,7 @@ impl Dedup {
         }
         if let Some(id) = done.replay_of {
             pipe.cmd("ZREM")
-                .arg(quarantine::key(&self.prefix, done.order_key))
+                .arg(self.keys.quarantine(done.order_key))
                 .arg(id)
                 .ignore();
         }
@@ -427,14 +418,14 @@ impl Dedup {
             return;
         }
         pipe.cmd("SET")
-            .arg(self.key(done.dedup_key))
+            .arg(self.keys.dedup(done.dedup_key))
             .arg(DONE)
             .arg("EX")
             .arg(self.ttl_secs)
             .ignore();
         if let Some(seq) = done.seq {
             pipe.cmd("SET")
-                .arg(self.gate_key(done.order_key))
+                .arg(self.keys.gate(done.order_key))
                 .arg(seq)
                 .arg("EX")
                 .arg(self.ttl_secs)
@@ -445,7 +436,7 @@ impl Dedup {
     /// Commits one event and admits the next in one round trip (one MULTI).
     /// Redis runs them in order, so a next event that repeats this one finds it
     /// `done`.
-    pub async fn commit_and_admit(
+    pub(crate) async fn commit_and_admit(
         &self,
         redis: &mut RedisSlot,
         done: &Done<'_>,
@@ -465,7 +456,7 @@ impl Dedup {
     }
 
     /// Marks the event processed and moves its order's gate, atomically.
-    pub async fn commit(&self, redis: &mut RedisSlot, done: &Done<'_>) {
+    pub(crate) async fn commit(&self, redis: &mut RedisSlot, done: &Done<'_>) {
         let mut pipe = redis::pipe();
         pipe.atomic();
         self.add_commit(&mut pipe, done);
@@ -473,27 +464,27 @@ impl Dedup {
     }
 
     /// Extends the lease before another attempt.
-    pub async fn renew(&self, redis: &mut RedisSlot, dedup_key: &str) {
+    pub(crate) async fn renew(&self, redis: &mut RedisSlot, dedup_key: &str) {
         let cmd = Self::evalsha(
             &self.renew,
-            &[self.key(dedup_key)],
+            &[self.keys.dedup(dedup_key)],
             &[self.lease_ms.to_string(), EVIDENCE.as_millis().to_string()],
         );
         redis.query::<i64>(&cmd).await;
     }
 
     /// Gives the claim up, so that a replay is not suppressed.
-    pub async fn release(&self, redis: &mut RedisSlot, dedup_key: &str) {
+    pub(crate) async fn release(&self, redis: &mut RedisSlot, dedup_key: &str) {
         redis.query::<i64>(&self.release_cmd(dedup_key)).await;
     }
 
     fn release_cmd(&self, dedup_key: &str) -> Cmd {
-        Self::evalsha(&self.release, &[self.key(dedup_key)], &[])
+        Self::evalsha(&self.release, &[self.keys.dedup(dedup_key)], &[])
     }
 
     /// Adds to `pipe` what follows a confirmed dead letter: the claim given
     /// up and `seq` (if any) counted as passed for its order.
-    pub fn add_dead_lettered(
+    pub(crate) fn add_dead_lettered(
         &self,
         pipe: &mut Pipeline,
         dedup_key: &str,
@@ -504,7 +495,7 @@ impl Dedup {
         if let Some(seq) = seq {
             pipe.add_command(Self::evalsha(
                 &self.pass,
-                &[self.gate_key(order_key)],
+                &[self.keys.gate(order_key)],
                 &[self.ttl_secs.to_string(), seq.to_string()],
             ))
             .ignore();
@@ -512,13 +503,11 @@ impl Dedup {
     }
 }
 
-/// The Redis key that exists while an event of kind `event` of an order was
-/// processed within [`Config::kinds_ttl`]: what `shardline reconcile` checks.
+/// [`Keys::kind`] under `redis_prefix`: for the CLI's reconcile until it
+/// moves to `shardline-ops`.
+#[doc(hidden)]
 pub fn kind_key(redis_prefix: &str, order_key: &str, event: &str) -> String {
-    format!(
-        "{redis_prefix}kind:{order_key}:{}",
-        shardline_topology::envelope::key_field(event)
-    )
+    Keys::new(redis_prefix).kind(order_key, event)
 }
 
 fn verdict((kind, n): (String, i64)) -> Verdict {

@@ -3,19 +3,21 @@
 //! worker dies) until the gap fills or the grace ends.
 //!
 //! The gate's durable side, each order's last passed seq, is in Redis and moves
-//! with the dedup commit (`dedup.rs`). This part only decides what runs next.
+//! with the dedup commit (`dedup.rs`). This part only decides what runs next:
+//! a state machine over any held item, on tokio's clock, so that its timers are
+//! tested without a broker (`tokio::time::pause`).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use shardline_topology::headers::FailReason;
+use tokio::time::Instant;
 
 use crate::config::{Config, OnGap};
-use crate::lookahead::Ready;
 
 /// How a delivery is to be processed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Directive {
+pub(crate) enum Directive {
     /// Through the gate, like any delivery.
     Normal,
     /// Past the gate: an accepted start, an applied gap, a replay.
@@ -24,19 +26,26 @@ pub enum Directive {
     DeadLetter(FailReason, String),
 }
 
-struct Held {
-    ready: Box<Ready>,
+/// What the gate holds: an item that remembers when it was first held, so
+/// that an event released and held again keeps the grace of its arrival.
+pub(crate) trait Holdable {
+    fn held_since(&self) -> Option<Instant>;
+    fn set_held_since(&mut self, at: Instant);
+}
+
+struct Held<T> {
+    item: Box<T>,
     /// Held for the start grace (its order had no state) rather than a gap.
     start: bool,
 }
 
 /// One shard's held events, by order and seq.
-pub struct Gate {
-    orders: HashMap<String, BTreeMap<u64, Held>>,
+pub(crate) struct Gate<T> {
+    orders: HashMap<String, BTreeMap<u64, Held<T>>>,
     held: usize,
     /// Bumped whenever the set of held events changes.
     version: u64,
-    runnable: VecDeque<(Ready, Directive)>,
+    runnable: VecDeque<(T, Directive)>,
     max_held: usize,
     gap_grace: Duration,
     start_grace: Duration,
@@ -45,17 +54,17 @@ pub struct Gate {
 
 /// What [`Gate::expire`] gave up on, for the caller to report.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Expired {
-    pub order_key: String,
+pub(crate) struct Expired {
+    pub(crate) order_key: String,
     /// The lowest held seq, the first after the gap.
-    pub first_seq: u64,
-    pub events: usize,
+    pub(crate) first_seq: u64,
+    pub(crate) events: usize,
     /// The order had no state: its first event is accepted as the start.
-    pub at_start: bool,
+    pub(crate) at_start: bool,
 }
 
-impl Gate {
-    pub fn new(config: &Config) -> Self {
+impl<T: Holdable> Gate<T> {
+    pub(crate) fn new(config: &Config) -> Self {
         Self {
             orders: HashMap::new(),
             held: 0,
@@ -69,47 +78,47 @@ impl Gate {
     }
 
     /// Events held now.
-    pub fn held(&self) -> usize {
+    pub(crate) fn held(&self) -> usize {
         self.held
     }
 
     /// Changes whenever the set of held events does.
-    pub fn version(&self) -> u64 {
+    pub(crate) fn version(&self) -> u64 {
         self.version
     }
 
     /// The events the gate has not let go of yet: held, or released and
     /// waiting to run (for the backlog age).
-    pub fn waiting(&self) -> impl Iterator<Item = &Ready> {
+    pub(crate) fn waiting(&self) -> impl Iterator<Item = &T> {
         self.held_events()
-            .chain(self.runnable.iter().map(|(ready, _)| ready))
+            .chain(self.runnable.iter().map(|(item, _)| item))
     }
 
     /// The events held now.
-    pub fn held_events(&self) -> impl Iterator<Item = &Ready> {
+    pub(crate) fn held_events(&self) -> impl Iterator<Item = &T> {
         self.orders
             .values()
             .flat_map(BTreeMap::values)
-            .map(|h| &*h.ready)
+            .map(|h| &*h.item)
     }
 
-    /// Holds `ready` (seq `seq` of `order_key`). A second copy of a held event
+    /// Holds `item` (seq `seq` of `order_key`). A second copy of a held event
     /// comes back as `Err`, to be acked as a duplicate. At the bound the oldest
     /// gap times out first, early.
-    pub fn hold(
+    pub(crate) fn hold(
         &mut self,
-        mut ready: Box<Ready>,
+        mut item: Box<T>,
         order_key: &str,
         seq: u64,
         start: bool,
         now: Instant,
-    ) -> Result<Vec<Expired>, Box<Ready>> {
+    ) -> Result<Vec<Expired>, Box<T>> {
         if self
             .orders
             .get(order_key)
             .is_some_and(|held| held.contains_key(&seq))
         {
-            return Err(ready);
+            return Err(item);
         }
         let mut expired = Vec::new();
         if self.held >= self.max_held
@@ -117,11 +126,13 @@ impl Gate {
         {
             expired.push(self.give_up(&oldest));
         }
-        ready.held_since.get_or_insert(now);
+        if item.held_since().is_none() {
+            item.set_held_since(now);
+        }
         self.orders
             .entry(order_key.to_owned())
             .or_default()
-            .insert(seq, Held { ready, start });
+            .insert(seq, Held { item, start });
         self.held += 1;
         self.version += 1;
         Ok(expired)
@@ -129,14 +140,14 @@ impl Gate {
 
     /// An event of `order_key` passed: its lowest held successor runs next (it
     /// is held again if its gap is still open).
-    pub fn passed(&mut self, order_key: &str) {
+    pub(crate) fn passed(&mut self, order_key: &str) {
         let Some(held) = self.orders.get_mut(order_key) else {
             return;
         };
         if let Some((_, next)) = held.pop_first() {
             self.held -= 1;
             self.version += 1;
-            self.runnable.push_back((*next.ready, Directive::Normal));
+            self.runnable.push_back((*next.item, Directive::Normal));
         }
         if held.is_empty() {
             self.orders.remove(order_key);
@@ -144,12 +155,12 @@ impl Gate {
     }
 
     /// The next delivery the gate released, before any new one is taken.
-    pub fn pop_runnable(&mut self) -> Option<(Ready, Directive)> {
+    pub(crate) fn pop_runnable(&mut self) -> Option<(T, Directive)> {
         self.runnable.pop_front()
     }
 
     /// When the earliest hold ends.
-    pub fn next_deadline(&self) -> Option<Instant> {
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
         self.orders
             .values()
             .filter_map(|held| self.deadline(held))
@@ -157,7 +168,7 @@ impl Gate {
     }
 
     /// Gives up every gap whose grace has ended by `now`.
-    pub fn expire(&mut self, now: Instant) -> Vec<Expired> {
+    pub(crate) fn expire(&mut self, now: Instant) -> Vec<Expired> {
         let due: Vec<String> = self
             .orders
             .iter()
@@ -167,7 +178,7 @@ impl Gate {
         due.iter().map(|order| self.give_up(order)).collect()
     }
 
-    fn deadline(&self, held: &BTreeMap<u64, Held>) -> Option<Instant> {
+    fn deadline(&self, held: &BTreeMap<u64, Held<T>>) -> Option<Instant> {
         held.values()
             .filter_map(|h| {
                 let grace = if h.start {
@@ -175,7 +186,7 @@ impl Gate {
                 } else {
                     self.gap_grace
                 };
-                h.ready.held_since.map(|since| since + grace)
+                h.item.held_since().map(|since| since + grace)
             })
             .min()
     }
@@ -184,7 +195,7 @@ impl Gate {
         self.orders
             .iter()
             .filter_map(|(order, held)| {
-                let since = held.values().filter_map(|h| h.ready.held_since).min()?;
+                let since = held.values().filter_map(|h| h.item.held_since()).min()?;
                 Some((since, order))
             })
             .min()
@@ -204,10 +215,10 @@ impl Gate {
         let mut held = held.into_iter();
         if at_start {
             if let Some((_, first)) = held.next() {
-                self.runnable.push_back((*first.ready, Directive::Bypass));
+                self.runnable.push_back((*first.item, Directive::Bypass));
             }
             // The others wait for the start to pass, as successors do.
-            let rest: BTreeMap<u64, Held> = held
+            let rest: BTreeMap<u64, Held<T>> = held
                 .map(|(seq, h)| (seq, Held { start: false, ..h }))
                 .collect();
             if !rest.is_empty() {
@@ -226,7 +237,7 @@ impl Gate {
                         ),
                     ),
                 };
-                self.runnable.push_back((*h.ready, directive));
+                self.runnable.push_back((*h.item, directive));
             }
         }
         Expired {
@@ -235,5 +246,186 @@ impl Gate {
             events,
             at_start,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A held event as the tests see it: its seq.
+    #[derive(Debug, PartialEq)]
+    struct Item {
+        seq: u64,
+        since: Option<Instant>,
+    }
+
+    impl Holdable for Item {
+        fn held_since(&self) -> Option<Instant> {
+            self.since
+        }
+
+        fn set_held_since(&mut self, at: Instant) {
+            self.since = Some(at);
+        }
+    }
+
+    fn item(seq: u64) -> Box<Item> {
+        Box::new(Item { seq, since: None })
+    }
+
+    fn gate(config: Config) -> Gate<Item> {
+        Gate::new(&config)
+    }
+
+    /// Every runnable item: its seq and directive.
+    fn drain(gate: &mut Gate<Item>) -> Vec<(u64, Directive)> {
+        std::iter::from_fn(|| gate.pop_runnable())
+            .map(|(item, directive)| (item.seq, directive))
+            .collect()
+    }
+
+    fn is_seq_gap(directive: &Directive) -> bool {
+        matches!(directive, Directive::DeadLetter(FailReason::SeqGap, _))
+    }
+
+    /// Advances the paused clock by `d` and gives up what is due.
+    async fn after(gate: &mut Gate<Item>, d: Duration) -> Vec<Expired> {
+        tokio::time::advance(d).await;
+        gate.expire(Instant::now())
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_start_waits_the_start_grace_then_runs_past_the_gate() {
+        let mut g = gate(Config::default());
+        let t0 = Instant::now();
+        g.hold(item(3), "A", 3, true, t0).unwrap();
+        g.hold(item(5), "A", 5, true, t0).unwrap();
+        assert_eq!(g.next_deadline(), Some(t0 + Duration::from_secs(5)));
+        assert!(after(&mut g, Duration::from_secs(5) - MS).await.is_empty());
+        let expired = after(&mut g, MS).await;
+        assert_eq!(
+            expired,
+            [Expired {
+                order_key: "A".into(),
+                first_seq: 3,
+                events: 2,
+                at_start: true
+            }]
+        );
+        // The lowest is the start; the rest wait for it like any successor.
+        assert_eq!(drain(&mut g), [(3, Directive::Bypass)]);
+        assert_eq!(g.held(), 1);
+        assert_eq!(
+            g.next_deadline(),
+            Some(t0 + Duration::from_secs(120)),
+            "the gap grace counts from the arrival"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gap_that_never_fills_is_dead_lettered_after_the_gap_grace() {
+        let mut g = gate(Config::default());
+        g.hold(item(4), "A", 4, false, Instant::now()).unwrap();
+        tokio::time::advance(Duration::from_secs(30)).await;
+        g.hold(item(3), "A", 3, false, Instant::now()).unwrap();
+        g.hold(item(9), "B", 9, false, Instant::now()).unwrap();
+        assert!(after(&mut g, Duration::from_secs(90) - MS).await.is_empty());
+        let expired = after(&mut g, MS).await;
+        assert_eq!(expired.len(), 1, "only A's oldest event is due");
+        assert_eq!((expired[0].first_seq, expired[0].events), (3, 2));
+        let run = drain(&mut g);
+        assert_eq!(run.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(), [3, 4]);
+        assert!(run.iter().all(|(_, d)| is_seq_gap(d)), "{run:?}");
+        assert_eq!(g.held(), 1);
+        let expired = after(&mut g, Duration::from_secs(30)).await;
+        assert_eq!(expired[0].order_key, "B");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gap_that_fills_releases_the_order_in_seq_order() {
+        let mut g = gate(Config::default());
+        let t0 = Instant::now();
+        g.hold(item(4), "A", 4, false, t0).unwrap();
+        g.hold(item(3), "A", 3, false, t0).unwrap();
+        let version = g.version();
+        // Seq 2 arrives and passes: 3 runs, then 4 after 3 passed.
+        g.passed("A");
+        assert_ne!(g.version(), version);
+        assert_eq!(drain(&mut g), [(3, Directive::Normal)]);
+        g.passed("A");
+        assert_eq!(drain(&mut g), [(4, Directive::Normal)]);
+        g.passed("A");
+        assert!(drain(&mut g).is_empty());
+        assert_eq!((g.held(), g.next_deadline()), (0, None));
+        assert!(after(&mut g, Duration::from_secs(600)).await.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_held_again_keeps_the_grace_of_its_arrival() {
+        let mut g = gate(Config::default());
+        let t0 = Instant::now();
+        g.hold(item(5), "A", 5, false, t0).unwrap();
+        tokio::time::advance(Duration::from_secs(60)).await;
+        // Seq 3 passed but 4 is still missing: 5 runs, is held again.
+        g.passed("A");
+        let (again, _) = g.pop_runnable().unwrap();
+        g.hold(Box::new(again), "A", 5, false, Instant::now())
+            .unwrap();
+        assert_eq!(g.next_deadline(), Some(t0 + Duration::from_secs(120)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_max_held_the_oldest_gap_times_out_early() {
+        let mut g = gate(Config {
+            max_held: 2,
+            ..Config::default()
+        });
+        g.hold(item(5), "old", 5, false, Instant::now()).unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        g.hold(item(7), "new", 7, false, Instant::now()).unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let expired = g.hold(item(8), "new", 8, false, Instant::now()).unwrap();
+        assert_eq!(expired.len(), 1, "long before the grace");
+        assert_eq!(expired[0].order_key, "old");
+        let run = drain(&mut g);
+        assert!(
+            matches!(run.as_slice(), [(5, d)] if is_seq_gap(d)),
+            "{run:?}"
+        );
+        assert_eq!(g.held(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn on_gap_apply_runs_the_held_events_past_the_gap() {
+        let mut g = gate(Config {
+            on_gap: OnGap::Apply,
+            gap_grace: Duration::from_secs(10),
+            ..Config::default()
+        });
+        g.hold(item(6), "A", 6, false, Instant::now()).unwrap();
+        g.hold(item(4), "A", 4, false, Instant::now()).unwrap();
+        let expired = after(&mut g, Duration::from_secs(10)).await;
+        assert_eq!(expired.len(), 1);
+        assert!(!expired[0].at_start);
+        assert_eq!(
+            drain(&mut g),
+            [(4, Directive::Bypass), (6, Directive::Bypass)]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_second_copy_of_a_held_event_comes_back() {
+        let mut g = gate(Config::default());
+        let t0 = Instant::now();
+        g.hold(item(3), "A", 3, false, t0).unwrap();
+        let copy = g.hold(item(3), "A", 3, false, t0).unwrap_err();
+        assert_eq!(copy.seq, 3);
+        assert_eq!(g.held(), 1);
+        // The same seq of another order is no copy.
+        assert!(g.hold(item(3), "B", 3, false, t0).is_ok());
+        assert_eq!(g.held(), 2);
     }
 }

@@ -35,18 +35,51 @@ pub struct Event<'a> {
     pub published_at_ms: Option<i64>,
 }
 
-/// How a handler failed, shaped by what the worker does next.
+/// How a handler failed, shaped by what the worker does next. Build one with
+/// [`HandlerError::retryable`] or [`HandlerError::permanent`]: the variants
+/// will grow fields (a `Retry-After` hint next), so they are matched with `..`
+/// and never built field by field outside this crate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum HandlerError {
     /// Worth another attempt (downstream busy, 5xx, connection refused…).
-    #[error("{0}")]
-    Retryable(String),
+    #[error("{message}")]
+    #[non_exhaustive]
+    Retryable { message: String },
     /// Will never succeed as is: dead-letter now.
-    #[error("{0}")]
-    Permanent(String),
+    #[error("{message}")]
+    #[non_exhaustive]
+    Permanent { message: String },
     /// The attempt took longer than the handler timeout; retryable.
-    #[error("handler timed out after {0:?}")]
-    Timeout(Duration),
+    #[error("handler timed out after {after:?}")]
+    #[non_exhaustive]
+    Timeout { after: Duration },
+}
+
+impl HandlerError {
+    /// A failure worth another attempt.
+    pub fn retryable(message: impl Into<String>) -> Self {
+        Self::Retryable {
+            message: message.into(),
+        }
+    }
+
+    /// A failure no retry will fix: the event is dead-lettered at once.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Self::Permanent {
+            message: message.into(),
+        }
+    }
+
+    /// An attempt that ran out of time (the worker's handler timeout).
+    pub fn timeout(after: Duration) -> Self {
+        Self::Timeout { after }
+    }
+
+    /// Whether another attempt may succeed.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, Self::Permanent { .. })
+    }
 }
 
 /// Processes one event. Called serially per shard; must be safe to call again
@@ -86,7 +119,7 @@ impl Handler for Log {
         std::io::stdout()
             .lock()
             .write_all(line.as_bytes())
-            .map_err(|e| HandlerError::Retryable(format!("writing to stdout: {e}")))
+            .map_err(|e| HandlerError::retryable(format!("writing to stdout: {e}")))
     }
 }
 
@@ -137,7 +170,7 @@ impl Handler for Http {
             .body(event.body.to_vec())
             .send()
             .await
-            .map_err(|e| HandlerError::Retryable(format!("POST {}: {e}", self.url)))?;
+            .map_err(|e| HandlerError::retryable(format!("POST {}: {e}", self.url)))?;
         classify(response.status().as_u16())
     }
 }
@@ -146,10 +179,10 @@ impl Handler for Http {
 fn classify(status: u16) -> Result<(), HandlerError> {
     match status {
         200..=299 => Ok(()),
-        408 | 429 | 500..=599 => Err(HandlerError::Retryable(format!(
+        408 | 429 | 500..=599 => Err(HandlerError::retryable(format!(
             "downstream answered {status}"
         ))),
-        _ => Err(HandlerError::Permanent(format!(
+        _ => Err(HandlerError::permanent(format!(
             "downstream answered {status}"
         ))),
     }
@@ -157,7 +190,7 @@ fn classify(status: u16) -> Result<(), HandlerError> {
 
 /// `value` with `%`, control characters and non-ASCII bytes percent-encoded, so
 /// any order id travels in an HTTP header.
-pub fn header_value(value: &str) -> String {
+fn header_value(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for byte in value.bytes() {
         if (0x20..0x7f).contains(&byte) && byte != b'%' {
@@ -169,17 +202,21 @@ pub fn header_value(value: &str) -> String {
     out
 }
 
+/// A handler spec that names no built-in handler. Messages speak of "the
+/// handler spec"; a command line says which flag it came from.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum HandlerSpecError {
-    #[error("--handler must be an http(s):// URL, `log` or `noop`, got `{0}`")]
+    #[error("handler spec must be an http(s):// URL, `log` or `noop`, got `{0}`")]
     Unknown(String),
-    #[error("--handler URL `{url}` is not valid: {cause}")]
+    #[error("handler URL `{url}` is not valid: {cause}")]
     Url { url: String, cause: String },
     #[error("cannot build the HTTP client: {0}")]
     Client(String),
 }
 
-/// The built-in handler a `--handler` value names.
+/// The built-in handler a spec names: `noop`, `log` or an `http(s)://` URL
+/// ([`Http`]).
 pub fn from_spec(spec: &str) -> Result<Arc<dyn Handler>, HandlerSpecError> {
     match spec {
         "noop" => Ok(Arc::new(Noop)),
@@ -200,13 +237,13 @@ mod tests {
         for retryable in [408, 429, 500, 503, 599] {
             assert!(matches!(
                 classify(retryable),
-                Err(HandlerError::Retryable(_))
+                Err(HandlerError::Retryable { .. })
             ));
         }
         for permanent in [400, 404, 409, 422, 301] {
             assert!(matches!(
                 classify(permanent),
-                Err(HandlerError::Permanent(_))
+                Err(HandlerError::Permanent { .. })
             ));
         }
     }

@@ -1,4 +1,4 @@
-//! The worker's HTTP endpoint (`--metrics-addr`): `/metrics` (Prometheus,
+//! The worker's HTTP endpoint ([`crate::Config::metrics_addr`]): `/metrics` (Prometheus,
 //! OpenMetrics text), `/healthz` (the process is alive) and `/readyz` (broker
 //! connected, Redis reachable, every assigned shard consuming or standing by).
 
@@ -17,24 +17,25 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::{self, Metrics, ShardState};
+use crate::error::BindError;
+use crate::live::ShardState;
+use crate::metrics::{self, Metrics};
 use crate::status::WriterHealth;
 use crate::store::RedisHealth;
-use crate::supervisor::WorkerError;
 
 /// What `/readyz` looks at.
 #[derive(Debug)]
-pub struct Readiness {
-    pub metrics: Arc<Metrics>,
-    /// The broker connection is up (false while reconnecting).
-    pub broker: AtomicBool,
-    pub redis: Arc<RedisHealth>,
-    pub status_writer: Arc<WriterHealth>,
+pub(crate) struct Readiness {
+    pub(crate) metrics: Arc<Metrics>,
+    /// Both broker connections are up (false while reconnecting).
+    pub(crate) broker: AtomicBool,
+    pub(crate) redis: Arc<RedisHealth>,
+    pub(crate) status_writer: Arc<WriterHealth>,
 }
 
 impl Readiness {
     /// Whether the worker is ready, and the JSON body that says why not.
-    pub fn check(&self) -> (bool, serde_json::Value) {
+    fn check(&self) -> (bool, serde_json::Value) {
         let broker = self.broker.load(Ordering::Relaxed);
         let redis = self.redis.is_up() && self.status_writer.redis_ok();
         let (mut consuming, mut standing_by, mut starting) = (Vec::new(), Vec::new(), Vec::new());
@@ -73,21 +74,24 @@ impl Readiness {
     }
 }
 
-/// Binds `addr` now, so that a port in use fails the start naming the flag.
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener, WorkerError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| WorkerError::MetricsAddr {
-            addr,
-            cause: match e.kind() {
-                std::io::ErrorKind::AddrInUse => "address in use".into(),
-                _ => e.to_string(),
-            },
-        })
+/// Binds `addr` now, so that a port in use fails the start before anything
+/// connects.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BindError> {
+    TcpListener::bind(addr).await.map_err(|e| BindError {
+        addr,
+        cause: match e.kind() {
+            std::io::ErrorKind::AddrInUse => "address in use".into(),
+            _ => e.to_string(),
+        },
+    })
 }
 
 /// Serves the endpoints on `listener` until `shutdown`.
-pub async fn serve(listener: TcpListener, readiness: Arc<Readiness>, shutdown: CancellationToken) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    readiness: Arc<Readiness>,
+    shutdown: CancellationToken,
+) {
     serve_with(listener, shutdown, move |req| {
         respond(readiness.clone(), req)
     })
@@ -95,7 +99,8 @@ pub async fn serve(listener: TcpListener, readiness: Arc<Readiness>, shutdown: C
 }
 
 /// Serves HTTP/1 on `listener` until `shutdown`, answering each request with
-/// `respond` (also the metrics endpoint of `shardline reconcile`).
+/// `respond`: the worker's endpoints, and any other a program embedding the
+/// worker serves (the CLI's `reconcile` metrics).
 pub async fn serve_with<F, Fut>(listener: TcpListener, shutdown: CancellationToken, respond: F)
 where
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,

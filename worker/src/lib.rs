@@ -1,47 +1,76 @@
-//! shardline's shard consumers.
+//! shardline's shard consumers, as a library.
 //!
 //! One serial consumer per shard; each delivery goes
-//! decode → dedup claim → handler (retried in place) → dedup commit → ack,
-//! or, when it cannot succeed, → dead-letter (confirmed) → ack. Modules in flow order:
+//! decode → sequence gate → dedup claim → handler (retried in place) → dedup
+//! commit → ack, or, when it cannot succeed, → dead letter (confirmed) → ack.
 //!
-//! - [`config`]: the worker's settings and the retry policy.
-//! - [`supervisor`]: the broker connection, its reconnection, one task per shard.
-//! - [`shard`]: one shard's consumer: exclusive consume or standby, drain on stop.
-//! - [`lookahead`]: the next delivery taken early, to claim it with the last commit.
-//! - [`gate`]: the sequence gate's held events, per order, with their deadlines.
-//! - [`process`]: one delivery to an [`Outcome`], callable without a broker.
-//! - [`dedup`]: the Redis state: claims, `done` marks, each order's last seq.
-//! - [`quarantine`]: per-order quarantine behind a dead letter (`--on-dead-letter quarantine`).
-//! - [`store`]: one Redis connection per shard; outages pause the shard.
+//! Embedding it takes a [`Config`], a [`Handler`] and a stop token:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//!
+//! # async fn example() -> Result<(), shardline_worker::WorkerError> {
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! tokio::spawn(shardline_worker::cancel_on_signal(shutdown.clone()));
+//! let config = shardline_worker::Config {
+//!     worker_name: "billing-1".into(),
+//!     ..shardline_worker::Config::default()
+//! };
+//! shardline_worker::run(config, Arc::new(shardline_worker::Log), shutdown).await
+//! # }
+//! ```
+//!
+//! [`Worker::new`] then [`Worker::progress`] gives a [`Progress`] to watch a
+//! running worker. Modules, in the order a delivery meets them:
+//!
+//! - `config`: the settings, their defaults and their one validation.
+//! - `supervisor`: the two broker connections (deliveries and acks; dead
+//!   letters), their one reconnect loop, one task per shard.
+//! - `shard`: one shard's consumer: exclusive consume or standby, drain and
+//!   close (no `basic.cancel`) on stop.
+//! - `lookahead`: the next delivery taken early, to claim it with the last commit.
+//! - `gate`: the sequence gate's held events, per order, with their deadlines.
+//! - `process`: one delivery to an outcome: decode, admit, call the handler.
+//! - `dedup`: the Redis state: claims, `done` marks, each order's last seq.
+//! - `quarantine`: per-order quarantine behind a dead letter ([`OnDeadLetter::Quarantine`]).
+//! - `store`: one Redis connection per shard; outages pause the shard.
 //! - [`handler`]: the [`Handler`] trait, its errors and the built-in handlers.
-//! - [`settle`]: the one place an outcome becomes ack or dead-letter-then-ack.
-//! - [`stats`]: counters of what happened, for reports and metrics.
-//! - [`metrics`]: Prometheus metric names, per-shard handles and live shard state.
-//! - [`status`]: backlog levels and the shard status each worker writes to Redis.
-//! - [`progress`]: what a running worker did, for the code that embeds it.
-//! - [`http`]: `/metrics`, `/healthz` and `/readyz` on `--metrics-addr`.
+//! - `settle`: the one place an outcome becomes ack, or dead letter then ack.
+//! - `live`: each shard's live state (in flight, held, consuming or not).
+//! - [`metrics`]: the one set of counters, and the metric names.
+//! - `status`: the shard and worker status documents written to Redis.
+//! - [`Progress`]: what a running worker did, for the code that embeds it.
+//! - [`http`]: `/metrics`, `/healthz` and `/readyz` on [`Config::metrics_addr`].
+//! - `signal`: SIGTERM and Ctrl-C to a stop token ([`cancel_on_signal`]).
+//! - `error`: [`WorkerError`].
 
-pub mod config;
+mod config;
+#[doc(hidden)]
 pub mod dedup;
-pub mod gate;
+mod error;
+mod gate;
 pub mod handler;
 pub mod http;
-pub mod lookahead;
+mod live;
+mod lookahead;
 pub mod metrics;
-pub mod process;
-pub mod progress;
+mod process;
+mod progress;
+#[doc(hidden)]
 pub mod quarantine;
-pub mod settle;
-pub mod shard;
-pub mod stats;
+mod settle;
+mod shard;
+mod signal;
+#[doc(hidden)]
 pub mod status;
-pub mod store;
-pub mod supervisor;
+mod store;
+mod supervisor;
 
-pub use config::{Config, OnDeadLetter, OnGap, RetryPolicy};
-pub use handler::{Event, Handler, HandlerError};
-pub use metrics::ShardState;
-pub use process::Outcome;
+pub use config::{Config, ConfigError, OnDeadLetter, OnGap, Problem, RetryPolicy};
+pub use error::{BindError, WorkerError};
+pub use handler::{Event, Handler, HandlerError, HandlerSpecError, Http, Log, Noop, from_spec};
+pub use live::ShardState;
 pub use progress::{Counts, Progress};
-pub use stats::Stats;
-pub use supervisor::{Worker, WorkerError, run};
+pub use shardline_topology::status::Thresholds;
+pub use signal::cancel_on_signal;
+pub use supervisor::{Worker, run};

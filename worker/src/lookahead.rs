@@ -2,25 +2,35 @@
 //! already sent it, so that its dedup claim can ride along with the current
 //! event's commit: one Redis round trip per event instead of two.
 
-use std::time::Instant;
-
 use futures_util::{FutureExt as _, StreamExt as _};
 use lapin::Consumer;
 use lapin::message::Delivery;
+use tokio::time::Instant;
 
 use crate::dedup::Verdict;
+use crate::gate::Holdable;
 use crate::process::{Decoded, Message, Outcome, Processor};
 use crate::store::RedisSlot;
 
 /// A delivery with what is known about it before processing starts.
-pub struct Ready {
-    pub delivery: Delivery,
+pub(crate) struct Ready {
+    pub(crate) delivery: Delivery,
     /// The envelope, or the dead-letter outcome of a body that is not one.
-    pub decoded: Result<Decoded, Outcome>,
+    pub(crate) decoded: Result<Decoded, Outcome>,
     /// Its first admit verdict, when asked for together with the previous commit.
-    pub admitted: Option<Verdict>,
+    pub(crate) admitted: Option<Verdict>,
     /// When the sequence gate first held it.
-    pub held_since: Option<Instant>,
+    held_since: Option<Instant>,
+}
+
+impl Holdable for Ready {
+    fn held_since(&self) -> Option<Instant> {
+        self.held_since
+    }
+
+    fn set_held_since(&mut self, at: Instant) {
+        self.held_since = Some(at);
+    }
 }
 
 impl Ready {
@@ -55,13 +65,13 @@ enum Peeked {
 }
 
 /// The shard's consumer with at most one delivery taken ahead.
-pub struct Lookahead {
+pub(crate) struct Lookahead {
     consumer: Consumer,
     peeked: Option<Peeked>,
 }
 
 impl Lookahead {
-    pub fn new(consumer: Consumer) -> Self {
+    pub(crate) fn new(consumer: Consumer) -> Self {
         Self {
             consumer,
             peeked: None,
@@ -70,7 +80,10 @@ impl Lookahead {
 
     /// The next delivery: the one taken ahead, else the broker's next.
     /// `Ok(None)` when the broker cancelled the consumer.
-    pub async fn next(&mut self, processor: &Processor) -> Result<Option<Ready>, lapin::Error> {
+    pub(crate) async fn next(
+        &mut self,
+        processor: &Processor,
+    ) -> Result<Option<Ready>, lapin::Error> {
         let peeked = match self.peeked.take() {
             Some(peeked) => peeked,
             None => Self::wrap(self.consumer.next().await, processor),
@@ -83,7 +96,7 @@ impl Lookahead {
     }
 
     /// The next delivery if the broker has already sent it; never waits.
-    pub fn peek(&mut self, processor: &Processor) -> Option<&mut Ready> {
+    pub(crate) fn peek(&mut self, processor: &Processor) -> Option<&mut Ready> {
         if self.peeked.is_none()
             && let Some(next) = self.consumer.next().now_or_never()
         {
@@ -97,7 +110,7 @@ impl Lookahead {
 
     /// Forgets the verdict asked for early (its claim stays; asking again
     /// recognises it): a dead letter made since may have quarantined its order.
-    pub fn forget_admission(&mut self) {
+    pub(crate) fn forget_admission(&mut self) {
         if let Some(Peeked::Ready(ready)) = &mut self.peeked {
             ready.admitted = None;
         }
@@ -105,7 +118,7 @@ impl Lookahead {
 
     /// Gives up a claim made early for a delivery that will not be processed
     /// here (the worker is stopping; the broker redelivers it).
-    pub async fn release(&mut self, processor: &Processor, redis: &mut RedisSlot) {
+    pub(crate) async fn release(&mut self, processor: &Processor, redis: &mut RedisSlot) {
         if let Some(Peeked::Ready(ready)) = &self.peeked
             && let Some(key) = ready.held_key()
         {

@@ -1,8 +1,7 @@
 //! One delivery to an [`Outcome`]: decode, admit (dedup, sequence gate, claim),
 //! call the handler.
 //!
-//! Nothing here acks or publishes; [`crate::settle`] maps the outcome to the
-//! broker. That keeps this step drivable by tests without a consumer loop.
+//! Nothing here acks or publishes; `settle.rs` maps the outcome to the broker.
 //! [`ProcessTrace`] is the delivery's consumer span.
 
 use std::borrow::Cow;
@@ -20,26 +19,28 @@ use shardline_topology::headers::{self, FailReason};
 use shardline_topology::telemetry::{self, attr, op, outcome};
 use shardline_topology::{Envelope, EnvelopeError, ShardId, w3c};
 
+use shardline_topology::Keys;
+
 use crate::config::{Config, OnDeadLetter, RetryPolicy};
 use crate::dedup::{Admission, Dedup, Verdict};
 use crate::handler::{Event, Handler, HandlerError};
+use crate::metrics::ShardMetrics;
 use crate::quarantine;
-use crate::stats::Stats;
 use crate::store::RedisSlot;
 
 /// A delivery as processing sees it.
 #[derive(Debug, Clone, Copy)]
-pub struct Message<'a> {
-    pub body: &'a [u8],
-    pub properties: &'a BasicProperties,
+pub(crate) struct Message<'a> {
+    pub(crate) body: &'a [u8],
+    pub(crate) properties: &'a BasicProperties,
     /// The exchange it was published to.
-    pub exchange: &'a str,
-    pub routing_key: &'a str,
-    pub redelivered: bool,
+    pub(crate) exchange: &'a str,
+    pub(crate) routing_key: &'a str,
+    pub(crate) redelivered: bool,
 }
 
 impl<'a> Message<'a> {
-    pub fn of(delivery: &'a lapin::message::Delivery) -> Self {
+    pub(crate) fn of(delivery: &'a lapin::message::Delivery) -> Self {
         Self {
             body: &delivery.data,
             properties: &delivery.properties,
@@ -52,7 +53,7 @@ impl<'a> Message<'a> {
 
 /// What to do with a delivery.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The handler succeeded: commit (dedup and gate), then ack.
     Processed,
     /// Processed before: ack without calling the handler.
@@ -79,13 +80,13 @@ pub enum Outcome {
 
 /// What survives between attempts at one delivery.
 #[derive(Debug, Clone)]
-pub struct Decoded {
-    pub envelope: Envelope,
-    pub dedup_key: String,
-    pub order_key: String,
+pub(crate) struct Decoded {
+    pub(crate) envelope: Envelope,
+    pub(crate) dedup_key: String,
+    pub(crate) order_key: String,
     published_at_ms: Option<i64>,
     /// A replay from the DLQ (the dead-letter id it replays): it bypasses the gate.
-    pub replay_of: Option<String>,
+    pub(crate) replay_of: Option<String>,
     /// Quorum queues: deliveries so far (`x-delivery-count`).
     delivery_count: Option<i64>,
     token: u64,
@@ -93,7 +94,7 @@ pub struct Decoded {
 
 impl Decoded {
     /// The admit request for this delivery.
-    pub fn admission(&self, redelivered: bool, bypass_gate: bool) -> Admission<'_> {
+    pub(crate) fn admission(&self, redelivered: bool, bypass_gate: bool) -> Admission<'_> {
         Admission {
             dedup_key: &self.dedup_key,
             order_key: &self.order_key,
@@ -107,7 +108,7 @@ impl Decoded {
 }
 
 /// Processes the deliveries of one shard.
-pub struct Processor {
+pub(crate) struct Processor {
     shard: ShardId,
     handler: Arc<dyn Handler>,
     dedup: Dedup,
@@ -115,11 +116,11 @@ pub struct Processor {
     handler_timeout: Duration,
     max_body_bytes: usize,
     delivery_limit: Option<u32>,
-    /// `--on-dead-letter quarantine`: events of a quarantined order are
+    /// Quarantine mode (`OnDeadLetter::Quarantine`): events of a quarantined order are
     /// dead-lettered `quarantined`.
     quarantine: bool,
-    redis_prefix: String,
-    stats: Arc<Stats>,
+    keys: Keys,
+    metrics: Arc<ShardMetrics>,
     /// The global tracer as it was when the shard started (a no-op without
     /// a provider).
     tracer: BoxedTracer,
@@ -128,11 +129,11 @@ pub struct Processor {
 }
 
 impl Processor {
-    pub fn new(
+    pub(crate) fn new(
         config: &Config,
         shard: ShardId,
         handler: Arc<dyn Handler>,
-        stats: Arc<Stats>,
+        metrics: Arc<ShardMetrics>,
     ) -> Self {
         Self {
             shard,
@@ -143,20 +144,20 @@ impl Processor {
             max_body_bytes: config.max_body_bytes,
             delivery_limit: config.delivery_limit,
             quarantine: config.on_dead_letter == OnDeadLetter::Quarantine,
-            redis_prefix: config.redis_prefix.clone(),
-            stats,
+            keys: config.keys(),
+            metrics,
             tracer: global::tracer_with_scope(telemetry::scope()),
             span_name: telemetry::span::process(&config.names.shard_queue(shard)),
             queue: config.names.shard_queue(shard),
         }
     }
 
-    pub fn dedup(&self) -> &Dedup {
+    pub(crate) fn dedup(&self) -> &Dedup {
         &self.dedup
     }
 
     /// Parses the envelope; a body that is not one is dead-lettered at once.
-    pub fn decode(&self, msg: &Message<'_>) -> Result<Decoded, Outcome> {
+    pub(crate) fn decode(&self, msg: &Message<'_>) -> Result<Decoded, Outcome> {
         let envelope = Envelope::parse(msg.body, self.max_body_bytes).map_err(|e| {
             let reason = match e {
                 EnvelopeError::Decode(_) => FailReason::Decode,
@@ -192,7 +193,7 @@ impl Processor {
         clippy::too_many_arguments,
         reason = "one attempt's inputs, each from a different owner (settle, lookahead, gate)"
     )]
-    pub async fn attempt(
+    pub(crate) async fn attempt(
         &self,
         redis: &mut RedisSlot,
         msg: &Message<'_>,
@@ -228,7 +229,7 @@ impl Processor {
             };
             match verdict {
                 Verdict::Claimed => {}
-                Verdict::TakenOver => Stats::bump(&self.stats.takeovers),
+                Verdict::TakenOver => self.metrics.took_over(),
                 Verdict::Duplicate => return Outcome::Duplicate,
                 Verdict::Wait(ttl) => return Outcome::Wait(ttl),
                 Verdict::Gap => return Outcome::Hold { start: false },
@@ -274,23 +275,26 @@ impl Processor {
             dedup_key: key,
             shard: self.shard,
             attempt,
-            trace: &trace.cx,
-            traceparent: &trace.traceparent,
+            trace: trace.context(),
+            traceparent: trace.traceparent(),
             published_at_ms: decoded.published_at_ms,
         };
-        Stats::bump(&self.stats.handler_attempts);
+        self.metrics.attempt();
         // The process span is the current context inside the handler, for
         // handlers whose own instrumentation reads it.
-        let handled = self.handler.handle(&event).with_context(trace.cx.clone());
+        let handled = self
+            .handler
+            .handle(&event)
+            .with_context(trace.context().clone());
         let result = match tokio::time::timeout(self.handler_timeout, handled).await {
             Ok(result) => result,
-            Err(_) => Err(HandlerError::Timeout(self.handler_timeout)),
+            Err(_) => Err(HandlerError::timeout(self.handler_timeout)),
         };
         match result {
             Ok(()) => Outcome::Processed,
-            Err(HandlerError::Permanent(error)) => Outcome::DeadLetter {
+            Err(error) if !error.is_retryable() => Outcome::DeadLetter {
                 reason: FailReason::Handler,
-                error,
+                error: error.to_string(),
                 attempts: attempt,
             },
             Err(error) if attempt < self.retry.max_attempts => Outcome::Retry {
@@ -299,7 +303,7 @@ impl Processor {
             },
             Err(error) => Outcome::DeadLetter {
                 reason: match error {
-                    HandlerError::Timeout(_) => FailReason::Timeout,
+                    HandlerError::Timeout { .. } => FailReason::Timeout,
                     _ => FailReason::Handler,
                 },
                 error: error.to_string(),
@@ -309,21 +313,21 @@ impl Processor {
     }
 
     /// Quarantine mode is on.
-    pub fn quarantines(&self) -> bool {
+    pub(crate) fn quarantines(&self) -> bool {
         self.quarantine
     }
 
     /// After its dead letter `id` is confirmed, in one round trip: gives the
     /// claim up (so that a replay is not suppressed), holds the order in
     /// quarantine (quarantine mode) and counts the seq as passed.
-    pub async fn dead_lettered(&self, redis: &mut RedisSlot, decoded: &Decoded, id: &str) {
+    pub(crate) async fn dead_lettered(&self, redis: &mut RedisSlot, decoded: &Decoded, id: &str) {
         let mut pipe = redis::pipe();
         pipe.atomic();
         let (order_key, seq) = (&decoded.order_key, decoded.envelope.seq);
         if self.quarantine {
             quarantine::add_enter(
                 &mut pipe,
-                &self.redis_prefix,
+                &self.keys,
                 order_key,
                 seq,
                 id,
@@ -337,28 +341,16 @@ impl Processor {
 
     /// A duplicate needs nothing, unless it is a replay: a second dead letter
     /// of an applied event no longer holds its order in quarantine.
-    pub async fn duplicate(&self, redis: &mut RedisSlot, decoded: &Decoded) {
+    pub(crate) async fn duplicate(&self, redis: &mut RedisSlot, decoded: &Decoded) {
         if let Some(id) = &decoded.replay_of {
-            quarantine::leave(redis, &self.redis_prefix, &decoded.order_key, id).await;
-        }
-    }
-
-    /// Decode and first attempt in one call (under a process span of its own).
-    pub async fn process_one(&self, redis: &mut RedisSlot, msg: &Message<'_>) -> Outcome {
-        match self.decode(msg) {
-            Ok(decoded) => {
-                let trace = self.start_trace(msg, Some(&decoded));
-                self.attempt(redis, msg, &decoded, 1, None, false, &trace)
-                    .await
-            }
-            Err(outcome) => outcome,
+            quarantine::leave(redis, &self.keys, &decoded.order_key, id).await;
         }
     }
 
     /// Opens the delivery's consumer span, `{queue} process`, as a child of the
     /// context in its headers (a new root when that is missing or malformed).
     /// Attributes are only built when the span records.
-    pub fn start_trace(&self, msg: &Message<'_>, decoded: Option<&Decoded>) -> ProcessTrace {
+    pub(crate) fn start_trace(&self, msg: &Message<'_>, decoded: Option<&Decoded>) -> ProcessTrace {
         let parent = headers::extract(msg.properties);
         let span = self
             .tracer
@@ -421,7 +413,7 @@ impl Processor {
 /// it: the handler's context and `traceparent`, and a dead letter's trace
 /// context. Ends when settled; dropped unsettled (stop, lost connection), it
 /// ends with outcome `abandoned`.
-pub struct ProcessTrace {
+pub(crate) struct ProcessTrace {
     cx: Context,
     span_context: SpanContext,
     traceparent: String,
@@ -431,22 +423,22 @@ pub struct ProcessTrace {
 
 impl ProcessTrace {
     /// The context holding the process span: the parent of handler spans.
-    pub fn context(&self) -> &Context {
+    pub(crate) fn context(&self) -> &Context {
         &self.cx
     }
 
     /// The span context propagated downstream and onto a dead letter: the
     /// process span's, or (no tracer provider) the incoming one, else a fresh one.
-    pub fn span_context(&self) -> &SpanContext {
+    pub(crate) fn span_context(&self) -> &SpanContext {
         &self.span_context
     }
 
-    pub fn traceparent(&self) -> &str {
+    pub(crate) fn traceparent(&self) -> &str {
         &self.traceparent
     }
 
     /// A failed attempt, to be retried after `after`.
-    pub fn retry(&self, attempt: u32, after: Duration, error: &HandlerError) {
+    pub(crate) fn retry(&self, attempt: u32, after: Duration, error: &HandlerError) {
         if self.recording {
             self.cx.span().add_event(
                 telemetry::event::RETRY,
@@ -463,7 +455,7 @@ impl ProcessTrace {
     }
 
     /// Waiting for another consumer's claim to lapse.
-    pub fn claim_wait(&self, after: Duration) {
+    pub(crate) fn claim_wait(&self, after: Duration) {
         if self.recording {
             self.cx.span().add_event(
                 telemetry::event::CLAIM_WAIT,
@@ -477,12 +469,18 @@ impl ProcessTrace {
 
     /// Ends the span with `outcome` (a [`telemetry::outcome`] value) after
     /// `attempts` handler attempts.
-    pub fn finish(mut self, outcome: &'static str, attempts: u32) {
+    pub(crate) fn finish(mut self, outcome: &'static str, attempts: u32) {
         self.end(outcome, attempts, Vec::new());
     }
 
     /// Ends the span of a dead-lettered event, with an error status.
-    pub fn dead_lettered(mut self, reason: FailReason, attempts: u32, id: &str, error: &str) {
+    pub(crate) fn dead_lettered(
+        mut self,
+        reason: FailReason,
+        attempts: u32,
+        id: &str,
+        error: &str,
+    ) {
         if self.recording {
             self.cx.span().set_status(Status::error(error.to_owned()));
         }
@@ -531,7 +529,8 @@ mod tests {
     fn processor() -> Processor {
         let config = Config::default();
         let shard = ShardId::new(3, ShardCount::default()).unwrap();
-        Processor::new(&config, shard, Arc::new(Noop), Arc::new(Stats::default()))
+        let metrics = crate::metrics::Metrics::new(&[shard], config.backlog, config.stuck_after);
+        Processor::new(&config, shard, Arc::new(Noop), metrics.shards()[0].clone())
     }
 
     fn with_traceparent(value: Option<&[u8]>) -> BasicProperties {

@@ -3,18 +3,16 @@
 //! worker runs.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use shardline_topology::ShardId;
 use shardline_topology::headers::FailReason;
 
-use crate::metrics::{Metrics, ShardState};
-use crate::stats::Stats;
+use crate::live::ShardState;
+use crate::metrics::Metrics;
 
 /// A running worker's progress; clone it freely.
 #[derive(Debug, Clone)]
 pub struct Progress {
-    stats: Arc<Stats>,
     metrics: Arc<Metrics>,
 }
 
@@ -40,7 +38,8 @@ pub struct Counts {
     pub held: u64,
     /// Sequence gaps given up on (timed out or accepted as a start).
     pub gaps: u64,
-    dead_letters: [u64; FailReason::ALL.len()],
+    /// By reason, in the order of [`FailReason::ALL`].
+    pub(crate) dead_letters: [u64; FailReason::ALL.len()],
 }
 
 impl Counts {
@@ -64,26 +63,13 @@ impl Counts {
 }
 
 impl Progress {
-    pub(crate) fn new(stats: Arc<Stats>, metrics: Arc<Metrics>) -> Self {
-        Self { stats, metrics }
+    pub(crate) fn new(metrics: Arc<Metrics>) -> Self {
+        Self { metrics }
     }
 
-    /// The totals now.
+    /// The totals now (the same counters `/metrics` serves).
     pub fn counts(&self) -> Counts {
-        let s = &self.stats;
-        let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-        Counts {
-            processed: load(&s.processed),
-            duplicates: load(&s.duplicates),
-            handler_attempts: load(&s.handler_attempts),
-            retries: load(&s.retries),
-            takeovers: load(&s.takeovers),
-            redis_outages: load(&s.redis_outages),
-            broker_reconnects: load(&s.broker_reconnects),
-            held: load(&s.held),
-            gaps: load(&s.gaps),
-            dead_letters: FailReason::ALL.map(|r| s.dead_lettered_count(r)),
-        }
+        self.metrics.counts()
     }
 
     /// Each assigned shard with where its consumer is.
@@ -98,9 +84,7 @@ impl Progress {
     /// single-active-consumer queues: registered, as the broker does not say
     /// which consumer is active).
     pub fn all_consuming(&self) -> bool {
-        self.metrics
-            .watches()
-            .all(|w| matches!(w.state(), ShardState::Consuming | ShardState::Registered))
+        self.metrics.watches().all(|w| w.state().is_consuming())
     }
 
     /// Whether every assigned shard waits for another consumer to let go.

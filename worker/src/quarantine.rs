@@ -1,9 +1,9 @@
-//! Per-order quarantine (`--on-dead-letter quarantine`, SPEC §3): once an event
+//! Per-order quarantine ([`crate::OnDeadLetter::Quarantine`], SPEC §3): once an event
 //! of an order is dead-lettered, the order's later events follow it into the
 //! DLQ (reason `quarantined`) instead of being applied past the hole, until
 //! the order's dead letters are replayed or the order is released.
 //!
-//! The state is one sorted set per order, `{prefix}quarantine:{order}`: the
+//! The state is one sorted set per order ([`Keys::quarantine`]): the
 //! dead-letter ids that hold the order, scored by seq (0 without one). Ids are
 //! UUIDv7, so letters of equal seq sort in the order they were made. The
 //! lowest member is the blocker. A replayed letter runs only when it is the
@@ -14,20 +14,24 @@
 //! stays the blocker and the successors replayed behind it are quarantined
 //! again rather than applied out of order.
 
+use shardline_topology::Keys;
+
 use crate::store::RedisSlot;
 
-/// The Redis key of an order's quarantine.
+/// [`Keys::quarantine`] under `redis_prefix`: for the CLI's DLQ tools until
+/// they move to `shardline-ops`.
+#[doc(hidden)]
 pub fn key(redis_prefix: &str, order_key: &str) -> String {
-    format!("{redis_prefix}quarantine:{order_key}")
+    Keys::new(redis_prefix).quarantine(order_key)
 }
 
 /// The dead letter an order waits behind.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Blocker {
+pub(crate) struct Blocker {
     /// Its `x-dead-letter-id`.
-    pub id: String,
+    pub(crate) id: String,
     /// Its seq (0 when it had none).
-    pub seq: u64,
+    pub(crate) seq: u64,
 }
 
 /// The score of a letter: its seq. Seqs beyond 2^53 lose precision as a
@@ -39,16 +43,16 @@ fn score(seq: Option<u64>) -> f64 {
 
 /// What [`add_head_query`] answers: the order's lowest member with its score
 /// (none when the order is not quarantined), and the replayed letter's score.
-pub type Head = (Vec<(String, f64)>, Option<f64>);
+pub(crate) type Head = (Vec<(String, f64)>, Option<f64>);
 
 /// Adds the reads [`blocker`] decides on to `pipe` (in the admit's round trip).
-pub fn add_head_query(
+pub(crate) fn add_head_query(
     pipe: &mut redis::Pipeline,
-    redis_prefix: &str,
+    keys: &Keys,
     order_key: &str,
     replay_of: Option<&str>,
 ) {
-    let key = key(redis_prefix, order_key);
+    let key = keys.quarantine(order_key);
     pipe.cmd("ZRANGE").arg(&key).arg(0).arg(0).arg("WITHSCORES");
     // A fresh event asks for the empty member, never in the set: one shape
     // of answer either way.
@@ -58,7 +62,11 @@ pub fn add_head_query(
 /// Whether an event (`seq`, and the dead-letter id it replays) must wait
 /// behind a dead letter: `None` when its order is not quarantined, or when the
 /// event is the replay of the blocker (or of a letter older than it).
-pub fn blocker((head, own): Head, seq: Option<u64>, replay_of: Option<&str>) -> Option<Blocker> {
+pub(crate) fn blocker(
+    (head, own): Head,
+    seq: Option<u64>,
+    replay_of: Option<&str>,
+) -> Option<Blocker> {
     let (id, head_score) = head.into_iter().next()?;
     let runs = may_run(&id, head_score, replay_of, own.is_some(), seq);
     (!runs).then(|| Blocker {
@@ -96,15 +104,15 @@ fn head_score_seq(score: f64) -> u64 {
 /// Adds to `pipe` the record of dead letter `id` (of an event with `seq`) as
 /// holding its order; a dead-lettered replay leaves under its old id in the
 /// same step (the caller makes the pipeline atomic).
-pub fn add_enter(
+pub(crate) fn add_enter(
     pipe: &mut redis::Pipeline,
-    redis_prefix: &str,
+    keys: &Keys,
     order_key: &str,
     seq: Option<u64>,
     id: &str,
     replay_of: Option<&str>,
 ) {
-    let key = key(redis_prefix, order_key);
+    let key = keys.quarantine(order_key);
     if let Some(old) = replay_of {
         pipe.cmd("ZREM").arg(&key).arg(old).ignore();
     }
@@ -112,9 +120,9 @@ pub fn add_enter(
 }
 
 /// The dead letter `id` no longer holds its order (its event was applied).
-pub async fn leave(redis: &mut RedisSlot, redis_prefix: &str, order_key: &str, id: &str) {
+pub(crate) async fn leave(redis: &mut RedisSlot, keys: &Keys, order_key: &str, id: &str) {
     let mut cmd = redis::cmd("ZREM");
-    cmd.arg(key(redis_prefix, order_key)).arg(id);
+    cmd.arg(keys.quarantine(order_key)).arg(id);
     redis.query::<i64>(&cmd).await;
 }
 

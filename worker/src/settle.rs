@@ -1,22 +1,22 @@
 //! Drives one delivery to its end. The `match` in [`settle`] is the one place an
 //! [`Outcome`] meets the broker: ack, sleep and retry, hold, or dead-letter then
-//! ack.
+//! ack. Dead letters go out through the publisher crate's confirmed publish, on
+//! the supervisor's dead-letter connection; acks on the shard's channel.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use lapin::options::{BasicAckOptions, BasicPublishOptions};
-use lapin::{Channel, Confirmation};
-use shardline_topology::Names;
+use lapin::options::BasicAckOptions;
+use shardline_publisher::{ConfirmChannel, ConfirmError};
 use shardline_topology::headers::DeadLetter;
 use shardline_topology::telemetry::outcome;
+use shardline_topology::{Names, ShardId};
 
 use crate::dedup::Done;
 use crate::gate::Directive;
 use crate::lookahead::{Lookahead, Ready};
 use crate::metrics::ShardMetrics;
 use crate::process::{Decoded, Message, Outcome, ProcessTrace, Processor};
-use crate::stats::Stats;
 use crate::store::RedisSlot;
 
 /// While the dead-letter queue cannot take a message, how long to wait between
@@ -24,16 +24,15 @@ use crate::store::RedisSlot;
 const DEAD_LETTER_RETRY: Duration = Duration::from_secs(1);
 
 /// What one shard needs to settle its deliveries.
-pub struct ShardContext {
-    pub processor: Processor,
-    pub names: Names,
-    pub shard: shardline_topology::ShardId,
-    pub stats: Arc<Stats>,
-    pub metrics: Arc<ShardMetrics>,
+pub(crate) struct ShardContext {
+    pub(crate) processor: Processor,
+    pub(crate) names: Names,
+    pub(crate) shard: ShardId,
+    pub(crate) metrics: Arc<ShardMetrics>,
 }
 
 /// How a delivery left [`settle`].
-pub enum Settled {
+pub(crate) enum Settled {
     /// Acked (processed, duplicate or dead-lettered). `order_key` is set when
     /// the event had a seq, so its order's held successors may run.
     Done { order_key: Option<String> },
@@ -50,9 +49,9 @@ pub enum Settled {
 /// key while a claim may be held, so that a caller who abandons this future can
 /// release it. Log lines about the event carry its trace and span ids (fields,
 /// not a per-event `tracing` span: that would format both ids for every event).
-pub async fn settle(
+pub(crate) async fn settle(
     ctx: &ShardContext,
-    channel: &Channel,
+    dead_letters: &ConfirmChannel,
     redis: &mut RedisSlot,
     ready: Ready,
     directive: Directive,
@@ -67,7 +66,7 @@ pub async fn settle(
         directive,
         trace,
     };
-    settle_traced(ctx, channel, redis, delivery, lookahead, in_flight).await
+    settle_traced(ctx, dead_letters, redis, delivery, lookahead, in_flight).await
 }
 
 /// A delivery on its way through [`settle`].
@@ -79,7 +78,7 @@ struct Delivery {
 
 async fn settle_traced(
     ctx: &ShardContext,
-    channel: &Channel,
+    dead_letters: &ConfirmChannel,
     redis: &mut RedisSlot,
     delivery: Delivery,
     lookahead: &mut Lookahead,
@@ -124,7 +123,6 @@ async fn settle_traced(
                     commit(ctx, redis, lookahead, decoded, bypass).await;
                 }
                 ready.delivery.ack(BasicAckOptions::default()).await?;
-                Stats::bump(&ctx.stats.processed);
                 ctx.metrics.processed();
                 trace.finish(outcome::PROCESSED, attempt);
                 break;
@@ -134,13 +132,11 @@ async fn settle_traced(
                     ctx.processor.duplicate(redis, decoded).await;
                 }
                 ready.delivery.ack(BasicAckOptions::default()).await?;
-                Stats::bump(&ctx.stats.duplicates);
                 ctx.metrics.duplicate();
                 trace.finish(outcome::DUPLICATE, 0);
                 break;
             }
             Outcome::Retry { after, error } => {
-                Stats::bump(&ctx.stats.retries);
                 ctx.metrics.retried();
                 first_failed_at.get_or_insert_with(SystemTime::now);
                 trace.retry(attempt, after, &error);
@@ -182,7 +178,7 @@ async fn settle_traced(
                     id: uuid::Uuid::now_v7().to_string(),
                     trace: Some(trace.span_context().clone()),
                 };
-                publish_dead_letter(channel, &ctx.names, &msg, &letter).await?;
+                publish_dead_letter(dead_letters, &ctx.names, &msg, &letter).await?;
                 if let Some(decoded) = decoded {
                     ctx.processor
                         .dead_lettered(redis, decoded, &letter.id)
@@ -192,7 +188,6 @@ async fn settle_traced(
                     }
                 }
                 ready.delivery.ack(BasicAckOptions::default()).await?;
-                ctx.stats.dead_lettered(reason);
                 ctx.metrics.dead_lettered(reason);
                 tracing::warn!(
                     shard = %ctx.shard, reason = %reason, attempts, dead_letter_id = %letter.id,
@@ -214,9 +209,8 @@ async fn settle_traced(
 }
 
 /// Acks a second copy of an event the gate already holds.
-pub async fn ack_duplicate(ctx: &ShardContext, ready: &Ready) -> Result<(), lapin::Error> {
+pub(crate) async fn ack_duplicate(ctx: &ShardContext, ready: &Ready) -> Result<(), lapin::Error> {
     ready.delivery.ack(BasicAckOptions::default()).await?;
-    Stats::bump(&ctx.stats.duplicates);
     ctx.metrics.duplicate();
     Ok(())
 }
@@ -255,38 +249,37 @@ async fn commit(
 
 /// Publishes the original body and properties, plus the dead-letter headers, to
 /// the dead-letter exchange with the reason as routing key, and waits for the
-/// broker's confirm. A nack or an unroutable return is retried, never skipped.
+/// broker's confirm. A refusal (nack, unroutable) is retried after a pause with
+/// the event unacked, never skipped; a channel or connection error ends the
+/// shard's consumer, for the supervisor to reconnect both connections.
 async fn publish_dead_letter(
-    channel: &Channel,
+    channel: &ConfirmChannel,
     names: &Names,
     msg: &Message<'_>,
     letter: &DeadLetter,
 ) -> Result<(), lapin::Error> {
     let properties = letter.properties(msg.properties);
+    let exchange = &names.dead_letter_exchange;
     loop {
-        let confirmation = channel
-            .basic_publish(
-                names.dead_letter_exchange.as_str().into(),
-                letter.reason.as_str().into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
+        let published = channel
+            .publish(
+                exchange,
+                letter.reason.as_str(),
                 msg.body,
                 properties.clone(),
             )
-            .await?
-            .await?;
-        match confirmation {
-            Confirmation::Ack(None) | Confirmation::NotRequested => return Ok(()),
-            Confirmation::Ack(Some(_)) => tracing::error!(
-                exchange = %names.dead_letter_exchange,
+            .await;
+        match published {
+            Ok(()) => return Ok(()),
+            Err(ConfirmError::Channel(e)) => return Err(e),
+            Err(refused @ ConfirmError::Unroutable { .. }) => tracing::error!(
+                %exchange, error = %refused,
                 "dead letter unroutable: no queue bound to the dead-letter exchange \
                  (topology not applied? run `shardline topology apply`); event kept unacked, retrying"
             ),
-            Confirmation::Nack(_) => tracing::error!(
-                exchange = %names.dead_letter_exchange,
-                "broker refused the dead letter (nack); event kept unacked, retrying"
+            Err(refused) => tracing::error!(
+                %exchange, error = %refused,
+                "broker refused the dead letter; event kept unacked, retrying"
             ),
         }
         tokio::time::sleep(DEAD_LETTER_RETRY).await;

@@ -1,30 +1,41 @@
 //! One shard's consumer: take the shard (or stand by), process deliveries one at
 //! a time, and on stop finish the in-flight event under the drain deadline.
+//!
+//! Stopping never sends `basic.cancel`: after a cancel the read-ahead stays
+//! checked out to this channel while the exclusive lock is already free, so
+//! another consumer could read past it. The shard stops taking deliveries,
+//! finishes the in-flight one, then closes its channel: the broker requeues
+//! the read-ahead and the held events in order.
 
-use lapin::options::{
-    BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
-};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::protocol::AMQPSoftError;
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
+use shardline_publisher::ConfirmChannel;
 use shardline_topology::broker::soft_error;
+use shardline_topology::status::HeldRef;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use std::sync::atomic::Ordering;
-use std::time::Instant;
-
 use crate::config::Config;
-use crate::gate::{Directive, Expired, Gate};
+use crate::gate::{Directive, Expired, Gate, Holdable as _};
+use crate::live::{ShardState, ShardWatch, published_ms, unix_ms};
 use crate::lookahead::{Lookahead, Ready};
-use crate::metrics::{ShardState, ShardWatch, published_ms, unix_ms};
 use crate::settle::{Settled, ShardContext, ack_duplicate, settle};
-use crate::stats::Stats;
-use crate::status::HeldRef;
 use crate::store::RedisSlot;
+
+/// The supervisor's two broker connections: deliveries and acks on one, dead
+/// letters on the other (a publishing connection the broker may block under a
+/// memory alarm must not hold up the acks).
+#[derive(Clone, Copy)]
+pub(crate) struct Connections<'a> {
+    pub(crate) consume: &'a Connection,
+    pub(crate) dead_letters: &'a Connection,
+}
 
 /// Why a shard's consumer stopped before it was told to.
 #[derive(Debug, thiserror::Error)]
-pub enum ShardError {
+pub(crate) enum ShardError {
     #[error("broker connection lost")]
     ConnectionLost,
     #[error("broker error: {0}")]
@@ -35,8 +46,8 @@ pub enum ShardError {
 
 /// Consumes one shard until `shutdown`; returns an error when the connection
 /// (or the shard's channel) fails, for the supervisor to reconnect.
-pub async fn consume_shard(
-    conn: &Connection,
+pub(crate) async fn consume_shard(
+    conns: Connections<'_>,
     config: &Config,
     ctx: &ShardContext,
     redis: &mut RedisSlot,
@@ -45,7 +56,8 @@ pub async fn consume_shard(
 ) -> Result<(), ShardError> {
     let tag = format!("{}/shard-{}", config.worker_name, ctx.shard);
     let watch = &ctx.metrics.watch;
-    let taken = take_shard(conn, config, ctx, &tag, shutdown, conn_lost).await;
+    let dead_letters = ConfirmChannel::open(conns.dead_letters).await?;
+    let taken = take_shard(conns.consume, config, ctx, &tag, shutdown, conn_lost).await;
     let Some((channel, consumer)) = taken.inspect_err(|_| watch.set_state(ShardState::Idle))?
     else {
         watch.set_state(ShardState::Idle);
@@ -61,7 +73,7 @@ pub async fn consume_shard(
     let result = run_consumer(
         config,
         ctx,
-        &channel,
+        &dead_letters,
         redis,
         &mut lookahead,
         &mut gate,
@@ -72,8 +84,10 @@ pub async fn consume_shard(
     watch.set_state(ShardState::Idle);
     lookahead.release(&ctx.processor, redis).await;
     if result.is_ok() {
-        stop(&channel, &tag).await;
+        close(&channel, &dead_letters).await;
     }
+    // Only now: a consumer dropped while its channel is open sends `basic.cancel`.
+    drop(lookahead);
     result
 }
 
@@ -98,9 +112,6 @@ async fn take_shard(
         // window, so it includes the gate's hold reserve from the start.
         channel
             .basic_qos(config.window(), BasicQosOptions::default())
-            .await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
             .await?;
         let consumed = channel
             .basic_consume(
@@ -145,17 +156,15 @@ async fn take_shard(
 async fn run_consumer(
     config: &Config,
     ctx: &ShardContext,
-    channel: &Channel,
+    dead_letters: &ConfirmChannel,
     redis: &mut RedisSlot,
     lookahead: &mut Lookahead,
-    gate: &mut Gate,
+    gate: &mut Gate<Ready>,
     shutdown: &CancellationToken,
     conn_lost: &CancellationToken,
 ) -> Result<(), ShardError> {
     let mut gauge = HeldGauge {
-        stats: &ctx.stats,
         watch: &ctx.metrics.watch,
-        reported: 0,
         refs_of: 0,
     };
     loop {
@@ -187,7 +196,7 @@ async fn run_consumer(
         let finished = {
             let work = settle(
                 ctx,
-                channel,
+                dead_letters,
                 redis,
                 ready,
                 directive,
@@ -234,18 +243,16 @@ async fn run_consumer(
     }
 }
 
-/// Keeps the worker-wide held-events gauge and the shard's watch (held
-/// events, the oldest one's publish time) in step with one shard's gate.
+/// Keeps the shard's watch (held events, the oldest one's publish time, the
+/// list of them) in step with its gate.
 struct HeldGauge<'a> {
-    stats: &'a Stats,
     watch: &'a ShardWatch,
-    reported: u64,
     /// The gate version the watch's list of held events was taken from.
     refs_of: u64,
 }
 
 /// The held events by order and kind (undecodable ones are never held).
-fn held_refs(gate: &Gate) -> Vec<HeldRef> {
+fn held_refs(gate: &Gate<Ready>) -> Vec<HeldRef> {
     gate.held_events()
         .filter_map(|ready| ready.decoded.as_ref().ok())
         .map(|d| HeldRef {
@@ -256,7 +263,7 @@ fn held_refs(gate: &Gate) -> Vec<HeldRef> {
 }
 
 impl HeldGauge<'_> {
-    fn sync(&mut self, gate: &Gate) {
+    fn sync(&mut self, gate: &Gate<Ready>) {
         let mut waiting = gate.waiting().peekable();
         // The clock is read only while the gate has something.
         let oldest = waiting.peek().is_some().then(|| {
@@ -269,34 +276,18 @@ impl HeldGauge<'_> {
             self.watch.set_held_refs(held_refs(gate));
             self.refs_of = gate.version();
         }
-        self.set(gate.held());
-    }
-
-    fn set(&mut self, held: usize) {
-        let held = held as u64;
-        if held > self.reported {
-            self.stats
-                .held
-                .fetch_add(held - self.reported, Ordering::Relaxed);
-        } else {
-            self.stats
-                .held
-                .fetch_sub(self.reported - held, Ordering::Relaxed);
-        }
-        self.reported = held;
     }
 }
 
 impl Drop for HeldGauge<'_> {
     fn drop(&mut self) {
-        self.set(0);
         self.watch.set_held(0, None);
     }
 }
 
 /// When a held event was published; without publish time, when it was first held.
 fn held_published_ms(ready: &Ready, now_ms: u64) -> u64 {
-    let received = ready.held_since.map_or(now_ms, |since| {
+    let received = ready.held_since().map_or(now_ms, |since| {
         now_ms.saturating_sub(u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX))
     });
     published_ms(&ready.delivery.properties, received)
@@ -304,14 +295,14 @@ fn held_published_ms(ready: &Ready, now_ms: u64) -> u64 {
 
 async fn sleep_until(deadline: Option<Instant>) {
     if let Some(deadline) = deadline {
-        tokio::time::sleep_until(deadline.into()).await;
+        tokio::time::sleep_until(deadline).await;
     }
 }
 
 /// Logs and counts the gaps the gate gave up on.
 fn report(ctx: &ShardContext, expired: Vec<Expired>) {
     for gap in expired {
-        Stats::bump(&ctx.stats.gaps);
+        ctx.metrics.gap();
         if gap.at_start {
             tracing::warn!(
                 shard = %ctx.shard, order = %gap.order_key, seq = gap.first_seq,
@@ -350,16 +341,13 @@ async fn abandon(
     }
 }
 
-/// Cancels the consumer and closes the channel; unacked read-ahead returns to
-/// the queue.
-async fn stop(channel: &Channel, tag: &str) {
-    if let Err(e) = channel
-        .basic_cancel(tag.into(), BasicCancelOptions::default())
-        .await
-    {
-        tracing::debug!(error = %e, "cancelling the consumer");
-    }
+/// Closes the shard's channels, without cancelling the consumer first: the
+/// broker requeues the unacked read-ahead and held events in order.
+async fn close(channel: &Channel, dead_letters: &ConfirmChannel) {
     if let Err(e) = channel.close(200, "shutdown".into()).await {
         tracing::debug!(error = %e, "closing the shard channel");
+    }
+    if let Err(e) = dead_letters.channel().close(200, "shutdown".into()).await {
+        tracing::debug!(error = %e, "closing the dead-letter channel");
     }
 }

@@ -1,143 +1,56 @@
-//! Shard status in Redis (SPEC §5): each worker writes the status of the shards
-//! it consumes every [`WRITE_EVERY`] with a [`TTL`], so that `topology status`
-//! can tell owner and backlog age without the broker's management plugin.
-//! Also the backlog levels, shared by the metrics and `topology status`.
+//! The status documents in Redis (SPEC §5): every [`WRITE_EVERY`], with a
+//! [`TTL`], each worker writes a [`ShardReport`] per shard it consumes and one
+//! [`WorkerReport`] of itself, so that `topology status` can tell owners,
+//! backlog age and in-flight events without the broker's management plugin and
+//! without depending on the worker. Documents and keys are `shardline-topology`'s.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use shardline_topology::ShardId;
+use shardline_topology::Keys;
+use shardline_topology::status::{ShardReport as Document, TTL, WRITE_EVERY, WorkerReport};
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::{Metrics, ShardState, unix_ms};
+use crate::live::{ShardState, unix_ms};
+use crate::metrics::Metrics;
 
-/// How often a worker writes the status of its shards.
-pub const WRITE_EVERY: Duration = Duration::from_secs(2);
-/// How long a status lives unless written again: a status older than this is
-/// gone, so a missing key means no worker reports the shard.
-pub const TTL: Duration = Duration::from_secs(10);
-
-/// Backlog age thresholds (SPEC §5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Thresholds {
-    /// WARN from this age. Default 30 s.
-    pub warn: Duration,
-    /// PAGE from this age. Default 2 min.
-    pub page: Duration,
-}
-
-impl Default for Thresholds {
-    fn default() -> Self {
-        Self {
-            warn: Duration::from_secs(30),
-            page: Duration::from_secs(120),
-        }
-    }
-}
-
-/// How far behind a shard is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum Level {
-    Ok,
-    Warn,
-    Page,
-}
-
-impl Level {
-    pub fn of(backlog_age: Duration, thresholds: &Thresholds) -> Self {
-        if backlog_age >= thresholds.page {
-            Self::Page
-        } else if backlog_age >= thresholds.warn {
-            Self::Warn
-        } else {
-            Self::Ok
-        }
-    }
-
-    /// The gauge value: 0 OK, 1 WARN, 2 PAGE.
-    pub fn value(self) -> u8 {
-        self as u8
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Ok => "OK",
-            Self::Warn => "WARN",
-            Self::Page => "PAGE",
-        }
-    }
-}
-
-/// One shard's status as a worker writes it (JSON).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ShardReport {
-    pub shard: u16,
-    /// The worker consuming the shard (`--worker-name`).
-    pub owner: String,
-    /// Age of the oldest unprocessed event, 0 when none.
-    pub backlog_age_seconds: f64,
-    /// How long the in-flight event has been worked on; absent when none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub inflight_age_seconds: Option<f64>,
-    pub held_events: u64,
-    /// The events held by the sequence gate (`shardline reconcile` treats
-    /// them as on their way).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub held: Vec<HeldRef>,
-    /// Unix milliseconds when written.
-    pub updated_at_ms: u64,
-}
-
-impl ShardReport {
-    /// The backlog age now: when the shard had a backlog, it has aged since
-    /// the report was written (it may also have drained; the next report says).
-    pub fn backlog_age_at(&self, now_ms: u64) -> Duration {
-        let reported = Duration::from_secs_f64(self.backlog_age_seconds.max(0.0));
-        if reported.is_zero() {
-            reported
-        } else {
-            reported + Duration::from_millis(now_ms.saturating_sub(self.updated_at_ms))
-        }
-    }
-}
-
-/// An event held by the sequence gate: its order (as in Redis keys) and kind.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HeldRef {
-    pub order_key: String,
-    pub event: String,
-}
-
-/// The Redis key of a shard's status.
-pub fn key(redis_prefix: &str, shard: u16) -> String {
-    format!("{redis_prefix}status:shard:{shard}")
-}
-
-/// The reports of the consuming shards now.
-pub fn reports(metrics: &Metrics, owner: &str) -> Vec<ShardReport> {
+/// The shard documents of the consuming shards, and the worker's own, now.
+fn reports(metrics: &Metrics, owner: &str) -> (Vec<Document>, WorkerReport) {
     let now = unix_ms();
-    metrics
-        .watches()
-        .filter(|w| w.state() == ShardState::Consuming)
-        .map(|w| {
-            let snap = w.snapshot(now);
-            ShardReport {
-                shard: w.shard.get(),
-                owner: owner.to_owned(),
-                backlog_age_seconds: round_ms(snap.backlog_age),
-                inflight_age_seconds: snap.inflight_age.map(round_ms),
-                held_events: snap.held,
-                held: if snap.held > 0 {
-                    w.held_refs()
-                } else {
-                    Vec::new()
-                },
-                updated_at_ms: now,
-            }
-        })
-        .collect()
+    let mut assigned = Vec::new();
+    let mut consuming = Vec::new();
+    let mut shards = Vec::new();
+    for watch in metrics.watches() {
+        let shard = watch.shard.get();
+        assigned.push(shard);
+        if watch.state() != ShardState::Consuming {
+            continue;
+        }
+        consuming.push(shard);
+        let snap = watch.snapshot(now);
+        shards.push(Document {
+            shard,
+            owner: owner.to_owned(),
+            backlog_age_seconds: round_ms(snap.backlog_age),
+            inflight_age_seconds: snap.inflight_age.map(round_ms),
+            inflight_events: u64::from(snap.inflight_age.is_some()),
+            held_events: snap.held,
+            held: if snap.held > 0 {
+                watch.held_refs()
+            } else {
+                Vec::new()
+            },
+            updated_at_ms: now,
+        });
+    }
+    let worker = WorkerReport {
+        worker: owner.to_owned(),
+        assigned,
+        consuming,
+        updated_at_ms: now,
+    };
+    (shards, worker)
 }
 
 fn round_ms(d: Duration) -> f64 {
@@ -146,27 +59,26 @@ fn round_ms(d: Duration) -> f64 {
 
 /// Whether the last status write reached Redis (part of `/readyz`).
 #[derive(Debug, Default)]
-pub struct WriterHealth {
-    failing: std::sync::atomic::AtomicBool,
+pub(crate) struct WriterHealth {
+    failing: AtomicBool,
 }
 
 impl WriterHealth {
-    pub fn redis_ok(&self) -> bool {
-        !self.failing.load(std::sync::atomic::Ordering::Relaxed)
+    pub(crate) fn redis_ok(&self) -> bool {
+        !self.failing.load(Ordering::Relaxed)
     }
 
     fn set(&self, ok: bool) {
-        self.failing
-            .store(!ok, std::sync::atomic::Ordering::Relaxed);
+        self.failing.store(!ok, Ordering::Relaxed);
     }
 }
 
-/// Writes the status of the consuming shards every [`WRITE_EVERY`] until
-/// `shutdown`. A failed write is logged once per outage and retried next time.
-pub async fn run_writer(
+/// Writes the status documents every [`WRITE_EVERY`] until `shutdown`. A
+/// failed write is logged once per outage and retried next time.
+pub(crate) async fn run_writer(
     pool: deadpool_redis::Pool,
     metrics: Arc<Metrics>,
-    redis_prefix: String,
+    keys: Keys,
     owner: String,
     health: Arc<WriterHealth>,
     shutdown: CancellationToken,
@@ -178,9 +90,9 @@ pub async fn run_writer(
             _ = tick.tick() => {}
             _ = shutdown.cancelled() => return,
         }
-        let reports = reports(&metrics, &owner);
+        let (shards, worker) = reports(&metrics, &owner);
         let written =
-            tokio::time::timeout(WRITE_EVERY, write(&pool, &redis_prefix, &reports)).await;
+            tokio::time::timeout(WRITE_EVERY, write(&pool, &keys, &shards, &worker)).await;
         let result = written.unwrap_or_else(|_| Err("timed out".into()));
         match result {
             Ok(()) => health.set(true),
@@ -196,37 +108,106 @@ pub async fn run_writer(
 
 async fn write(
     pool: &deadpool_redis::Pool,
-    redis_prefix: &str,
-    reports: &[ShardReport],
+    keys: &Keys,
+    shards: &[Document],
+    worker: &WorkerReport,
 ) -> Result<(), String> {
     let mut conn = pool.get().await.map_err(|e| e.to_string())?;
     let mut pipe = redis::pipe();
     // Also a ping, so that an idle worker notices that Redis went away.
     pipe.cmd("PING").ignore();
-    for report in reports {
-        let json = serde_json::to_string(report).map_err(|e| e.to_string())?;
+    let ttl_ms = u64::try_from(TTL.as_millis()).unwrap_or(u64::MAX);
+    let mut set = |key: String, json: String| {
         pipe.cmd("SET")
-            .arg(key(redis_prefix, report.shard))
+            .arg(key)
             .arg(json)
             .arg("PX")
-            .arg(u64::try_from(TTL.as_millis()).unwrap_or(u64::MAX))
+            .arg(ttl_ms)
             .ignore();
+    };
+    for report in shards {
+        set(keys.shard_status_of(report.shard), json(report)?);
     }
+    set(keys.worker_status(&worker.worker), json(worker)?);
     pipe.query_async::<()>(&mut *conn)
         .await
         .map_err(|e| e.to_string())
 }
 
+fn json(document: &impl serde::Serialize) -> Result<String, String> {
+    serde_json::to_string(document).map_err(|e| e.to_string())
+}
+
+// The read side as the CLI's `topology status` and `reconcile` use it today,
+// until they move to `shardline-ops` (which reads topology's documents itself).
+// `ShardReport` here is the document without `inflight_events`, so that their
+// unit tests, which build one field by field, keep compiling.
+
+#[doc(hidden)]
+pub use shardline_topology::status::{HeldRef, Level, Thresholds};
+
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(from = "Document")]
+pub struct ShardReport {
+    pub shard: u16,
+    pub owner: String,
+    pub backlog_age_seconds: f64,
+    pub inflight_age_seconds: Option<f64>,
+    pub held_events: u64,
+    pub held: Vec<HeldRef>,
+    pub updated_at_ms: u64,
+}
+
+impl From<Document> for ShardReport {
+    fn from(d: Document) -> Self {
+        Self {
+            shard: d.shard,
+            owner: d.owner,
+            backlog_age_seconds: d.backlog_age_seconds,
+            inflight_age_seconds: d.inflight_age_seconds,
+            held_events: d.held_events,
+            held: d.held,
+            updated_at_ms: d.updated_at_ms,
+        }
+    }
+}
+
+impl ShardReport {
+    /// [`Document::backlog_age_at`].
+    pub fn backlog_age_at(&self, now_ms: u64) -> Duration {
+        let document = Document {
+            shard: self.shard,
+            owner: String::new(),
+            backlog_age_seconds: self.backlog_age_seconds,
+            inflight_age_seconds: None,
+            inflight_events: 0,
+            held_events: 0,
+            held: Vec::new(),
+            updated_at_ms: self.updated_at_ms,
+        };
+        document.backlog_age_at(now_ms)
+    }
+}
+
+/// [`Keys::shard_status_of`] under `redis_prefix`.
+#[doc(hidden)]
+pub fn key(redis_prefix: &str, shard: u16) -> String {
+    Keys::new(redis_prefix).shard_status_of(shard)
+}
+
 /// Reads the status of `shards`; `None` where no fresh status exists.
+#[doc(hidden)]
 pub async fn read(
     conn: &mut impl redis::aio::ConnectionLike,
     redis_prefix: &str,
-    shards: &[ShardId],
+    shards: &[shardline_topology::ShardId],
 ) -> Result<Vec<Option<ShardReport>>, redis::RedisError> {
     if shards.is_empty() {
         return Ok(Vec::new());
     }
-    let keys: Vec<String> = shards.iter().map(|s| key(redis_prefix, s.get())).collect();
+    let keys = Keys::new(redis_prefix);
+    let keys: Vec<String> = shards.iter().map(|&s| keys.shard_status(s)).collect();
     let values: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query_async(conn).await?;
     Ok(values
         .into_iter()
@@ -237,73 +218,42 @@ pub async fn read(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shardline_topology::ShardCount;
 
     #[test]
-    fn levels_start_at_their_thresholds() {
-        let t = Thresholds::default();
-        assert_eq!(Level::of(Duration::ZERO, &t), Level::Ok);
-        assert_eq!(Level::of(Duration::from_millis(29_999), &t), Level::Ok);
-        assert_eq!(Level::of(Duration::from_secs(30), &t), Level::Warn);
-        assert_eq!(Level::of(Duration::from_millis(119_999), &t), Level::Warn);
-        assert_eq!(Level::of(Duration::from_secs(120), &t), Level::Page);
-        assert_eq!(Level::of(Duration::from_secs(3600), &t), Level::Page);
-        assert_eq!(
-            [Level::Ok, Level::Warn, Level::Page].map(Level::value),
-            [0, 1, 2]
-        );
-        let tight = Thresholds {
-            warn: Duration::from_secs(1),
-            page: Duration::from_secs(2),
-        };
-        assert_eq!(Level::of(Duration::from_millis(1500), &tight), Level::Warn);
+    fn consuming_shards_are_reported_and_the_worker_lists_them_all() {
+        let shards: Vec<_> = ShardCount::new(3).unwrap().ids().collect();
+        let metrics = Metrics::new(&shards, Thresholds::default(), Duration::from_secs(60));
+        let watch = &metrics.shards()[1].watch;
+        watch.set_state(ShardState::Consuming);
+        watch.start_inflight(unix_ms() - 5_000);
+        metrics.shards()[2].watch.set_state(ShardState::StandingBy);
+        let (docs, worker) = reports(&metrics, "w1");
+        assert_eq!(docs.len(), 1);
+        assert_eq!((docs[0].shard, docs[0].owner.as_str()), (1, "w1"));
+        assert_eq!(docs[0].inflight_events, 1);
+        assert!(docs[0].backlog_age_seconds >= 5.0);
+        assert_eq!(worker.assigned, [0, 1, 2]);
+        assert_eq!(worker.consuming, [1]);
+        assert_eq!(worker.worker, "w1");
     }
 
     #[test]
-    fn report_json_round_trips_and_names_its_fields() {
-        let report = ShardReport {
+    fn the_cli_reads_what_the_worker_writes() {
+        let doc = Document {
             shard: 3,
-            owner: "worker-a".into(),
-            backlog_age_seconds: 12.5,
-            inflight_age_seconds: Some(1.25),
-            held_events: 2,
-            held: Vec::new(),
-            updated_at_ms: 1_700_000_000_000,
-        };
-        let json = serde_json::to_value(&report).unwrap();
-        assert_eq!(
-            json,
-            serde_json::json!({
-                "shard": 3, "owner": "worker-a", "backlog_age_seconds": 12.5,
-                "inflight_age_seconds": 1.25, "held_events": 2,
-                "updated_at_ms": 1_700_000_000_000u64,
-            })
-        );
-        let back: ShardReport = serde_json::from_value(json).unwrap();
-        assert_eq!(back, report);
-        let idle = ShardReport {
-            inflight_age_seconds: None,
-            ..report.clone()
-        };
-        assert!(!serde_json::to_string(&idle).unwrap().contains("inflight"));
-        assert_eq!(key("shardline:", 3), "shardline:status:shard:3");
-    }
-
-    #[test]
-    fn a_backlog_keeps_ageing_after_its_report() {
-        let report = ShardReport {
-            shard: 0,
             owner: "w".into(),
             backlog_age_seconds: 10.0,
-            inflight_age_seconds: None,
+            inflight_age_seconds: Some(1.0),
+            inflight_events: 1,
             held_events: 0,
             held: Vec::new(),
             updated_at_ms: 1_000_000,
         };
-        assert_eq!(report.backlog_age_at(1_002_000), Duration::from_secs(12));
-        let drained = ShardReport {
-            backlog_age_seconds: 0.0,
-            ..report
-        };
-        assert_eq!(drained.backlog_age_at(1_002_000), Duration::ZERO);
+        let read: ShardReport =
+            serde_json::from_str(&serde_json::to_string(&doc).unwrap()).unwrap();
+        assert_eq!(read.inflight_age_seconds, Some(1.0));
+        assert_eq!(read.backlog_age_at(1_002_000), Duration::from_secs(12));
+        assert_eq!(key("p:", 3), "p:status:shard:3");
     }
 }

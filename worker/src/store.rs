@@ -6,9 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_redis::{Connection, Pool};
+use prometheus_client::metrics::counter::Counter;
 use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, Script, ServerErrorKind};
-
-use crate::stats::Stats;
 
 /// Backoff between reconnection attempts while Redis is down.
 const RETRY_MIN: Duration = Duration::from_millis(100);
@@ -16,19 +15,28 @@ const RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// Whether Redis is reachable, shared by the shards of one worker so that an
 /// outage is logged once, not once per shard or event.
-#[derive(Debug, Default)]
-pub struct RedisHealth {
+#[derive(Debug)]
+pub(crate) struct RedisHealth {
     down: AtomicBool,
+    /// Bumped once per outage.
+    outages: Counter,
 }
 
 impl RedisHealth {
-    pub fn is_up(&self) -> bool {
+    pub(crate) fn new(outages: Counter) -> Self {
+        Self {
+            down: AtomicBool::new(false),
+            outages,
+        }
+    }
+
+    pub(crate) fn is_up(&self) -> bool {
         !self.down.load(Ordering::Relaxed)
     }
 
-    fn went_down(&self, error: &RedisError, stats: &Stats) {
+    fn went_down(&self, error: &RedisError) {
         if !self.down.swap(true, Ordering::Relaxed) {
-            Stats::bump(&stats.redis_outages);
+            self.outages.inc();
             tracing::error!(error = %error, "Redis unreachable: shards paused until it returns");
         }
     }
@@ -41,39 +49,32 @@ impl RedisHealth {
 }
 
 /// One shard's Redis connection. Round trips per event: the claim and the commit.
-pub struct RedisSlot {
+pub(crate) struct RedisSlot {
     pool: Pool,
     /// Loaded again when Redis answers NOSCRIPT (after a restart or a flush).
     scripts: Vec<Script>,
     conn: Option<Connection>,
     health: Arc<RedisHealth>,
-    stats: Arc<Stats>,
 }
 
 impl RedisSlot {
-    pub fn new(
-        pool: Pool,
-        scripts: Vec<Script>,
-        health: Arc<RedisHealth>,
-        stats: Arc<Stats>,
-    ) -> Self {
+    pub(crate) fn new(pool: Pool, scripts: Vec<Script>, health: Arc<RedisHealth>) -> Self {
         Self {
             pool,
             scripts,
             conn: None,
             health,
-            stats,
         }
     }
 
     /// Runs `cmd`, waiting out any outage: the shard pauses rather than
     /// processing without dedup. Cancel by dropping the future.
-    pub async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> T {
+    pub(crate) async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> T {
         self.run(Request::Cmd(cmd)).await
     }
 
     /// Runs `pipeline` in one round trip, waiting out any outage like [`Self::query`].
-    pub async fn query_pipeline<T: FromRedisValue>(&mut self, pipeline: &Pipeline) -> T {
+    pub(crate) async fn query_pipeline<T: FromRedisValue>(&mut self, pipeline: &Pipeline) -> T {
         self.run(Request::Pipeline(pipeline)).await
     }
 
@@ -88,13 +89,13 @@ impl RedisSlot {
                 Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     if let Err(error) = self.load_scripts().await {
                         self.conn = None;
-                        self.health.went_down(&error, &self.stats);
+                        self.health.went_down(&error);
                         tokio::time::sleep(backoff).await;
                     }
                 }
                 Err(error) => {
                     self.conn = None;
-                    self.health.went_down(&error, &self.stats);
+                    self.health.went_down(&error);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(RETRY_MAX);
                 }

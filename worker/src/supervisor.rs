@@ -1,11 +1,13 @@
-//! The worker's broker connection and its shard tasks.
+//! The worker's broker connections and its shard tasks.
 //!
-//! The supervisor is the one owner of reconnection: when the connection fails,
-//! every shard task stops (abandoning its in-flight event, which the broker
-//! redelivers), and the supervisor reconnects with capped backoff and starts
-//! them again.
+//! Two connections: one carries every shard's deliveries and acks, the other
+//! the dead letters (under a memory alarm RabbitMQ blocks a publishing
+//! connection; the acks must not wait behind it). The supervisor is the one
+//! owner of reconnection: when either fails, every shard task stops
+//! (abandoning its in-flight event, which the broker redelivers), and the
+//! supervisor makes both connections again, with capped backoff, and starts
+//! the shards again.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -13,20 +15,19 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use lapin::Connection;
 use shardline_topology::broker::{self, BrokerError};
-use shardline_topology::declare::DeclareError;
 use shardline_topology::{ShardId, declare};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::error::WorkerError;
 use crate::handler::Handler;
 use crate::http::{self, Readiness};
 use crate::metrics::Metrics;
 use crate::process::Processor;
 use crate::progress::Progress;
 use crate::settle::ShardContext;
-use crate::shard::{ShardError, consume_shard};
-use crate::stats::Stats;
+use crate::shard::{Connections, ShardError, consume_shard};
 use crate::status::{self, WriterHealth};
 use crate::store::{RedisHealth, RedisSlot};
 
@@ -34,22 +35,6 @@ const RECONNECT_MIN: Duration = Duration::from_millis(200);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
 /// How often queue depths are read (passive declare), for the depth gauges.
 const DEPTH_POLL: Duration = Duration::from_secs(5);
-
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    #[error(transparent)]
-    Broker(#[from] BrokerError),
-    #[error(transparent)]
-    Topology(#[from] DeclareError),
-    #[error(transparent)]
-    Redis(#[from] shardline_topology::RedisError),
-    #[error("--assign selects no shard")]
-    NoShards,
-    #[error("--prefetch must be at least 1")]
-    Prefetch,
-    #[error("--metrics-addr {addr}: {cause}")]
-    MetricsAddr { addr: SocketAddr, cause: String },
-}
 
 /// Runs the worker until `shutdown` is cancelled: one consumer per assigned
 /// shard, reconnecting as long as it takes once the first connection worked.
@@ -67,30 +52,21 @@ pub async fn run(
 pub struct Worker {
     config: Config,
     handler: Arc<dyn Handler>,
-    stats: Arc<Stats>,
     metrics: Arc<Metrics>,
 }
 
 impl Worker {
-    /// Checks `config`; connects nothing yet.
+    /// Checks `config` ([`Config::validate`]); connects nothing yet.
     pub fn new(config: Config, handler: Arc<dyn Handler>) -> Result<Self, WorkerError> {
-        if config.assign.is_empty() {
-            return Err(WorkerError::NoShards);
-        }
-        if config.prefetch == 0 {
-            return Err(WorkerError::Prefetch);
-        }
-        let stats = Arc::new(Stats::default());
+        config.validate()?;
         let metrics = Arc::new(Metrics::new(
             &config.assign,
-            stats.clone(),
             config.backlog,
             config.stuck_after,
         ));
         Ok(Self {
             config,
             handler,
-            stats,
             metrics,
         })
     }
@@ -98,7 +74,7 @@ impl Worker {
     /// What the worker has done so far and where its shards are; cheap to
     /// clone and to read while it runs.
     pub fn progress(&self) -> Progress {
-        Progress::new(self.stats.clone(), self.metrics.clone())
+        Progress::new(self.metrics.clone())
     }
 
     /// Runs until `shutdown` is cancelled (see [`run`]).
@@ -106,7 +82,6 @@ impl Worker {
         let Self {
             config,
             handler,
-            stats,
             metrics,
         } = self;
         let config = Arc::new(config);
@@ -117,17 +92,21 @@ impl Worker {
         };
         let pool = redis_pool(&config)?;
         warn_if_redis_may_evict(&pool).await;
-        let health = Arc::new(RedisHealth::default());
+        let health = Arc::new(RedisHealth::new(metrics.redis_outages()));
         let contexts: Vec<Arc<ShardContext>> = metrics
             .shards()
             .iter()
             .map(|shard_metrics| {
                 let shard = shard_metrics.watch.shard;
                 Arc::new(ShardContext {
-                    processor: Processor::new(&config, shard, handler.clone(), stats.clone()),
+                    processor: Processor::new(
+                        &config,
+                        shard,
+                        handler.clone(),
+                        shard_metrics.clone(),
+                    ),
                     names: config.names.clone(),
                     shard,
-                    stats: stats.clone(),
                     metrics: shard_metrics.clone(),
                 })
             })
@@ -152,42 +131,80 @@ impl Worker {
         tokio::spawn(status::run_writer(
             pool.clone(),
             metrics.clone(),
-            config.redis_prefix.clone(),
+            config.keys(),
             config.worker_name.clone(),
             writer_health,
             background.clone(),
         ));
 
-        let name = connection_name(&config);
-        let mut conn = broker::connect(&config.amqp, &name).await?;
-        check_queues(&conn, &config).await?;
+        let mut conns = Broker::connect(&config).await?;
+        check_queues(&conns.consume, &config).await?;
         tracing::info!(
             worker = %config.worker_name, shards = config.assign.len(), amqp = %config.amqp,
             "worker connected"
         );
         loop {
-            let conn_arc = Arc::new(conn);
             readiness.broker.store(true, Ordering::Relaxed);
+            let consume = Arc::new(conns.consume);
             let depths = tokio::spawn(poll_depths(
-                conn_arc.clone(),
+                consume.clone(),
                 config.clone(),
                 metrics.clone(),
             ));
-            let lost = run_shards(&conn_arc, &config, &contexts, &pool, &health, &shutdown).await;
+            let lost = run_shards(
+                &consume,
+                &Arc::new(conns.dead_letters),
+                &config,
+                &contexts,
+                &pool,
+                &health,
+                &shutdown,
+            )
+            .await;
             depths.abort();
             readiness.broker.store(false, Ordering::Relaxed);
-            if let Err(e) = conn_arc.close(200, "shutdown".into()).await {
-                tracing::debug!(error = %e, "closing the broker connection");
-            }
             if !lost || shutdown.is_cancelled() {
                 tracing::info!("worker stopped");
                 return Ok(());
             }
-            match reconnect(&config, &name, &shutdown, &stats).await {
-                Some(fresh) => conn = fresh,
+            match reconnect(&config, &shutdown, &metrics).await {
+                Some(fresh) => conns = fresh,
                 None => return Ok(()),
             }
         }
+    }
+}
+
+/// The worker's two broker connections, made (and made again) together.
+struct Broker {
+    consume: Connection,
+    dead_letters: Connection,
+}
+
+impl Broker {
+    async fn connect(config: &Config) -> Result<Self, BrokerError> {
+        let name = connection_name(config);
+        let consume = broker::connect(&config.amqp, &name).await?;
+        // Named apart, so that a connection looked up by the name
+        // `shardline worker {name} shards …` is the consuming one.
+        let dead_letters_name = format!("shardline worker {} dead letters", config.worker_name);
+        let dead_letters = match broker::connect(&config.amqp, &dead_letters_name).await {
+            Ok(conn) => conn,
+            Err(e) => {
+                close_connection(&consume).await;
+                return Err(e);
+            }
+        };
+        Ok(Self {
+            consume,
+            dead_letters,
+        })
+    }
+}
+
+async fn close_connection(conn: &Connection) {
+    if let Err(e) = conn.close(200, "shutdown".into()).await {
+        tracing::debug!(error = %e, "closing a broker connection");
     }
 }
 
@@ -247,10 +264,12 @@ async fn passive_depth(channel: &lapin::Channel, queue: &str) -> Result<u32, lap
     Ok(declared.message_count())
 }
 
-/// Runs every shard task on `conn`; returns whether the connection was lost
-/// (rather than the worker told to stop).
+/// Runs every shard task on the two connections until either fails or the
+/// worker is told to stop, then closes both; returns whether a connection was
+/// lost (rather than the worker told to stop).
 async fn run_shards(
-    conn: &Arc<Connection>,
+    consume: &Arc<Connection>,
+    dead_letters: &Arc<Connection>,
     config: &Arc<Config>,
     contexts: &[Arc<ShardContext>],
     pool: &deadpool_redis::Pool,
@@ -258,36 +277,27 @@ async fn run_shards(
     shutdown: &CancellationToken,
 ) -> bool {
     let conn_lost = CancellationToken::new();
-    let mut events = conn.events_listener();
-    let watcher = {
-        let conn_lost = conn_lost.clone();
-        tokio::spawn(async move {
-            while let Some(event) = events.next().await {
-                // Channel errors (a standby's refused consume) are the shard's
-                // business; only connection errors end every shard.
-                if let lapin::Event::Error(e) = event
-                    && !e.is_amqp_soft_error()
-                {
-                    tracing::warn!(error = %e, "broker connection failed");
-                    conn_lost.cancel();
-                    return;
-                }
-            }
-        })
-    };
+    let watchers = [
+        watch_connection(consume, "broker connection failed", &conn_lost),
+        watch_connection(dead_letters, "dead-letter connection failed", &conn_lost),
+    ];
     let mut tasks = JoinSet::new();
     for ctx in contexts {
-        let (conn, config, ctx) = (conn.clone(), config.clone(), ctx.clone());
+        let (consume, dead_letters) = (consume.clone(), dead_letters.clone());
+        let (config, ctx) = (config.clone(), ctx.clone());
         let (shutdown, conn_lost) = (shutdown.clone(), conn_lost.clone());
         let mut redis = RedisSlot::new(
             pool.clone(),
             ctx.processor.dedup().scripts(),
             health.clone(),
-            ctx.stats.clone(),
         );
         tasks.spawn(async move {
+            let conns = Connections {
+                consume: &consume,
+                dead_letters: &dead_letters,
+            };
             let result =
-                consume_shard(&conn, &config, &ctx, &mut redis, &shutdown, &conn_lost).await;
+                consume_shard(conns, &config, &ctx, &mut redis, &shutdown, &conn_lost).await;
             (ctx.shard, result)
         });
     }
@@ -309,22 +319,48 @@ async fn run_shards(
             }
         }
     }
-    watcher.abort();
+    for watcher in watchers {
+        watcher.abort();
+    }
+    // Shards first (they close their channels), then the connections.
+    close_connection(consume).await;
+    close_connection(dead_letters).await;
     lost
+}
+
+/// Cancels `conn_lost` when `conn` fails. Channel errors (a standby's refused
+/// consume) are the shard's business; only connection errors end every shard.
+fn watch_connection(
+    conn: &Connection,
+    what: &'static str,
+    conn_lost: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let mut events = conn.events_listener();
+    let conn_lost = conn_lost.clone();
+    tokio::spawn(async move {
+        while let Some(event) = events.next().await {
+            if let lapin::Event::Error(e) = event
+                && !e.is_amqp_soft_error()
+            {
+                tracing::warn!(error = %e, "{what}");
+                conn_lost.cancel();
+                return;
+            }
+        }
+    })
 }
 
 fn log_shard_failure(shard: ShardId, e: &ShardError) {
     tracing::warn!(shard = %shard, error = %e, "shard consumer stopped; reconnecting");
 }
 
-/// Reconnects with capped exponential backoff until it works or the worker is
-/// told to stop.
+/// Makes both connections again, with capped exponential backoff, until it
+/// works or the worker is told to stop.
 async fn reconnect(
     config: &Config,
-    name: &str,
     shutdown: &CancellationToken,
-    stats: &Stats,
-) -> Option<Connection> {
+    metrics: &Metrics,
+) -> Option<Broker> {
     let mut backoff = RECONNECT_MIN;
     let mut tries = 0u32;
     loop {
@@ -333,11 +369,11 @@ async fn reconnect(
             _ = shutdown.cancelled() => return None,
         }
         tries += 1;
-        match broker::connect(&config.amqp, name).await {
-            Ok(conn) => {
-                Stats::bump(&stats.broker_reconnects);
+        match Broker::connect(config).await {
+            Ok(conns) => {
+                metrics.broker_reconnected();
                 tracing::info!(tries, "reconnected to the broker");
-                return Some(conn);
+                return Some(conns);
             }
             Err(e) => tracing::warn!(tries, error = %e, "reconnect failed"),
         }
