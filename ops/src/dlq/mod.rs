@@ -1,5 +1,5 @@
 //! The dead-letter queue: list, show, replay, purge and release, each on one
-//! connection and one reading channel ([`reader`]).
+//! connection and one reading channel (`reader`).
 //!
 //! - `letter`: one dead letter and what identifies it.
 //! - `reader`: reading without removing; what is not removed returns in order.
