@@ -45,3 +45,27 @@ pub(crate) async fn close(conn: &lapin::Connection) {
         tracing::debug!(error = %e, "closing a connection");
     }
 }
+
+/// Every key matching `pattern` (`SCAN MATCH`, a page at a time).
+pub(crate) async fn scan(
+    conn: &mut impl redis::aio::ConnectionLike,
+    pattern: &str,
+) -> redis::RedisResult<Vec<String>> {
+    let mut found = Vec::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        found.extend(page);
+        if next == 0 {
+            return Ok(found);
+        }
+        cursor = next;
+    }
+}

@@ -44,30 +44,18 @@ pub async fn remove(fleet: &Fleet) -> Result<(), Error> {
 pub async fn delete_keys(fleet: &Fleet) -> Result<u64, Error> {
     let failed = |e: redis::RedisError| Error::from(fleet.redis.error(&e));
     let mut conn = fleet.redis.connect().await?;
-    let pattern = fleet.keys.everything_pattern();
-    let (mut cursor, mut deleted) = (0u64, 0u64);
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
+    let keys = crate::fleet::scan(&mut conn, &fleet.keys.everything_pattern())
+        .await
+        .map_err(failed)?;
+    let mut deleted = 0;
+    for chunk in keys.chunks(1000) {
+        deleted += redis::cmd("UNLINK")
+            .arg(chunk)
+            .query_async::<u64>(&mut conn)
             .await
             .map_err(failed)?;
-        if !keys.is_empty() {
-            deleted += redis::cmd("UNLINK")
-                .arg(&keys)
-                .query_async::<u64>(&mut conn)
-                .await
-                .map_err(failed)?;
-        }
-        if next == 0 {
-            return Ok(deleted);
-        }
-        cursor = next;
     }
+    Ok(deleted)
 }
 
 #[cfg(test)]

@@ -304,24 +304,7 @@ async fn worker_reports(
     conn: &mut impl redis::aio::ConnectionLike,
     keys: &Keys,
 ) -> Result<Vec<WorkerReport>, redis::RedisError> {
-    let pattern = keys.worker_status_pattern();
-    let mut found = Vec::new();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(conn)
-            .await?;
-        found.extend(page);
-        if next == 0 {
-            break;
-        }
-        cursor = next;
-    }
+    let found = crate::fleet::scan(conn, &keys.worker_status_pattern()).await?;
     if found.is_empty() {
         return Ok(Vec::new());
     }

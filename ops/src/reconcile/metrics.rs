@@ -72,50 +72,47 @@ impl Metrics {
             registry.register(name, help, c.clone());
             c
         };
-        let scanned = counter(names::SCANNED, "Rows the orders query returned");
-        let skipped_fresh = counter(
-            names::SKIPPED_FRESH,
-            "Orders skipped because they were updated within the grace",
-        );
-        let no_expectation = counter(
-            names::NO_EXPECTATION,
-            "Orders whose status implies no event",
-        );
-        let processed = counter(names::PROCESSED, "Expected events the fleet had processed");
-        let drifted = counter(
-            names::DRIFTED,
-            "Expected events never processed and not on their way",
-        );
-        let emitted = counter(
-            names::EMITTED,
-            "Compensation events published and confirmed",
-        );
-        let pending = counter(
-            names::PENDING,
-            "Expected events missing but possibly on their way (held, dead-lettered, behind a backlog, compensated earlier)",
-        );
-        let runs = Family::<RunLabel, Counter>::default();
-        for outcome in ["ok", "error"] {
-            let _ = runs.get_or_create(&RunLabel { outcome });
-        }
-        registry.register(names::RUNS, "Reconcile runs, by outcome", runs.clone());
-        let last_run = Gauge::<f64, AtomicU64>::default();
-        registry.register(
-            names::LAST_RUN,
-            "Unix time at which the last successful run ended",
-            last_run.clone(),
-        );
         Self {
+            scanned: counter(names::SCANNED, "Rows the orders query returned"),
+            skipped_fresh: counter(
+                names::SKIPPED_FRESH,
+                "Orders skipped because they were updated within the grace",
+            ),
+            no_expectation: counter(
+                names::NO_EXPECTATION,
+                "Orders whose status implies no event",
+            ),
+            processed: counter(names::PROCESSED, "Expected events the fleet had processed"),
+            drifted: counter(
+                names::DRIFTED,
+                "Expected events never processed and not on their way",
+            ),
+            emitted: counter(
+                names::EMITTED,
+                "Compensation events published and confirmed",
+            ),
+            pending: counter(
+                names::PENDING,
+                "Expected events missing but possibly on their way (held, dead-lettered, behind a backlog, compensated earlier)",
+            ),
+            runs: {
+                let runs = Family::<RunLabel, Counter>::default();
+                for outcome in ["ok", "error"] {
+                    let _ = runs.get_or_create(&RunLabel { outcome });
+                }
+                registry.register(names::RUNS, "Reconcile runs, by outcome", runs.clone());
+                runs
+            },
+            last_run: {
+                let last_run = Gauge::<f64, AtomicU64>::default();
+                registry.register(
+                    names::LAST_RUN,
+                    "Unix time at which the last successful run ended",
+                    last_run.clone(),
+                );
+                last_run
+            },
             registry,
-            scanned,
-            skipped_fresh,
-            no_expectation,
-            processed,
-            drifted,
-            emitted,
-            pending,
-            runs,
-            last_run,
         }
     }
 
