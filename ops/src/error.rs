@@ -59,7 +59,8 @@ pub enum Error {
     /// The order database failed (connection, query, rows).
     #[error("orders database {url}: {cause}")]
     Orders { url: String, cause: String },
-    /// A DLQ operation failed; `source` says how.
+    /// An operation on the DLQ failed; `source` says how. `queue` is the
+    /// DLQ's name, or what was done with it ("reading …").
     #[error("{queue} on {url}")]
     Dlq {
         queue: String,

@@ -30,7 +30,7 @@ use crate::{Error, Event, Fleet};
 
 /// Follow-up rounds for quarantined orders at most: a steady stream of new
 /// events for one order could otherwise keep a replay going for ever.
-pub const MAX_ROUNDS: usize = 20;
+pub(crate) const MAX_ROUNDS: usize = 20;
 
 /// How often a replay looks whether the worker applied a quarantined order's events.
 const QUARANTINE_POLL: Duration = Duration::from_millis(100);
