@@ -16,7 +16,8 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use shardline_topology::{AmqpTarget, Names, RedisTarget, ShardCount};
+use shardline_ops::Fleet;
+use shardline_topology::{AmqpTarget, Keys, Names, RedisTarget, ShardCount};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
@@ -39,6 +40,7 @@ pub struct GlobalArgs {
     #[arg(
         long,
         global = true,
+        help_heading = "Connection",
         env = "SHARDLINE_AMQP_URL",
         hide_env_values = true,
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
@@ -48,6 +50,7 @@ pub struct GlobalArgs {
     #[arg(
         long,
         global = true,
+        help_heading = "Connection",
         env = "SHARDLINE_REDIS_URL",
         hide_env_values = true,
         default_value = "redis://127.0.0.1:6379"
@@ -57,22 +60,30 @@ pub struct GlobalArgs {
     #[arg(
         long,
         global = true,
+        help_heading = "Names",
         env = "SHARDLINE_REDIS_PREFIX",
         default_value = "shardline:"
     )]
     pub redis_prefix: String,
     /// Number of shards N. Queue arguments are immutable, so growing N is a migration.
-    #[arg(long, global = true, env = "SHARDLINE_SHARDS", default_value_t = ShardCount::default())]
+    #[arg(long, global = true, help_heading = "Names", env = "SHARDLINE_SHARDS", default_value_t = ShardCount::default())]
     pub shards: ShardCount,
     /// Serve Prometheus metrics and health on this address (off unless given).
-    #[arg(long, global = true, env = "SHARDLINE_METRICS_ADDR")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Logging and metrics",
+        env = "SHARDLINE_METRICS_ADDR"
+    )]
     pub metrics_addr: Option<SocketAddr>,
-    #[arg(long, global = true, env = "SHARDLINE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    /// Log lines as text or as JSON objects (stderr).
+    #[arg(long, global = true, help_heading = "Logging and metrics", env = "SHARDLINE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Direct exchange events are published to.
     #[arg(
         long,
         global = true,
+        help_heading = "Names",
         env = "SHARDLINE_EXCHANGE",
         default_value = "order.sharding"
     )]
@@ -81,6 +92,7 @@ pub struct GlobalArgs {
     #[arg(
         long,
         global = true,
+        help_heading = "Names",
         env = "SHARDLINE_QUEUE_PREFIX",
         default_value = "order.events.shard."
     )]
@@ -89,6 +101,7 @@ pub struct GlobalArgs {
     #[arg(
         long,
         global = true,
+        help_heading = "Names",
         env = "SHARDLINE_DEAD_LETTER_EXCHANGE",
         default_value = "order.sharding.dlx"
     )]
@@ -97,6 +110,7 @@ pub struct GlobalArgs {
     #[arg(
         long,
         global = true,
+        help_heading = "Names",
         env = "SHARDLINE_DEAD_LETTER_QUEUE",
         default_value = "order.events.dlq"
     )]
@@ -113,10 +127,37 @@ impl GlobalArgs {
         }
     }
 
-    /// A Redis connection for a command. The error names the URL, without
-    /// its password.
-    pub async fn redis(&self) -> Result<redis::aio::MultiplexedConnection, String> {
-        self.redis_url.connect().await.map_err(|e| e.to_string())
+    /// The fleet the operator commands work on.
+    pub fn fleet(&self) -> Fleet {
+        Fleet {
+            amqp: self.amqp_url.clone(),
+            redis: self.redis_url.clone(),
+            keys: Keys::new(&self.redis_prefix),
+            names: self.names(),
+            shards: self.shards,
+        }
+    }
+}
+
+/// The flag that sets an ops config field, for messages that name one (and
+/// how the command line words a cancellation).
+pub fn flag(field: &str) -> String {
+    match field {
+        "thresholds.warn" => "--backlog-warn".into(),
+        "thresholds.page" => "--backlog-page".into(),
+        "cancelled" => "stopped by a signal".into(),
+        field => format!("--{}", field.replace('_', "-")),
+    }
+}
+
+/// An ops error as the command line shows it: config fields named as flags.
+pub trait Flags<T> {
+    fn flags(self) -> anyhow::Result<T>;
+}
+
+impl<T> Flags<T> for Result<T, shardline_ops::Error> {
+    fn flags(self) -> anyhow::Result<T> {
+        self.map_err(|e| anyhow::anyhow!(e.rename_fields(flag)))
     }
 }
 
@@ -174,7 +215,7 @@ fn main() -> ExitCode {
             Command::Worker(args) => worker::run(&global, args, shutdown).await,
             Command::Demo(args) => demo::run(&global, args, shutdown).await,
             Command::Bench(args) => bench::run(&global, args, shutdown).await,
-            Command::Dlq(cmd) => dlq::run(&global, cmd).await,
+            Command::Dlq(cmd) => dlq::run(&global, cmd, shutdown).await,
             Command::Reconcile(args) => reconcile::run(&global, args, shutdown).await,
         }
     });

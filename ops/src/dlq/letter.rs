@@ -1,0 +1,192 @@
+//! One dead letter as read from the DLQ: its dead-letter headers and, when
+//! its body is an envelope, the order and seq.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use lapin::BasicProperties;
+use lapin::message::Delivery;
+use lapin::types::AMQPValue;
+use serde::Serialize;
+use shardline_topology::Envelope;
+use shardline_topology::headers::{self, header_i64, header_str};
+
+/// What identifies a letter in reports and events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LetterRef {
+    /// `x-dead-letter-id`.
+    pub id: Option<String>,
+    /// `x-fail-reason`, `unknown` without one.
+    pub reason: String,
+    /// The envelope's order (or the `order_id` of a JSON body that is not one).
+    pub order_id: Option<String>,
+    pub seq: Option<u64>,
+    /// `x-shard`.
+    pub shard: Option<i64>,
+}
+
+impl LetterRef {
+    /// The id, `-` without one.
+    pub fn id(&self) -> &str {
+        self.id.as_deref().unwrap_or("-")
+    }
+}
+
+/// `{id} reason=… order=… seq=… shard=…`.
+impl fmt::Display for LetterRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} reason={} order={} seq={} shard={}",
+            self.id(),
+            self.reason,
+            self.order_id.as_deref().unwrap_or("-"),
+            opt(self.seq),
+            opt(self.shard)
+        )
+    }
+}
+
+/// A dead letter, not acked yet while its reader is open.
+#[derive(Debug)]
+pub struct Letter {
+    pub(crate) delivery: Delivery,
+    pub info: LetterRef,
+    pub error: Option<String>,
+    /// `x-retry-count`: handler attempts made.
+    pub attempts: Option<i64>,
+    pub original_routing_key: Option<String>,
+    pub first_failed_at: Option<String>,
+    /// The body as an envelope; `None` when it is not one (not replayable).
+    pub envelope: Option<Envelope>,
+}
+
+impl Letter {
+    pub(crate) fn new(delivery: Delivery) -> Self {
+        let props = &delivery.properties;
+        let text = |name| header_str(props, name).map(str::to_owned);
+        let max_body = shardline_publisher::Config::default().max_body_bytes;
+        let envelope = Envelope::parse(&delivery.data, max_body).ok();
+        // A body that is JSON but not a valid envelope may still name its order.
+        let loose: Option<serde_json::Value> = envelope
+            .is_none()
+            .then(|| serde_json::from_slice(&delivery.data).ok())
+            .flatten();
+        let loose_str = |field: &str| {
+            loose
+                .as_ref()
+                .and_then(|j| j.get(field)?.as_str().map(str::to_owned))
+        };
+        let order_id = envelope
+            .as_ref()
+            .map(|e| e.order_id.clone())
+            .or_else(|| loose_str("order_id"));
+        let seq = envelope
+            .as_ref()
+            .and_then(|e| e.seq)
+            .or_else(|| loose.as_ref().and_then(|j| j.get("seq")?.as_u64()));
+        Self {
+            info: LetterRef {
+                id: text(headers::DEAD_LETTER_ID),
+                reason: text(headers::FAIL_REASON).unwrap_or_else(|| "unknown".into()),
+                order_id,
+                seq,
+                shard: header_i64(props, headers::SHARD),
+            },
+            error: text(headers::ERROR),
+            attempts: header_i64(props, headers::RETRY_COUNT),
+            original_routing_key: text(headers::ORIGINAL_ROUTING_KEY),
+            first_failed_at: text(headers::FIRST_FAILED_AT),
+            envelope,
+            delivery,
+        }
+    }
+
+    pub fn body(&self) -> &[u8] {
+        &self.delivery.data
+    }
+
+    pub fn properties(&self) -> &BasicProperties {
+        &self.delivery.properties
+    }
+
+    /// The routing key it was dead-lettered with (the reason).
+    pub fn routing_key(&self) -> &str {
+        self.delivery.routing_key.as_str()
+    }
+
+    /// The event kind: the envelope's, else the `event` of a body that is
+    /// JSON but not a valid envelope.
+    pub fn event(&self) -> Option<String> {
+        if let Some(envelope) = &self.envelope {
+            return Some(envelope.event.clone());
+        }
+        let json: serde_json::Value = serde_json::from_slice(self.body()).ok()?;
+        json.get("event")?.as_str().map(str::to_owned)
+    }
+
+    /// Time since `x-first-failed-at`.
+    pub fn age(&self, now: SystemTime) -> Option<Duration> {
+        let at = humantime::parse_rfc3339_weak(self.first_failed_at.as_deref()?).ok()?;
+        Some(now.duration_since(at).unwrap_or_default())
+    }
+
+    /// The letter as `dlq list --json` prints it.
+    pub fn json(&self, now: SystemTime) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.info.id,
+            "reason": self.info.reason,
+            "error": self.error,
+            "attempts": self.attempts,
+            "order_id": self.info.order_id,
+            "event": self.envelope.as_ref().map(|e| e.event.as_str()),
+            "seq": self.info.seq,
+            "shard": self.info.shard,
+            "original_routing_key": self.original_routing_key,
+            "first_failed_at": self.first_failed_at,
+            "age_seconds": self.age(now).map(|a| a.as_secs_f64().round()),
+            "body_bytes": self.body().len(),
+        })
+    }
+
+    /// Headers and body, as `dlq show` prints them.
+    pub fn text(&self) -> String {
+        let p = self.properties();
+        let text_of = |s: &Option<lapin::types::ShortString>| {
+            s.as_ref().map_or("-", |s| s.as_str()).to_owned()
+        };
+        let mut lines = vec![
+            format!("dead letter {}", self.info.id()),
+            format!("routing key: {}", self.routing_key()),
+            format!("message id: {}", text_of(p.message_id())),
+            format!("content type: {}", text_of(p.content_type())),
+            format!("delivery mode: {}", opt(*p.delivery_mode())),
+            format!("timestamp: {}", opt(*p.timestamp())),
+            "headers:".to_owned(),
+        ];
+        if let Some(h) = p.headers() {
+            for (name, value) in h.inner() {
+                lines.push(format!("  {}: {}", name.as_str(), value_text(value)));
+            }
+        }
+        lines.push(format!("body ({} bytes):", self.body().len()));
+        lines.push(String::from_utf8_lossy(self.body()).into_owned());
+        lines.join("\n") + "\n"
+    }
+}
+
+fn value_text(v: &AMQPValue) -> String {
+    match v {
+        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        AMQPValue::ShortString(s) => s.as_str().to_owned(),
+        other => match headers::value_i64(other) {
+            Some(n) => n.to_string(),
+            None => format!("{other:?}"),
+        },
+    }
+}
+
+/// `v`, or `-` for none.
+pub(crate) fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}

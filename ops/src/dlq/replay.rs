@@ -1,0 +1,690 @@
+//! Replay: republish dead letters to their order's shard after the fix.
+//!
+//! Letters of one order go in seq order, marked `x-shardline-replay` (so the
+//! dedup key and the sequence gate of the failed attempt do not undo them),
+//! each confirmed before it leaves the DLQ. An order that a worker keeps in
+//! quarantine (`--on-dead-letter quarantine`) is followed in rounds: wait
+//! until the worker applied what was replayed, then replay what it
+//! quarantined meanwhile, until the quarantine is lifted or its blocker
+//! failed again.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use opentelemetry::global::{BoxedSpan, BoxedTracer};
+use opentelemetry::trace::{Span as _, SpanKind, Status, TraceId, Tracer as _};
+use opentelemetry::{Context, KeyValue};
+use redis::aio::MultiplexedConnection;
+use serde::Serialize;
+use shardline_publisher::Publisher;
+use shardline_topology::envelope::order_key_of;
+use shardline_topology::headers::{self, FailReason, header_str};
+use shardline_topology::telemetry::{self, attr, op};
+use shardline_topology::{Names, ShardId};
+use tokio_util::sync::CancellationToken;
+
+use super::reader::Reader;
+use super::{Filters, Letter, LetterRef, redis_error, with_reader};
+use crate::{Error, Event, Fleet};
+
+/// Follow-up rounds for quarantined orders at most: a steady stream of new
+/// events for one order could otherwise keep a replay going for ever.
+pub(crate) const MAX_ROUNDS: usize = 20;
+
+/// How often a replay looks whether the worker applied a quarantined order's events.
+const QUARANTINE_POLL: Duration = Duration::from_millis(100);
+
+/// What to replay and how fast.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayConfig {
+    /// Which letters (default: all).
+    pub filters: Filters,
+    /// Only say what would be replayed; the DLQ is left as it was. Default off.
+    pub dry_run: bool,
+    /// At most this many republishes per second (above 0); `None` (the
+    /// default): as fast as the broker confirms them, one at a time.
+    pub rate: Option<f64>,
+    /// For a quarantined order, how long to wait for a worker to apply the
+    /// replayed events before looking for successors quarantined meanwhile.
+    /// Default 60 s.
+    pub wait: Duration,
+}
+
+impl Default for ReplayConfig {
+    fn default() -> Self {
+        Self {
+            filters: Filters::default(),
+            dry_run: false,
+            rate: None,
+            wait: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What a replay did (or, in a dry run, would do).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ReplayReport {
+    pub dry_run: bool,
+    /// Letters read from the DLQ.
+    pub read: usize,
+    /// Matching letters that are not envelopes: left in the DLQ.
+    pub skipped: Vec<LetterRef>,
+    /// Dry run: the letters in replay order, with their shard.
+    pub planned: Vec<(LetterRef, u16)>,
+    /// Matching letters that can be replayed (envelopes).
+    pub matching: usize,
+    /// Letters republished, confirmed and removed, in all rounds.
+    pub replayed: usize,
+    /// Orders left quarantined (or not applied in time): they need attention.
+    pub unresolved: Vec<String>,
+    /// Stopped by the cancellation token before the end.
+    pub cancelled: bool,
+}
+
+impl ReplayReport {
+    /// An order stays quarantined, or its replayed events were not applied.
+    pub fn needs_attention(&self) -> bool {
+        !self.unresolved.is_empty()
+    }
+}
+
+/// Replays the letters `config` selects; `progress` hears of each letter
+/// and round as it happens. Stops between letters when `cancel` fires.
+pub async fn replay(
+    fleet: &Fleet,
+    config: &ReplayConfig,
+    cancel: &CancellationToken,
+    mut progress: impl FnMut(Event) + Send,
+) -> Result<ReplayReport, Error> {
+    if let Some(rate) = config.rate
+        && !(rate > 0.0 && rate.is_finite())
+    {
+        return Err(Error::config(&["rate"], "rate must be above 0"));
+    }
+    with_reader(fleet, async |reader| {
+        let progress: &mut (dyn FnMut(Event) + Send) = &mut progress;
+        let selection = reader
+            .select(|l| config.filters.matches(&l.info), config.filters.limit)
+            .await?;
+        let (replayable, skipped): (Vec<Letter>, Vec<Letter>) = selection
+            .matched
+            .into_iter()
+            .partition(|l| l.envelope.is_some());
+        let mut report = ReplayReport {
+            dry_run: config.dry_run,
+            read: selection.read,
+            skipped: skipped.into_iter().map(|l| l.info).collect(),
+            matching: replayable.len(),
+            ..ReplayReport::default()
+        };
+        for letter in &report.skipped {
+            progress(Event::ReplaySkipped {
+                letter: letter.clone(),
+            });
+        }
+        let letters = replay_order(replayable);
+        if config.dry_run {
+            report.planned = letters
+                .iter()
+                .map(|l| {
+                    let order = l.info.order_id.as_deref().unwrap_or("");
+                    (l.info.clone(), fleet.shards.shard_of(order).get())
+                })
+                .collect();
+            return Ok(report);
+        }
+        if letters.is_empty() {
+            return Ok(report);
+        }
+        let quarantines = Quarantines::read(fleet, &letters, progress).await;
+        let mut replay = Replay {
+            publisher: Publisher::connect(fleet.publisher("shardline dlq replay")).await?,
+            audit: Audit::new(&fleet.names),
+            pause: config.rate.map(|r| Duration::from_secs_f64(1.0 / r)),
+            cancel,
+            report: &mut report,
+        };
+        let outcome = replay.publish(&letters, progress).await;
+        progress(Event::ReplayPass {
+            replayed: replay.report.replayed,
+            matching: letters.len(),
+            skipped: replay.report.skipped.len(),
+            read: replay.report.read,
+        });
+        let outcome = match (outcome, quarantines) {
+            (Ok(()), Some(q)) => replay.follow(reader, q, config.wait, progress).await,
+            (outcome, _) => outcome,
+        };
+        if let Err(e) = replay.publisher.close().await {
+            tracing::debug!(error = %e, "closing the replay publisher");
+        }
+        outcome.map(|()| report)
+    })
+    .await
+}
+
+impl AsRef<LetterRef> for Letter {
+    fn as_ref(&self) -> &LetterRef {
+        &self.info
+    }
+}
+
+impl AsRef<LetterRef> for LetterRef {
+    fn as_ref(&self) -> &LetterRef {
+        self
+    }
+}
+
+/// The order a replay publishes in: letters of one order by seq (letters
+/// without a seq keep their place before the others), orders in the order
+/// their first letter was read.
+fn replay_order<T: AsRef<LetterRef>>(letters: Vec<T>) -> Vec<T> {
+    let mut orders: Vec<(String, Vec<T>)> = Vec::new();
+    for l in letters {
+        let key = l.as_ref().order_id.clone().unwrap_or_default();
+        match orders.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(l),
+            None => orders.push((key, vec![l])),
+        }
+    }
+    orders
+        .into_iter()
+        .flat_map(|(_, mut v)| {
+            v.sort_by_key(|l| l.as_ref().seq.unwrap_or(0));
+            v
+        })
+        .collect()
+}
+
+/// What a round does with an order still quarantined behind dead letter
+/// `head`, given the order's letters found in the DLQ.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Decision {
+    /// The head was quarantined while the replay ran (the rest of the order
+    /// was applied): replay these letters.
+    Replay { ids: Vec<String>, letters: usize },
+    /// The head failed again (or is not in the DLQ): the cause needs fixing.
+    Blocked(Option<LetterRef>),
+}
+
+fn decide(head: &str, letters: &[&LetterRef]) -> Decision {
+    match letters.iter().find(|l| l.id.as_deref() == Some(head)) {
+        Some(b) if b.reason == FailReason::Quarantined.as_str() => Decision::Replay {
+            ids: letters.iter().filter_map(|l| l.id.clone()).collect(),
+            letters: letters.len(),
+        },
+        blocker => Decision::Blocked(blocker.map(|l| (*l).clone())),
+    }
+}
+
+/// A replay under way: the publisher, audit spans, pace and what it did.
+struct Replay<'a> {
+    publisher: Publisher,
+    audit: Audit,
+    pause: Option<Duration>,
+    cancel: &'a CancellationToken,
+    report: &'a mut ReplayReport,
+}
+
+impl Replay<'_> {
+    /// Replays `letters` in their order, each confirmed before it leaves the DLQ.
+    async fn publish(
+        &mut self,
+        letters: &[Letter],
+        progress: &mut (dyn FnMut(Event) + Send),
+    ) -> Result<(), Error> {
+        progress(Event::Replaying {
+            letters: letters.len(),
+        });
+        for l in letters {
+            if self.cancel.is_cancelled() {
+                self.report.cancelled = true;
+                return Ok(());
+            }
+            let started = tokio::time::Instant::now();
+            let order = l.info.order_id.as_deref().unwrap_or("");
+            let shard = self.publisher.shard_of(order);
+            let mut span = self.audit.start(l, shard);
+            let done = replay_one(&mut self.publisher, l, shard).await;
+            span.end(done.as_ref().err());
+            done?;
+            self.report.replayed += 1;
+            tracing::info!(
+                dead_letter_id = l.info.id(),
+                linked_trace_id = %span.linked_trace_id.map_or_else(|| "-".to_owned(), |t| t.to_string()),
+                order_id = order,
+                seq = l.info.seq,
+                shard = shard.get(),
+                reason = %l.info.reason,
+                traceparent = header_str(l.properties(), headers::TRACEPARENT),
+                "dead letter replayed"
+            );
+            progress(Event::Replayed {
+                letter: l.info.clone(),
+                shard: shard.get(),
+            });
+            if let Some(pause) = self.pause {
+                tokio::select! {
+                    () = tokio::time::sleep_until(started + pause) => {}
+                    () = self.cancel.cancelled() => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// For each replayed order that is quarantined: waits until a worker has
+    /// applied (or dead-lettered again) what was replayed, then replays the
+    /// order's events quarantined meanwhile, until the quarantine is lifted
+    /// or its blocker failed again.
+    async fn follow(
+        &mut self,
+        reader: &Reader,
+        quarantines: Quarantines<'_>,
+        wait: Duration,
+        progress: &mut (dyn FnMut(Event) + Send),
+    ) -> Result<(), Error> {
+        let Quarantines {
+            fleet,
+            mut redis,
+            mut rounds,
+        } = quarantines;
+        for _ in 0..MAX_ROUNDS {
+            let mut next = Vec::new();
+            for (order, ids) in std::mem::take(&mut rounds) {
+                let key = fleet.keys.quarantine(&order_key_of(&order));
+                let q = Quarantine {
+                    fleet,
+                    key: &key,
+                    cancel: self.cancel,
+                };
+                if !q.exists(&mut redis).await? {
+                    progress(Event::QuarantineLifted { order_id: order });
+                    continue;
+                }
+                if !q.applied(&mut redis, &ids, wait).await? {
+                    self.report.unresolved.push(order.clone());
+                    progress(Event::NotApplied {
+                        order_id: order,
+                        wait,
+                    });
+                    continue;
+                }
+                match q.head(&mut redis).await? {
+                    None => progress(Event::QuarantineLifted { order_id: order }),
+                    Some(head) => next.push((order, head)),
+                }
+            }
+            if next.is_empty() || self.cancel.is_cancelled() {
+                self.report.cancelled |= self.cancel.is_cancelled();
+                return Ok(());
+            }
+            let wanted: Vec<&str> = next.iter().map(|(o, _)| o.as_str()).collect();
+            let found = reader
+                .select(
+                    |l| {
+                        l.info
+                            .order_id
+                            .as_deref()
+                            .is_some_and(|o| wanted.contains(&o))
+                    },
+                    None,
+                )
+                .await?;
+            let found = replay_order(found.matched);
+            let mut replaying = Vec::new();
+            for (order, head) in next {
+                let letters: Vec<&LetterRef> = found
+                    .iter()
+                    .map(|l| &l.info)
+                    .filter(|l| l.order_id.as_deref() == Some(order.as_str()))
+                    .collect();
+                match decide(&head, &letters) {
+                    Decision::Replay { ids, letters } => {
+                        progress(Event::Requarantined {
+                            order_id: order.clone(),
+                            letters,
+                        });
+                        rounds.insert(order.clone(), ids);
+                        replaying.push(order);
+                    }
+                    Decision::Blocked(blocker) => {
+                        self.report.unresolved.push(order.clone());
+                        progress(Event::StillQuarantined {
+                            order_id: order,
+                            head,
+                            blocker,
+                        });
+                    }
+                }
+            }
+            let batch: Vec<Letter> = found
+                .into_iter()
+                .filter(|l| {
+                    l.info
+                        .order_id
+                        .as_ref()
+                        .is_some_and(|o| replaying.contains(o))
+                })
+                .collect();
+            self.publish(&batch, progress).await?;
+        }
+        if !rounds.is_empty() {
+            let orders: Vec<String> = rounds.into_keys().collect();
+            self.report.unresolved.extend(orders.iter().cloned());
+            progress(Event::RoundsExhausted {
+                rounds: MAX_ROUNDS,
+                orders,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The orders of a replay that are quarantined, with the ids of their
+/// replayed letters, and the Redis connection to follow them.
+struct Quarantines<'a> {
+    fleet: &'a Fleet,
+    redis: MultiplexedConnection,
+    rounds: BTreeMap<String, Vec<String>>,
+}
+
+impl<'a> Quarantines<'a> {
+    /// `None` when no order of `letters` is quarantined, or Redis cannot say
+    /// (the replay goes on without following quarantines, and says so).
+    async fn read(
+        fleet: &'a Fleet,
+        letters: &[Letter],
+        progress: &mut (dyn FnMut(Event) + Send),
+    ) -> Option<Self> {
+        let mut redis = match fleet.redis.connect().await {
+            Ok(redis) => redis,
+            Err(e) => {
+                progress(Event::QuarantinesUnknown {
+                    cause: e.to_string(),
+                    connected: false,
+                });
+                return None;
+            }
+        };
+        let mut rounds: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for l in letters {
+            if let (Some(order), Some(id)) = (&l.info.order_id, &l.info.id) {
+                rounds.entry(order.clone()).or_default().push(id.clone());
+            }
+        }
+        // One round trip for every order of the replay.
+        let mut pipe = redis::pipe();
+        for order in rounds.keys() {
+            pipe.cmd("EXISTS")
+                .arg(fleet.keys.quarantine(&order_key_of(order)));
+        }
+        let exists: Vec<bool> = match pipe.query_async(&mut redis).await {
+            Ok(exists) => exists,
+            Err(e) => {
+                progress(Event::QuarantinesUnknown {
+                    cause: fleet.redis.scrub(&e.to_string()),
+                    connected: true,
+                });
+                return None;
+            }
+        };
+        let rounds: BTreeMap<String, Vec<String>> = rounds
+            .into_iter()
+            .zip(exists)
+            .filter_map(|(order, quarantined)| quarantined.then_some(order))
+            .collect();
+        (!rounds.is_empty()).then_some(Self {
+            fleet,
+            redis,
+            rounds,
+        })
+    }
+}
+
+/// One order's quarantine set in Redis.
+struct Quarantine<'a> {
+    fleet: &'a Fleet,
+    key: &'a str,
+    cancel: &'a CancellationToken,
+}
+
+impl Quarantine<'_> {
+    async fn exists(&self, redis: &mut MultiplexedConnection) -> Result<bool, Error> {
+        redis::cmd("EXISTS")
+            .arg(self.key)
+            .query_async(redis)
+            .await
+            .map_err(redis_error(self.fleet, "reading a quarantine"))
+    }
+
+    /// The blocker of the quarantine, `None` when lifted.
+    async fn head(&self, redis: &mut MultiplexedConnection) -> Result<Option<String>, Error> {
+        let head: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.key)
+            .arg(0)
+            .arg(0)
+            .query_async(redis)
+            .await
+            .map_err(redis_error(self.fleet, "reading a quarantine"))?;
+        Ok(head.into_iter().next())
+    }
+
+    /// Waits until none of `ids` holds the quarantine any more (a worker
+    /// applied them, or dead-lettered them again under new ids); `false`
+    /// after `wait` or on cancellation. Polls: the worker's progress is only
+    /// visible in Redis.
+    async fn applied(
+        &self,
+        redis: &mut MultiplexedConnection,
+        ids: &[String],
+        wait: Duration,
+    ) -> Result<bool, Error> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+                .arg(self.key)
+                .arg(ids)
+                .query_async(redis)
+                .await
+                .map_err(redis_error(self.fleet, "reading a quarantine"))?;
+            if scores.iter().all(Option::is_none) {
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= deadline || self.cancel.is_cancelled() {
+                return Ok(false);
+            }
+            tokio::select! {
+                () = tokio::time::sleep(QUARANTINE_POLL) => {}
+                () = self.cancel.cancelled() => {}
+            }
+        }
+    }
+}
+
+/// Republishes one letter, waits for the broker's confirm, and only then
+/// removes it from the DLQ.
+async fn replay_one(publisher: &mut Publisher, l: &Letter, shard: ShardId) -> Result<(), Error> {
+    publisher
+        .publish_to_shard(shard, l.body().to_vec(), replay_properties(l))
+        .await
+        .map_err(Error::publish(format!("republishing {}", l.info)))?;
+    publisher.flush().await.map_err(Error::publish(format!(
+        "confirming the republish of {}",
+        l.info
+    )))?;
+    // Confirmed: only now may it leave the DLQ.
+    Reader::remove(l).await.map_err(|e| match e {
+        Error::Amqp { source, .. } => Error::Amqp {
+            context: format!("removing {} from the DLQ", l.info),
+            source,
+        },
+        other => other,
+    })
+}
+
+/// The letter's properties, as the worker dead-lettered them (the `x-fail-*`
+/// headers kept for audit; a new failure overwrites them), plus
+/// `x-shardline-replay` = the dead-letter id, without the broker's
+/// `x-delivery-count` (it would count against the new delivery).
+fn replay_properties(letter: &Letter) -> lapin::BasicProperties {
+    let props = letter.properties().clone();
+    let mut inner = props
+        .headers()
+        .as_ref()
+        .map(|h| h.inner().clone())
+        .unwrap_or_default();
+    inner.remove(headers::DELIVERY_COUNT);
+    let mut h = FieldTable::from(inner);
+    h.insert(
+        headers::REPLAY.into(),
+        AMQPValue::LongString(LongString::from(letter.info.id().as_bytes().to_vec())),
+    );
+    props.with_headers(h)
+}
+
+/// The audit spans of a replay: one root span per replayed letter
+/// (`{dlq} replay`), linked to the failed attempt's context (the letter's
+/// `traceparent`/`tracestate`).
+struct Audit {
+    tracer: BoxedTracer,
+    span_name: std::borrow::Cow<'static, str>,
+    exchange: String,
+}
+
+/// One letter's replay span, and the trace id it links to.
+struct AuditSpan {
+    span: BoxedSpan,
+    linked_trace_id: Option<TraceId>,
+}
+
+impl Audit {
+    fn new(names: &Names) -> Self {
+        Self {
+            tracer: opentelemetry::global::tracer_with_scope(telemetry::scope()),
+            span_name: telemetry::span::replay(&names.dead_letter_queue),
+            exchange: names.exchange.clone(),
+        }
+    }
+
+    /// Without a tracer provider the span is a no-op: no link, no attributes
+    /// are built, only the linked trace id is read for the log line.
+    fn start(&self, l: &Letter, shard: ShardId) -> AuditSpan {
+        let failed = headers::remote_span_context(l.properties());
+        let linked_trace_id = failed.as_ref().map(|sc| sc.trace_id());
+        let mut span = self
+            .tracer
+            .span_builder(self.span_name.clone())
+            .with_kind(SpanKind::Producer)
+            .start_with_context(&self.tracer, &Context::new());
+        if span.is_recording() {
+            if let Some(sc) = failed {
+                span.add_link(sc, Vec::new());
+            }
+            let mut attributes = vec![
+                KeyValue::new(attr::MESSAGING_SYSTEM, attr::MESSAGING_SYSTEM_RABBITMQ),
+                KeyValue::new(attr::MESSAGING_OPERATION, op::REPLAY),
+                KeyValue::new(attr::MESSAGING_DESTINATION_NAME, self.exchange.clone()),
+                KeyValue::new(attr::MESSAGING_ROUTING_KEY, Names::routing_key(shard)),
+                KeyValue::new(attr::DEAD_LETTER_ID, l.info.id().to_owned()),
+                KeyValue::new(attr::FAIL_REASON, l.info.reason.clone()),
+                KeyValue::new(attr::SHARD, i64::from(shard.get())),
+            ];
+            if let Some(order) = &l.info.order_id {
+                attributes.push(KeyValue::new(attr::ORDER_ID, order.clone()));
+            }
+            if let Some(seq) = l.info.seq.and_then(|s| i64::try_from(s).ok()) {
+                attributes.push(KeyValue::new(attr::SEQ, seq));
+            }
+            if let Some(t) = linked_trace_id {
+                attributes.push(KeyValue::new(attr::LINKED_TRACE_ID, t.to_string()));
+            }
+            span.set_attributes(attributes);
+        }
+        AuditSpan {
+            span,
+            linked_trace_id,
+        }
+    }
+}
+
+impl AuditSpan {
+    /// Ends the span, failed with `error` when there is one.
+    fn end(&mut self, error: Option<&Error>) {
+        if let Some(e) = error
+            && self.span.is_recording()
+        {
+            self.span.set_status(Status::error(crate::error::chain(e)));
+        }
+        self.span.end();
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::dlq::tests::letter;
+
+    #[test]
+    fn replay_goes_per_order_by_seq_orders_as_first_read() {
+        let read = vec![
+            letter("b3", "handler", Some("B"), Some(3)),
+            letter("a2", "handler", Some("A"), Some(2)),
+            letter("b1", "seq-gap", Some("B"), Some(1)),
+            letter("a1", "handler", Some("A"), Some(1)),
+            letter("x", "handler", Some("B"), None),
+            letter("b2", "handler", Some("B"), Some(2)),
+        ];
+        let ids: Vec<String> = replay_order(read)
+            .into_iter()
+            .map(|l| l.id.unwrap())
+            .collect();
+        assert_eq!(ids, ["x", "b1", "b2", "b3", "a1", "a2"]);
+    }
+
+    #[test]
+    fn a_round_replays_what_was_quarantined_meanwhile_and_stops_at_a_new_failure() {
+        let head = letter("q5", "quarantined", Some("A"), Some(5));
+        let later = letter("q6", "quarantined", Some("A"), Some(6));
+        assert_eq!(
+            decide("q5", &[&head, &later]),
+            Decision::Replay {
+                ids: vec!["q5".into(), "q6".into()],
+                letters: 2
+            }
+        );
+        let failed = letter("h5", "handler", Some("A"), Some(5));
+        assert_eq!(
+            decide("h5", &[&failed, &later]),
+            Decision::Blocked(Some(failed.clone()))
+        );
+        assert_eq!(
+            decide("gone", &[&later]),
+            Decision::Blocked(None),
+            "a head not in the DLQ blocks"
+        );
+        assert_eq!(decide("q5", &[]), Decision::Blocked(None));
+    }
+
+    #[test]
+    fn attention_when_an_order_stays_quarantined() {
+        let report = ReplayReport {
+            unresolved: vec!["A".into()],
+            ..ReplayReport::default()
+        };
+        assert!(report.needs_attention());
+        assert!(!ReplayReport::default().needs_attention());
+    }
+
+    #[test]
+    fn a_replay_future_is_send() {
+        fn is_send<T: Send>(_: &T) {}
+        let fleet = Fleet::default();
+        let config = ReplayConfig::default();
+        let cancel = CancellationToken::new();
+        let replay = replay(&fleet, &config, &cancel, |_| {});
+        is_send(&replay);
+    }
+}

@@ -1,0 +1,151 @@
+//! What an operation reports when it fails. Messages name config fields and
+//! what failed, with passwords blanked out; a front end renames the fields
+//! (the CLI: to its flags) with [`Error::rename_fields`].
+
+use shardline_publisher::PublishError;
+use shardline_topology::{BrokerError, DeclareError, RedisError};
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A config field is unusable (or what it points at is); the message
+    /// starts with the field and names the `fields` it mentions.
+    #[error("{message}")]
+    Config {
+        fields: &'static [&'static str],
+        message: String,
+    },
+    #[error(transparent)]
+    Connect(#[from] BrokerError),
+    #[error(transparent)]
+    Redis(#[from] RedisError),
+    #[error(transparent)]
+    Broker(#[from] lapin::Error),
+    #[error(transparent)]
+    Publisher(#[from] PublishError),
+    #[error(transparent)]
+    Declare(#[from] DeclareError),
+    /// A Redis command of an operation failed or did not answer in time.
+    #[error("{what} in Redis {url}: {cause}")]
+    RedisCommand {
+        what: &'static str,
+        url: String,
+        cause: String,
+    },
+    /// Declaring or reading a queue failed.
+    #[error("{context}")]
+    Queue {
+        context: String,
+        #[source]
+        source: DeclareError,
+    },
+    /// A broker operation (a channel, a get, an ack) failed.
+    #[error("{context}")]
+    Amqp {
+        context: String,
+        #[source]
+        source: lapin::Error,
+    },
+    /// Publishing (a replay, a compensation) failed or was not confirmed.
+    #[error("{context}")]
+    Publish {
+        context: String,
+        #[source]
+        source: PublishError,
+    },
+    /// `dlq show`: no such letter.
+    #[error("no dead letter with x-dead-letter-id {id}")]
+    NotFound { id: String },
+    /// The order database failed (connection, query, rows).
+    #[error("orders database {url}: {cause}")]
+    Orders { url: String, cause: String },
+    /// An operation on the DLQ failed; `source` says how. `queue` is the
+    /// DLQ's name, or what was done with it ("reading …").
+    #[error("{queue} on {url}")]
+    Dlq {
+        queue: String,
+        url: String,
+        #[source]
+        source: Box<Error>,
+    },
+}
+
+impl Error {
+    pub(crate) fn config(fields: &'static [&'static str], message: impl Into<String>) -> Self {
+        Self::Config {
+            fields,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn amqp(context: impl Into<String>) -> impl FnOnce(lapin::Error) -> Self {
+        let context = context.into();
+        move |source| Self::Amqp { context, source }
+    }
+
+    pub(crate) fn publish(context: impl Into<String>) -> impl FnOnce(PublishError) -> Self {
+        let context = context.into();
+        move |source| Self::Publish { context, source }
+    }
+
+    pub(crate) fn queue(context: impl Into<String>) -> impl FnOnce(DeclareError) -> Self {
+        let context = context.into();
+        move |source| Self::Queue { context, source }
+    }
+
+    /// The message with its causes, each config field it names replaced by
+    /// `rename(field)` (once, where the message names it).
+    pub fn rename_fields(&self, rename: impl Fn(&str) -> String) -> String {
+        let mut text = chain(self);
+        if let Self::Config { fields, .. } = self {
+            for field in *fields {
+                text = text.replacen(field, &rename(field), 1);
+            }
+        }
+        text
+    }
+}
+
+/// An error with its causes, `: `-separated, each cause once (some errors
+/// repeat their source in their own message).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_are_renamed_where_named_and_only_there() {
+        let e = Error::config(
+            &["grace", "window"],
+            "grace (2m) must be shorter than window (24h) in the window",
+        );
+        assert_eq!(
+            e.rename_fields(|f| format!("--{f}")),
+            "grace (2m) must be shorter than window (24h) in the window"
+                .replacen("grace", "--grace", 1)
+                .replacen("window", "--window", 1)
+        );
+        let nested = Error::Dlq {
+            queue: "q".into(),
+            url: "amqp://h/".into(),
+            source: Box::new(Error::NotFound { id: "x".into() }),
+        };
+        assert_eq!(
+            nested.rename_fields(|f| f.into()),
+            "q on amqp://h/: no dead letter with x-dead-letter-id x"
+        );
+    }
+}

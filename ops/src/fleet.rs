@@ -1,0 +1,71 @@
+//! Where the fleet is: the broker, Redis and its key prefix, the names and
+//! the shard count. Every operation takes one.
+
+use shardline_topology::{AmqpTarget, Keys, Names, RedisTarget, ShardCount};
+
+/// The fleet an operation works on. `Default` is the local default fleet
+/// (`amqp://guest:guest@127.0.0.1:5672/%2f`, `redis://127.0.0.1:6379`,
+/// prefix `shardline:`, the default names, 16 shards).
+#[derive(Debug, Clone, Default)]
+pub struct Fleet {
+    /// RabbitMQ address(es); the vhost is the URL's path.
+    pub amqp: AmqpTarget,
+    /// Redis, where the workers keep dedup, gate and status documents.
+    pub redis: RedisTarget,
+    /// The Redis keyspace (its prefix: default `shardline:`).
+    pub keys: Keys,
+    /// Exchange and queue names.
+    pub names: Names,
+    /// Number of shards N (default 16).
+    pub shards: ShardCount,
+}
+
+impl Fleet {
+    /// A publisher config for this fleet: one event in flight at a time.
+    pub(crate) fn publisher(&self, connection_name: &str) -> shardline_publisher::Config {
+        shardline_publisher::Config {
+            amqp: self.amqp.clone(),
+            names: self.names.clone(),
+            shards: self.shards,
+            window: 1,
+            connection_name: connection_name.into(),
+            ..shardline_publisher::Config::default()
+        }
+    }
+
+    /// A broker connection named `name`.
+    pub(crate) async fn connect(&self, name: &str) -> Result<lapin::Connection, crate::Error> {
+        Ok(shardline_topology::connect(&self.amqp, name).await?)
+    }
+}
+
+/// Closes a connection, logging (not failing) when the broker does not answer.
+pub(crate) async fn close(conn: &lapin::Connection) {
+    if let Err(e) = conn.close(200, "done".into()).await {
+        tracing::debug!(error = %e, "closing a connection");
+    }
+}
+
+/// Every key matching `pattern` (`SCAN MATCH`, a page at a time).
+pub(crate) async fn scan(
+    conn: &mut impl redis::aio::ConnectionLike,
+    pattern: &str,
+) -> redis::RedisResult<Vec<String>> {
+    let mut found = Vec::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        found.extend(page);
+        if next == 0 {
+            return Ok(found);
+        }
+        cursor = next;
+    }
+}

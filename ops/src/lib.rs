@@ -1,0 +1,39 @@
+//! shardline's operator tools as a library: what `shardline topology status`,
+//! `dlq …`, `reconcile` and the demo's cleanup do, for the command line, the
+//! web console and Rust users alike.
+//!
+//! Each operation takes a plain config ([`Fleet`] says where the fleet is, a
+//! per-operation config what to do), returns a typed report or an [`Error`],
+//! and never prints: long operations report [`Event`]s through a callback and
+//! stop at a [`CancellationToken`](tokio_util::sync::CancellationToken).
+//! Modules, in the order an operator meets them:
+//!
+//! - [`fleet`]: where the broker, Redis, the names and the shard count are.
+//! - [`topology`]: `apply`'s description and the fleet status (depth,
+//!   owner, backlog age and level per shard; the DLQ; the workers), with a
+//!   cheap form that does not browse the DLQ.
+//! - [`dlq`]: the dead-letter queue: reading without removing, list and show,
+//!   replay (key-ordered, confirmed, with quarantine rounds), purge, release.
+//! - [`reconcile`]: compensation events for what the order database says
+//!   happened and the fleet never processed; its Prometheus metrics.
+//! - [`scratch`]: throwaway names for demos and benchmarks, and removing
+//!   their topology and Redis keys.
+//! - [`progress`]: the events long operations report as they go.
+//! - [`error`]: what went wrong, naming config fields, never flags.
+
+pub mod dlq;
+pub mod error;
+pub mod fleet;
+pub mod progress;
+pub mod reconcile;
+pub mod scratch;
+pub mod topology;
+
+pub use dlq::{
+    Filters, Letter, LetterRef, ListReport, PurgeReport, ReleaseReport, ReplayConfig, ReplayReport,
+};
+pub use error::Error;
+pub use fleet::Fleet;
+pub use progress::Event;
+pub use reconcile::{ReconcileConfig, ReconcileReport, Reconciler};
+pub use topology::{StatusConfig, StatusReport};

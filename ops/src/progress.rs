@@ -1,0 +1,54 @@
+//! What long operations report as they go (a replay per letter and per
+//! quarantine round, reconcile per run), through a callback the caller
+//! passes: the CLI prints each event, the console forwards them to a page.
+//! New variants will come (the broker blocking a publisher under an alarm,
+//! and unblocking it), so matches need a catch-all arm.
+
+use std::time::Duration;
+
+use crate::dlq::LetterRef;
+use crate::reconcile::ReconcileReport;
+
+/// One step of a long operation.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Event {
+    /// A replay leaves a letter in the DLQ: its body is not an envelope.
+    ReplaySkipped { letter: LetterRef },
+    /// A replay could not read which orders are quarantined (`cause`;
+    /// `connected`: Redis answered but the read failed), and goes on without
+    /// following them.
+    QuarantinesUnknown { cause: String, connected: bool },
+    /// A replay starts republishing `letters` letters (the first pass, or a
+    /// quarantine round).
+    Replaying { letters: usize },
+    /// A letter was republished to `shard`, confirmed, and left the DLQ.
+    Replayed { letter: LetterRef, shard: u16 },
+    /// The first pass of a replay ended (also when it failed part-way).
+    ReplayPass {
+        replayed: usize,
+        matching: usize,
+        skipped: usize,
+        read: usize,
+    },
+    /// A replayed order's quarantine is lifted.
+    QuarantineLifted { order_id: String },
+    /// No worker applied an order's replayed events within `wait`.
+    NotApplied { order_id: String, wait: Duration },
+    /// Events of the order were quarantined while the replay ran; they are
+    /// replayed next.
+    Requarantined { order_id: String, letters: usize },
+    /// The order stays quarantined behind dead letter `head` (its letter,
+    /// when found in the DLQ): the cause needs fixing first.
+    StillQuarantined {
+        order_id: String,
+        head: String,
+        blocker: Option<LetterRef>,
+    },
+    /// The replay stopped following quarantines after `rounds` rounds.
+    RoundsExhausted { rounds: usize, orders: Vec<String> },
+    /// A reconcile run ended.
+    Reconciled(Box<ReconcileReport>),
+    /// A reconcile run failed; the next one is tried after the interval.
+    ReconcileFailed { error: String },
+}

@@ -1,0 +1,916 @@
+//! Reconcile: finds orders whose status implies an event the fleet never
+//! processed, and publishes a compensation event for each (SPEC §5).
+//!
+//! One run, in the order it goes:
+//!
+//! 1. read the order snapshots updated within the window from PostgreSQL, in
+//!    a read-only transaction (the order database is never written; `orders`);
+//! 2. skip orders updated within the grace, and statuses that imply no event;
+//! 3. look up whether the workers processed each expected kind (the `kind`
+//!    key of [`shardline_topology::Keys`], written with each dedup commit);
+//! 4. look for each missing event on its way (`pending`): a compensation
+//!    emitted before, an event held by the sequence gate, a dead letter, a
+//!    shard backlog older than the grace, or a shard with messages and no
+//!    worker reporting. Those are *pending* and never compensated;
+//! 5. read the processed kinds once more (the event may have gone through
+//!    meanwhile), then claim each drifted (order, kind) in Redis and publish
+//!    its compensation, confirmed.
+//!
+//! [`Metrics`] keeps the Prometheus counters over the runs of a process.
+
+mod metrics;
+mod orders;
+mod pending;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::TryStreamExt as _;
+use redis::aio::MultiplexedConnection;
+use shardline_publisher::Publisher;
+use shardline_topology::envelope::{MAX_FIELD_BYTES, order_key_of};
+use shardline_topology::status::{ShardReport, unix_ms};
+use shardline_topology::{ShardId, declare};
+use tokio_postgres::types::ToSql;
+use tokio_util::sync::CancellationToken;
+
+pub use metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics, names};
+use orders::{Columns, one_line, redact_orders_url};
+use pending::Whereabouts;
+pub use pending::{Expected, OnItsWay};
+
+use crate::error::chain;
+use crate::{Error, Event, Fleet};
+
+/// The orders query by default: orders table `orders`, lower bound `$1`.
+pub const DEFAULT_QUERY: &str =
+    "SELECT order_id, status, updated_at FROM orders WHERE updated_at >= $1";
+
+/// What each status implies by default.
+pub const DEFAULT_EXPECT: [(&str, &str); 3] = [
+    ("INVENTORY_RESERVED", "inventory.reserved"),
+    ("PAID", "payment.captured"),
+    ("FULFILLED", "order.fulfilled"),
+];
+
+/// How long an emission claim lives until its publish is confirmed. A run that
+/// dies in between leaves the claim to expire, and a later run emits again;
+/// the worker absorbs such a copy by its event id.
+const CLAIM_TTL: Duration = Duration::from_secs(60);
+
+/// Bound on one Redis round trip.
+const REDIS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Expected events looked up in Redis per round trip.
+const BATCH: usize = 500;
+
+/// What reconcile compares, and how far it may go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReconcileConfig {
+    /// PostgreSQL URL of the order database (`postgres://user:password@host/db`,
+    /// or a key=value string). Only read, in a read-only transaction. Required.
+    pub orders_url: String,
+    /// Query returning `order_id, status, updated_at` of the orders updated at
+    /// or after `$1` (now minus the window). Default [`DEFAULT_QUERY`].
+    pub orders_query: String,
+    /// Look at orders updated this long ago at most (above 0). Keep it
+    /// within the worker's kinds TTL: older processed kinds may have
+    /// expired. Default 24 h.
+    pub window: Duration,
+    /// Skip orders updated less than this long ago (shorter than the
+    /// window): their events may still be on their way. Default 2 min.
+    pub grace: Duration,
+    /// `(status, kind)`: an order in that status must have had an event of
+    /// that kind processed. Empty (the default): [`DEFAULT_EXPECT`].
+    pub expect: Vec<(String, String)>,
+    /// Only report: emit nothing, write nothing. Default off.
+    pub dry_run: bool,
+    /// Emit nothing in a run that would emit more than this many
+    /// compensations: a mass drift is an outage or a misconfiguration, not
+    /// something to paper over. Default 1000.
+    pub max_emit: usize,
+    /// Dead letters read at most (and requeued, in order) to find missing
+    /// events in the DLQ; when it holds more, nothing is compensated.
+    /// Default 10 000.
+    pub dlq_browse: u64,
+}
+
+impl Default for ReconcileConfig {
+    fn default() -> Self {
+        Self {
+            orders_url: String::new(),
+            orders_query: DEFAULT_QUERY.into(),
+            window: Duration::from_secs(24 * 3600),
+            grace: Duration::from_secs(120),
+            expect: Vec::new(),
+            dry_run: false,
+            max_emit: 1000,
+            dlq_browse: 10_000,
+        }
+    }
+}
+
+/// `STATUS=KIND` as an expectation; the kind must be a valid envelope `event`.
+pub fn parse_expectation(s: &str) -> Result<(String, String), String> {
+    let Some((status, kind)) = s.split_once('=') else {
+        return Err(format!("expected STATUS=KIND, got `{s}`"));
+    };
+    let (status, kind) = (status.trim(), kind.trim());
+    if status.is_empty() || kind.is_empty() {
+        return Err(format!("expected STATUS=KIND, both non-empty, got `{s}`"));
+    }
+    if kind.len() > MAX_FIELD_BYTES || kind.chars().any(char::is_control) {
+        return Err(format!(
+            "event kind `{kind}` is not a valid `event` (at most {MAX_FIELD_BYTES} bytes, no control characters)"
+        ));
+    }
+    Ok((status.to_owned(), kind.to_owned()))
+}
+
+/// The event kinds each order status implies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Expectations(BTreeMap<String, Vec<String>>);
+
+impl Expectations {
+    /// From `(status, kind)` pairs; the defaults when there are none.
+    fn new(pairs: &[(String, String)]) -> Self {
+        let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let defaults = DEFAULT_EXPECT.map(|(s, k)| (s.to_owned(), k.to_owned()));
+        let pairs = if pairs.is_empty() {
+            &defaults[..]
+        } else {
+            pairs
+        };
+        for (status, kind) in pairs {
+            let kinds = map.entry(status.clone()).or_default();
+            if !kinds.contains(kind) {
+                kinds.push(kind.clone());
+            }
+        }
+        Self(map)
+    }
+
+    /// What an order in `status` must have had processed (exact match).
+    fn kinds(&self, status: &str) -> &[String] {
+        self.0.get(status).map_or(&[], Vec::as_slice)
+    }
+
+    fn describe(&self) -> String {
+        let mut out = Vec::new();
+        for (status, kinds) in &self.0 {
+            for kind in kinds {
+                out.push(format!("{status}={kind}"));
+            }
+        }
+        out.join(", ")
+    }
+}
+
+/// A validated reconcile config on a fleet: runs once or at an interval.
+pub struct Reconciler {
+    fleet: Fleet,
+    orders: tokio_postgres::Config,
+    /// The orders URL with its password blanked out.
+    orders_url: String,
+    config: ReconcileConfig,
+    expectations: Expectations,
+}
+
+impl Reconciler {
+    /// Checks `config` (window, grace, the orders URL).
+    pub fn new(fleet: Fleet, config: ReconcileConfig) -> Result<Self, Error> {
+        if config.window.is_zero() {
+            return Err(Error::config(&["window"], "window must be above 0"));
+        }
+        if config.grace >= config.window {
+            return Err(Error::config(
+                &["grace", "window"],
+                format!(
+                    "grace ({}) must be shorter than window ({})",
+                    humantime::format_duration(config.grace),
+                    humantime::format_duration(config.window)
+                ),
+            ));
+        }
+        let orders_url = redact_orders_url(&config.orders_url);
+        let mut orders: tokio_postgres::Config = config.orders_url.parse().map_err(|e| {
+            Error::config(
+                &["orders_url"],
+                format!(
+                    "orders_url {orders_url}: {}",
+                    one_line(&shardline_topology::broker::scrub(
+                        &chain(&e),
+                        &config.orders_url
+                    ))
+                ),
+            )
+        })?;
+        if orders.get_connect_timeout().is_none() {
+            orders.connect_timeout(Duration::from_secs(10));
+        }
+        if orders.get_application_name().is_none() {
+            orders.application_name("shardline reconcile");
+        }
+        let expectations = Expectations::new(&config.expect);
+        tracing::debug!(
+            orders = %orders_url,
+            expectations = %expectations.describe(),
+            "reconcile configured"
+        );
+        Ok(Self {
+            fleet,
+            orders,
+            orders_url,
+            config,
+            expectations,
+        })
+    }
+
+    /// `text` with the orders database's password blanked out, on one line.
+    fn scrub_orders(&self, text: &str) -> String {
+        let text = match self.orders.get_password() {
+            Some(p) if !p.is_empty() => text.replace(&*String::from_utf8_lossy(p), "***"),
+            _ => text.to_owned(),
+        };
+        one_line(&text)
+    }
+
+    /// One run. `cancel` stops it from emitting more (what is left is
+    /// reported as not emitted).
+    pub async fn run_once(&self, cancel: &CancellationToken) -> Result<ReconcileReport, Error> {
+        let mut run = Run {
+            r: self,
+            redis: self.fleet.redis.connect().await?,
+            broker: None,
+            publisher: None,
+        };
+        let result = run.go(cancel).await;
+        run.close().await;
+        result
+    }
+
+    /// A run every `interval` until `cancel`, the first at once; each run's
+    /// report (or failure) goes to `progress`. A failed run is retried at
+    /// the next interval.
+    pub async fn run_every(
+        &self,
+        interval: Duration,
+        cancel: &CancellationToken,
+        mut progress: impl FnMut(Event),
+    ) {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = cancel.cancelled() => break,
+            }
+            match self.run_once(cancel).await {
+                Ok(report) => progress(Event::Reconciled(Box::new(report))),
+                Err(e) => {
+                    let error = chain(&e);
+                    tracing::error!(
+                        error = %error,
+                        next_in = %humantime::format_duration(interval),
+                        "reconcile run failed; trying again at the next interval"
+                    );
+                    progress(Event::ReconcileFailed { error });
+                }
+            }
+        }
+        tracing::info!("reconcile stopped");
+    }
+}
+
+/// A missing event that may still arrive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    pub expected: Expected,
+    pub why: OnItsWay,
+}
+
+/// What became of a drifted event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Compensation {
+    Emitted,
+    /// A dry run.
+    WouldEmit,
+    NotEmitted(NotEmitted),
+}
+
+/// Why a compensation was not emitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NotEmitted {
+    /// No valid compensation envelope can be built (e.g. an oversize id).
+    Invalid(String),
+    /// The run found more drift than `max_emit`.
+    OverLimit { drifted: usize, max_emit: usize },
+    /// The run was cancelled first.
+    Cancelled,
+}
+
+impl NotEmitted {
+    /// For people; `term` names the config field (or `cancelled`) as the
+    /// reader knows it.
+    pub fn text(&self, term: &dyn Fn(&str) -> String) -> String {
+        match self {
+            Self::Invalid(why) => why.clone(),
+            Self::OverLimit { drifted, max_emit } => {
+                format!("{drifted} drifted, over {} {max_emit}", term("max_emit"))
+            }
+            Self::Cancelled => term("cancelled"),
+        }
+    }
+}
+
+/// A missing event not on its way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drift {
+    pub expected: Expected,
+    pub compensation: Compensation,
+}
+
+/// What one run found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReconcileReport {
+    /// When the run ended.
+    pub at: SystemTime,
+    pub dry_run: bool,
+    pub window: Duration,
+    pub grace: Duration,
+    /// Rows the query returned.
+    pub scanned: u64,
+    /// Rows updated before the window (a query that ignores `$1`): ignored.
+    pub outside_window: u64,
+    /// Rows without `order_id` or `updated_at`: ignored.
+    pub invalid: u64,
+    pub skipped_fresh: u64,
+    pub no_expectation: u64,
+    /// Expected events the fleet had processed.
+    pub processed: u64,
+    pub pending: Vec<Pending>,
+    pub drift: Vec<Drift>,
+}
+
+impl Default for ReconcileReport {
+    fn default() -> Self {
+        Self {
+            at: UNIX_EPOCH,
+            dry_run: false,
+            window: Duration::ZERO,
+            grace: Duration::ZERO,
+            scanned: 0,
+            outside_window: 0,
+            invalid: 0,
+            skipped_fresh: 0,
+            no_expectation: 0,
+            processed: 0,
+            pending: Vec::new(),
+            drift: Vec::new(),
+        }
+    }
+}
+
+impl ReconcileReport {
+    /// Compensations published and confirmed.
+    pub fn emitted(&self) -> u64 {
+        self.drift
+            .iter()
+            .filter(|d| d.compensation == Compensation::Emitted)
+            .count() as u64
+    }
+
+    /// Drift that was not compensated (a dry run, or emission refused).
+    pub fn needs_attention(&self) -> bool {
+        self.drift
+            .iter()
+            .any(|d| d.compensation != Compensation::Emitted)
+    }
+
+    /// The counts on one line.
+    pub fn summary(&self) -> String {
+        let mut out = format!(
+            "scanned {}, skipped fresh {}, no expectation {}, processed {}, pending {}, drifted {}, emitted {}",
+            self.scanned,
+            self.skipped_fresh,
+            self.no_expectation,
+            self.processed,
+            self.pending.len(),
+            self.drift.len(),
+            self.emitted(),
+        );
+        if self.outside_window > 0 {
+            let _ = write!(out, ", outside window {}", self.outside_window);
+        }
+        if self.invalid > 0 {
+            let _ = write!(out, ", invalid rows {}", self.invalid);
+        }
+        out
+    }
+
+    /// A line per drifted and pending event, then the summary; `term`
+    /// names config fields (and `cancelled`) as the reader knows them.
+    pub fn text(&self, term: &dyn Fn(&str) -> String) -> String {
+        let mut out = String::new();
+        for d in &self.drift {
+            let e = &d.expected;
+            let _ = match &d.compensation {
+                Compensation::Emitted => {
+                    writeln!(
+                        out,
+                        "emitted      {} event_id={}",
+                        e.describe(),
+                        e.event_id()
+                    )
+                }
+                Compensation::WouldEmit => {
+                    writeln!(
+                        out,
+                        "would emit   {} event_id={}",
+                        e.describe(),
+                        e.event_id()
+                    )
+                }
+                Compensation::NotEmitted(why) => {
+                    writeln!(out, "not emitted  {}: {}", e.describe(), why.text(term))
+                }
+            };
+        }
+        for p in &self.pending {
+            let _ = writeln!(
+                out,
+                "pending      {}: {}",
+                p.expected.describe(),
+                p.why.detail(term)
+            );
+        }
+        let (name, nothing) = if self.dry_run {
+            ("reconcile (dry run)", "; nothing emitted")
+        } else {
+            ("reconcile", "")
+        };
+        let _ = writeln!(out, "{name}: {}{nothing}", self.summary());
+        out
+    }
+
+    /// The run as one JSON object; `term` as for [`Self::text`].
+    pub fn json(&self, term: &dyn Fn(&str) -> String) -> serde_json::Value {
+        serde_json::json!({
+            "at": humantime::format_rfc3339_seconds(self.at).to_string(),
+            "dry_run": self.dry_run,
+            "window_seconds": self.window.as_secs(),
+            "grace_seconds": self.grace.as_secs(),
+            "counts": {
+                "scanned": self.scanned,
+                "outside_window": self.outside_window,
+                "invalid": self.invalid,
+                "skipped_fresh": self.skipped_fresh,
+                "no_expectation": self.no_expectation,
+                "processed": self.processed,
+                "pending": self.pending.len(),
+                "drifted": self.drift.len(),
+                "emitted": self.emitted(),
+            },
+            "drift": self.drift.iter().map(|d| {
+                let mut v = d.expected.json();
+                v["event_id"] = d.expected.event_id().into();
+                let (outcome, error) = match &d.compensation {
+                    Compensation::Emitted => ("emitted", None),
+                    Compensation::WouldEmit => ("would_emit", None),
+                    Compensation::NotEmitted(e) => ("not_emitted", Some(e.text(term))),
+                };
+                v["compensation"] = outcome.into();
+                v["error"] = error.into();
+                v
+            }).collect::<Vec<_>>(),
+            "pending": self.pending.iter().map(|p| {
+                let mut v = p.expected.json();
+                v["reason"] = p.why.reason().into();
+                v["detail"] = p.why.detail(term).into();
+                v
+            }).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// The connections of one run, opened when first needed.
+struct Run<'a> {
+    r: &'a Reconciler,
+    redis: MultiplexedConnection,
+    broker: Option<lapin::Connection>,
+    publisher: Option<Publisher>,
+}
+
+impl Run<'_> {
+    async fn go(&mut self, cancel: &CancellationToken) -> Result<ReconcileReport, Error> {
+        let c = &self.r.config;
+        let mut report = ReconcileReport {
+            dry_run: c.dry_run,
+            window: c.window,
+            grace: c.grace,
+            ..ReconcileReport::default()
+        };
+        let missing = self.scan(&mut report).await?;
+        if !missing.is_empty() {
+            let (missing, pending) = self.on_their_way(missing).await?;
+            report.pending = pending;
+            // Processed while we looked: not drift.
+            let drifted = self.unprocessed(missing.clone()).await?;
+            report.processed += (missing.len() - drifted.len()) as u64;
+            report.drift = self.compensate(drifted, &mut report, cancel).await?;
+        }
+        report.at = SystemTime::now();
+        Ok(report)
+    }
+
+    /// Steps 1–3: the orders query, classified, and the expected events the
+    /// fleet has not processed.
+    async fn scan(&mut self, report: &mut ReconcileReport) -> Result<Vec<Expected>, Error> {
+        let r = self.r;
+        let (mut client, connection) =
+            r.orders.connect(tokio_postgres::NoTls).await.map_err(|e| {
+                Error::config(
+                    &["orders_url"],
+                    format!(
+                        "orders_url {}: cannot connect: {}",
+                        r.orders_url,
+                        r.scrub_orders(&chain(&e))
+                    ),
+                )
+            })?;
+        let connection = tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "the orders database connection ended");
+            }
+        });
+        let scanned = self.scan_with(&mut client, report).await;
+        drop(client);
+        let _ = connection.await;
+        scanned
+    }
+
+    async fn scan_with(
+        &mut self,
+        client: &mut tokio_postgres::Client,
+        report: &mut ReconcileReport,
+    ) -> Result<Vec<Expected>, Error> {
+        let r = self.r;
+        let db = |e: tokio_postgres::Error| Error::Orders {
+            url: r.orders_url.clone(),
+            cause: r.scrub_orders(&chain(&e)),
+        };
+        let tx = client
+            .build_transaction()
+            .read_only(true)
+            .start()
+            .await
+            .map_err(db)?;
+        let statement = tx.prepare(&r.config.orders_query).await.map_err(|e| {
+            Error::config(
+                &["orders_query"],
+                format!("orders_query: {}", r.scrub_orders(&chain(&e))),
+            )
+        })?;
+        let columns = Columns::of(&statement)?;
+        let now = SystemTime::now();
+        let lower = now.checked_sub(r.config.window).unwrap_or(UNIX_EPOCH);
+        let params: [&(dyn ToSql + Sync); 1] = [&lower];
+        let rows = tx.query_raw(&statement, params).await.map_err(db)?;
+        let mut rows = std::pin::pin!(rows);
+        let mut candidates = Vec::new();
+        let mut missing = Vec::new();
+        while let Some(row) = rows.try_next().await.map_err(db)? {
+            report.scanned += 1;
+            let Some(snapshot) = columns.read(&row).map_err(db)? else {
+                report.invalid += 1;
+                continue;
+            };
+            if snapshot.updated_at < lower {
+                report.outside_window += 1;
+                continue;
+            }
+            // Also an order updated "in the future" (clock skew): fresh.
+            if now
+                .duration_since(snapshot.updated_at)
+                .is_ok_and(|age| age < r.config.grace)
+                || snapshot.updated_at > now
+            {
+                report.skipped_fresh += 1;
+                continue;
+            }
+            let kinds = r.expectations.kinds(&snapshot.status);
+            if kinds.is_empty() {
+                report.no_expectation += 1;
+                continue;
+            }
+            let order_key = order_key_of(&snapshot.order_id);
+            let shard = r.fleet.shards.shard_of(&snapshot.order_id);
+            for kind in kinds {
+                candidates.push(Expected {
+                    order_id: snapshot.order_id.clone(),
+                    order_key: order_key.clone(),
+                    status: snapshot.status.clone(),
+                    kind: kind.clone(),
+                    shard,
+                });
+            }
+            if candidates.len() >= BATCH {
+                let batch = std::mem::take(&mut candidates);
+                missing.extend(self.unprocessed_counted(batch, report).await?);
+            }
+        }
+        missing.extend(self.unprocessed_counted(candidates, report).await?);
+        // Read only: nothing to commit.
+        tx.rollback().await.map_err(db)?;
+        if report.outside_window > 0 {
+            tracing::warn!(
+                rows = report.outside_window,
+                "the orders query returned rows updated before the window; ignored (does the query use $1?)"
+            );
+        }
+        if report.invalid > 0 {
+            tracing::warn!(
+                rows = report.invalid,
+                "the orders query returned rows without order_id or updated_at; ignored"
+            );
+        }
+        Ok(missing)
+    }
+
+    /// [`Self::unprocessed`], counting the processed ones in `report`.
+    async fn unprocessed_counted(
+        &mut self,
+        expected: Vec<Expected>,
+        report: &mut ReconcileReport,
+    ) -> Result<Vec<Expected>, Error> {
+        let n = expected.len();
+        let unprocessed = self.unprocessed(expected).await?;
+        report.processed += (n - unprocessed.len()) as u64;
+        Ok(unprocessed)
+    }
+
+    /// The expected events whose kind was not processed for their order.
+    async fn unprocessed(&mut self, expected: Vec<Expected>) -> Result<Vec<Expected>, Error> {
+        let keys = &self.r.fleet.keys;
+        let mut out = Vec::new();
+        for chunk in expected.chunks(BATCH) {
+            let mut pipe = redis::pipe();
+            for e in chunk {
+                pipe.cmd("EXISTS").arg(keys.kind(&e.order_key, &e.kind));
+            }
+            let processed: Vec<bool> = redis_op(
+                &self.r.fleet.redis,
+                "reading processed kinds",
+                pipe.query_async(&mut self.redis),
+            )
+            .await?;
+            out.extend(
+                chunk
+                    .iter()
+                    .zip(processed)
+                    .filter(|(_, processed)| !processed)
+                    .map(|(e, _)| e.clone()),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Step 4: splits the missing events into those not on their way and the
+    /// pending ones, with the first reason found for each.
+    async fn on_their_way(
+        &mut self,
+        missing: Vec<Expected>,
+    ) -> Result<(Vec<Expected>, Vec<Pending>), Error> {
+        let r = self.r;
+        let names = &r.fleet.names;
+        let url = r.fleet.amqp.to_string();
+        // Upstream first: a letter replayed meanwhile shows up in the shard
+        // status read next, or as processed.
+        let dlq_limit = r.config.dlq_browse;
+        let letters = crate::dlq::browse(self.broker().await?, names, dlq_limit.saturating_add(1))
+            .await
+            .map_err(|source| Error::Dlq {
+                queue: format!("reading {}", names.dead_letter_queue),
+                url: url.clone(),
+                source: Box::new(source),
+            })?;
+        let mut dead_letters = HashMap::new();
+        for letter in &letters {
+            if let (Some(order), Some(event)) = (&letter.info.order_id, letter.event()) {
+                dead_letters
+                    .entry((order.clone(), event))
+                    .or_insert_with(|| letter.info.id().to_owned());
+            }
+        }
+        let shards: Vec<ShardId> = missing
+            .iter()
+            .map(|e| e.shard)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let read = crate::topology::shard_reports(&mut self.redis, &r.fleet.keys, &shards);
+        let reports: HashMap<ShardId, ShardReport> = shards
+            .iter()
+            .copied()
+            .zip(redis_op(&r.fleet.redis, "reading shard status", read).await?)
+            .filter_map(|(shard, report)| Some((shard, report?)))
+            .collect();
+        // Shards nobody reports: whatever waits in their queue is on its way.
+        let mut unreported = HashMap::new();
+        for shard in shards.iter().filter(|s| !reports.contains_key(s)) {
+            let queue = names.shard_queue(*shard);
+            let st = declare::queue_status(self.broker().await?, &queue)
+                .await
+                .map_err(Error::queue(format!("reading {queue} on {url}")))?;
+            unreported.insert(*shard, st.messages);
+        }
+        let mut pipe = redis::pipe();
+        for e in &missing {
+            pipe.cmd("EXISTS").arg(e.emitted_key(&r.fleet.keys));
+        }
+        let compensated: Vec<bool> = redis_op(
+            &r.fleet.redis,
+            "reading emitted compensations",
+            pipe.query_async(&mut self.redis),
+        )
+        .await?;
+        let seen = Whereabouts {
+            reports,
+            unreported,
+            dead_letters,
+            dlq_read_whole: letters.len() as u64 <= dlq_limit,
+            dlq_limit,
+            grace: r.config.grace,
+            now_ms: unix_ms(),
+        };
+        let mut drifted = Vec::new();
+        let mut pending = Vec::new();
+        for (e, compensated) in missing.into_iter().zip(compensated) {
+            match seen.on_its_way(&e, compensated) {
+                Some(why) => pending.push(Pending { expected: e, why }),
+                None => drifted.push(e),
+            }
+        }
+        Ok((drifted, pending))
+    }
+
+    /// Step 5: a compensation per drifted event (none in a dry run, none past
+    /// `max_emit`); a compensation another run is emitting becomes pending.
+    async fn compensate(
+        &mut self,
+        drifted: Vec<Expected>,
+        report: &mut ReconcileReport,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<Drift>, Error> {
+        let c = &self.r.config;
+        let count = drifted.len();
+        let over_limit = count > c.max_emit;
+        if over_limit && !c.dry_run {
+            tracing::error!(
+                drifted = count,
+                max_emit = c.max_emit,
+                "more drift than max_emit: emitting nothing"
+            );
+        }
+        let mut out = Vec::with_capacity(drifted.len());
+        for expected in drifted {
+            let compensation = match expected.compensation() {
+                Err(e) => Compensation::NotEmitted(NotEmitted::Invalid(e)),
+                Ok(_) if c.dry_run => Compensation::WouldEmit,
+                Ok(_) if over_limit => Compensation::NotEmitted(NotEmitted::OverLimit {
+                    drifted: count,
+                    max_emit: c.max_emit,
+                }),
+                Ok(_) if cancel.is_cancelled() => Compensation::NotEmitted(NotEmitted::Cancelled),
+                Ok(body) => {
+                    if !self.emit(&expected, body).await? {
+                        report.pending.push(Pending {
+                            expected,
+                            why: OnItsWay::Compensated,
+                        });
+                        continue;
+                    }
+                    Compensation::Emitted
+                }
+            };
+            out.push(Drift {
+                expected,
+                compensation,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Claims the compensation in Redis, publishes it and waits for the
+    /// broker's confirm, then records it for the window. False when another
+    /// run holds the claim.
+    async fn emit(&mut self, expected: &Expected, body: Vec<u8>) -> Result<bool, Error> {
+        let r = self.r;
+        let key = expected.emitted_key(&r.fleet.keys);
+        let claimed: Option<String> = redis_op(
+            &r.fleet.redis,
+            "claiming a compensation",
+            redis::cmd("SET")
+                .arg(&key)
+                .arg("emitting")
+                .arg("NX")
+                .arg("PX")
+                .arg(u64::try_from(CLAIM_TTL.as_millis()).unwrap_or(u64::MAX))
+                .query_async(&mut self.redis),
+        )
+        .await?;
+        if claimed.is_none() {
+            return Ok(false);
+        }
+        if let Err(e) = self.publish(body).await {
+            // Unclaimed, so that the next run tries again.
+            let released: Result<(), Error> = redis_op(
+                &r.fleet.redis,
+                "releasing a compensation claim",
+                redis::cmd("DEL").arg(&key).query_async(&mut self.redis),
+            )
+            .await;
+            if let Err(e) = released {
+                tracing::warn!(error = %chain(&e), key, "cannot release the claim; it expires by itself");
+            }
+            return Err(Error::Publish {
+                context: format!("publishing the compensation of {}", expected.describe()),
+                source: e,
+            });
+        }
+        redis_op::<()>(
+            &r.fleet.redis,
+            "recording a compensation",
+            redis::cmd("SET")
+                .arg(&key)
+                .arg(format!("emitted:{}", unix_ms()))
+                .arg("EX")
+                .arg(r.config.window.as_secs().max(1))
+                .query_async(&mut self.redis),
+        )
+        .await?;
+        tracing::info!(
+            order_id = %expected.order_id,
+            event = %expected.kind,
+            status = %expected.status,
+            shard = expected.shard.get(),
+            event_id = %expected.event_id(),
+            "compensation emitted"
+        );
+        Ok(true)
+    }
+
+    async fn publish(&mut self, body: Vec<u8>) -> Result<(), shardline_publisher::PublishError> {
+        let publisher = match &mut self.publisher {
+            Some(p) => p,
+            None => {
+                let config = self.r.fleet.publisher("shardline reconcile");
+                self.publisher.insert(Publisher::connect(config).await?)
+            }
+        };
+        publisher.publish(body).await?;
+        publisher.flush().await
+    }
+
+    async fn broker(&mut self) -> Result<&lapin::Connection, Error> {
+        let conn = match self.broker.take() {
+            Some(conn) => conn,
+            None => self.r.fleet.connect("shardline reconcile").await?,
+        };
+        Ok(self.broker.insert(conn))
+    }
+
+    async fn close(self) {
+        if let Some(publisher) = self.publisher
+            && let Err(e) = publisher.close().await
+        {
+            tracing::debug!(error = %e, "closing the reconcile publisher");
+        }
+        if let Some(conn) = self.broker {
+            crate::fleet::close(&conn).await;
+        }
+    }
+}
+
+/// One Redis round trip under [`REDIS_TIMEOUT`], its error naming what it did.
+async fn redis_op<T>(
+    redis: &shardline_topology::RedisTarget,
+    what: &'static str,
+    op: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, Error> {
+    let cause = match tokio::time::timeout(REDIS_TIMEOUT, op).await {
+        Ok(Ok(value)) => return Ok(value),
+        Ok(Err(e)) => redis.scrub(&e.to_string()),
+        Err(_) => format!("no answer within {REDIS_TIMEOUT:?}"),
+    };
+    Err(Error::RedisCommand {
+        what,
+        url: redis.to_string(),
+        cause,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,175 @@
+//! The pending rules: why an event the fleet has not processed may still
+//! arrive, in the order they are checked. A pending event is never
+//! compensated, so that a compensation cannot double an event that is
+//! merely late.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use shardline_topology::status::ShardReport;
+use shardline_topology::{Envelope, Keys, ShardId};
+
+/// An event an order's status implies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expected {
+    pub order_id: String,
+    /// The order id as it is written in Redis keys.
+    pub order_key: String,
+    pub status: String,
+    /// The event kind.
+    pub kind: String,
+    pub shard: ShardId,
+}
+
+impl Expected {
+    /// The compensation's `event_id`, which the worker dedups it by.
+    pub fn event_id(&self) -> String {
+        format!("reconcile:{}:{}", self.order_id, self.kind)
+    }
+
+    /// Reconcile's record of having emitted the compensation (or of
+    /// emitting it right now).
+    pub(super) fn emitted_key(&self, keys: &Keys) -> String {
+        keys.reconcile_emitted(&self.order_key, &self.kind)
+    }
+
+    /// The compensation event's body: an envelope without `seq` (so the
+    /// sequence gate lets it through), marked `compensation`.
+    pub(super) fn compensation(&self) -> Result<Vec<u8>, String> {
+        let body = serde_json::json!({
+            "order_id": self.order_id,
+            "event": self.kind,
+            "event_id": self.event_id(),
+            "compensation": true,
+            "reason": format!("status={} missing={}", self.status, self.kind),
+            "occurred_at": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+        });
+        let body = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
+        Envelope::parse(&body, usize::MAX).map_err(|e| format!("no valid compensation: {e}"))?;
+        Ok(body)
+    }
+
+    /// `order=… event=… status=… shard=…`.
+    pub fn describe(&self) -> String {
+        format!(
+            "order={} event={} status={} shard={}",
+            self.order_id,
+            self.kind,
+            self.status,
+            self.shard.get()
+        )
+    }
+
+    pub(super) fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "order_id": self.order_id,
+            "status": self.status,
+            "event": self.kind,
+            "shard": self.shard.get(),
+        })
+    }
+}
+
+/// Why a missing event may still arrive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnItsWay {
+    /// Reconcile emitted its compensation before; not processed yet.
+    Compensated,
+    /// The sequence gate holds it (or released it and it has not run yet).
+    Held,
+    /// In the DLQ, waiting for a replay.
+    DeadLettered { id: String },
+    /// The order's shard is behind by more than the grace.
+    Backlog { age: Duration },
+    /// The order's shard has messages and no worker reports it.
+    Unconsumed { messages: u32 },
+    /// The DLQ holds more letters than `dlq_browse`: it could be there.
+    DlqNotRead { limit: u64 },
+}
+
+impl OnItsWay {
+    /// A short name (JSON `reason`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Compensated => "compensation_emitted",
+            Self::Held => "held",
+            Self::DeadLettered { .. } => "dead_lettered",
+            Self::Backlog { .. } => "backlog",
+            Self::Unconsumed { .. } => "unconsumed",
+            Self::DlqNotRead { .. } => "dlq_not_read",
+        }
+    }
+
+    /// For people; `field` names the config field the reader knows.
+    pub fn detail(&self, field: &dyn Fn(&str) -> String) -> String {
+        match self {
+            Self::Compensated => "compensation already emitted, not processed yet".into(),
+            Self::Held => "held by the sequence gate".into(),
+            Self::DeadLettered { id } => format!("in the DLQ (dead letter {id})"),
+            Self::Backlog { age } => format!(
+                "the shard's backlog is {} old",
+                humantime::format_duration(Duration::from_secs(age.as_secs()))
+            ),
+            Self::Unconsumed { messages } => {
+                format!("the shard has {messages} message(s) and no worker reporting it")
+            }
+            Self::DlqNotRead { limit } => format!(
+                "the DLQ holds more than {} {limit} letters, not all were read",
+                field("dlq_browse")
+            ),
+        }
+    }
+}
+
+/// Where one run looked for missing events on their way.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Whereabouts {
+    /// The shard status reports (absent: no worker reports the shard).
+    pub reports: HashMap<ShardId, ShardReport>,
+    /// Ready messages of the shards no worker reports.
+    pub unreported: HashMap<ShardId, u32>,
+    /// Dead letters by (order id, event kind): a dead-letter id.
+    pub dead_letters: HashMap<(String, String), String>,
+    /// Whether the DLQ was read to its end (it held at most `dlq_limit`).
+    pub dlq_read_whole: bool,
+    pub dlq_limit: u64,
+    pub grace: Duration,
+    pub now_ms: u64,
+}
+
+impl Whereabouts {
+    /// Why `e` may still arrive (the first reason found), `None` when nothing
+    /// suggests it will. `compensated`: reconcile emitted it before.
+    pub fn on_its_way(&self, e: &Expected, compensated: bool) -> Option<OnItsWay> {
+        let report = self.reports.get(&e.shard);
+        if compensated {
+            return Some(OnItsWay::Compensated);
+        }
+        if report.is_some_and(|r| {
+            r.held
+                .iter()
+                .any(|h| h.order_key == e.order_key && h.event == e.kind)
+        }) {
+            return Some(OnItsWay::Held);
+        }
+        if let Some(id) = self.dead_letters.get(&(e.order_id.clone(), e.kind.clone())) {
+            return Some(OnItsWay::DeadLettered { id: id.clone() });
+        }
+        if let Some(age) = report
+            .map(|r| r.backlog_age_at(self.now_ms))
+            .filter(|age| *age > self.grace)
+        {
+            return Some(OnItsWay::Backlog { age });
+        }
+        if let Some(&messages) = self.unreported.get(&e.shard).filter(|m| **m > 0) {
+            return Some(OnItsWay::Unconsumed { messages });
+        }
+        if !self.dlq_read_whole {
+            return Some(OnItsWay::DlqNotRead {
+                limit: self.dlq_limit,
+            });
+        }
+        None
+    }
+}

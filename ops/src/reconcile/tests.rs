@@ -1,0 +1,327 @@
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+use shardline_topology::status::HeldRef;
+use shardline_topology::{Envelope, Keys, ShardCount};
+
+fn expected(order_id: &str, kind: &str) -> Expected {
+    Expected {
+        order_id: order_id.into(),
+        order_key: order_key_of(order_id),
+        status: "PAID".into(),
+        kind: kind.into(),
+        shard: ShardCount::default().shard_of(order_id),
+    }
+}
+
+/// Config fields as the command line names them.
+fn flag(field: &str) -> String {
+    match field {
+        "cancelled" => "stopped by a signal".into(),
+        f => format!("--{}", f.replace('_', "-")),
+    }
+}
+
+#[test]
+fn expectations_default_and_replace() {
+    let defaults = Expectations::new(&[]);
+    assert_eq!(defaults.kinds("PAID"), ["payment.captured"]);
+    assert_eq!(defaults.kinds("INVENTORY_RESERVED"), ["inventory.reserved"]);
+    assert_eq!(defaults.kinds("FULFILLED"), ["order.fulfilled"]);
+    assert!(defaults.kinds("CREATED").is_empty());
+    assert!(defaults.kinds("paid").is_empty(), "statuses match exactly");
+
+    let pairs = [
+        parse_expectation("SHIPPED=order.shipped").unwrap(),
+        parse_expectation("SHIPPED = order.packed").unwrap(),
+        parse_expectation("SHIPPED=order.shipped").unwrap(),
+    ];
+    let custom = Expectations::new(&pairs);
+    assert_eq!(custom.kinds("SHIPPED"), ["order.shipped", "order.packed"]);
+    assert!(
+        custom.kinds("PAID").is_empty(),
+        "expectations replace the defaults"
+    );
+    assert_eq!(
+        custom.describe(),
+        "SHIPPED=order.shipped, SHIPPED=order.packed"
+    );
+}
+
+#[test]
+fn expectations_are_checked() {
+    assert!(parse_expectation("PAID").is_err());
+    assert!(parse_expectation("=payment.captured").is_err());
+    assert!(parse_expectation("PAID=").is_err());
+    assert!(parse_expectation("PAID=a\u{7}b").is_err());
+    assert!(parse_expectation(&format!("PAID={}", "x".repeat(300))).is_err());
+}
+
+#[test]
+fn passwords_never_show() {
+    assert_eq!(
+        redact_orders_url("postgres://app:s3cret@db:5432/orders?sslmode=disable"),
+        "postgres://app:***@db:5432/orders?sslmode=disable"
+    );
+    assert_eq!(
+        redact_orders_url("postgres://db/orders?user=app&password=s3cret&x=1"),
+        "postgres://db/orders?user=app&password=***&x=1"
+    );
+    assert_eq!(
+        redact_orders_url("host=db user=app password=s3cret dbname=orders"),
+        "host=db user=app password=*** dbname=orders"
+    );
+    assert_eq!(
+        redact_orders_url("postgres://db/orders"),
+        "postgres://db/orders"
+    );
+    let config = |url: &str| ReconcileConfig {
+        orders_url: url.into(),
+        dlq_browse: 10,
+        ..ReconcileConfig::default()
+    };
+    let reconciler =
+        Reconciler::new(Fleet::default(), config("postgres://app:s3cret@db/orders")).unwrap();
+    assert_eq!(
+        reconciler.scrub_orders("failed for s3cret\nDETAIL: s3cret"),
+        "failed for ***; DETAIL: ***"
+    );
+    let bad = Reconciler::new(
+        Fleet::default(),
+        config("postgres://app:s3cret@db:notaport/orders"),
+    )
+    .err()
+    .unwrap()
+    .rename_fields(flag);
+    assert!(
+        bad.starts_with("--orders-url postgres://app:***@db:notaport/orders: "),
+        "{bad}"
+    );
+    assert!(!bad.contains("s3cret") && !bad.contains('\n'), "{bad}");
+    let mut grace_too_long = config("postgres://db/orders");
+    grace_too_long.grace = grace_too_long.window;
+    let e = Reconciler::new(Fleet::default(), grace_too_long)
+        .err()
+        .unwrap();
+    assert_eq!(
+        e.rename_fields(flag),
+        "--grace (1day) must be shorter than --window (1day)"
+    );
+    let zero = ReconcileConfig {
+        window: Duration::ZERO,
+        ..config("postgres://db/orders")
+    };
+    let e = Reconciler::new(Fleet::default(), zero).err().unwrap();
+    assert_eq!(e.rename_fields(flag), "--window must be above 0");
+}
+
+#[test]
+fn compensation_is_a_seqless_envelope_with_a_stable_id() {
+    let e = expected("A:1%", "payment.captured");
+    assert_eq!(e.event_id(), "reconcile:A:1%:payment.captured");
+    assert_eq!(
+        e.emitted_key(&Keys::new("p:")),
+        "p:reconcile:A%3A1%25:payment.captured"
+    );
+    let body = e.compensation().unwrap();
+    let envelope = Envelope::parse(&body, usize::MAX).unwrap();
+    assert_eq!(envelope.order_id, "A:1%");
+    assert_eq!(envelope.event, "payment.captured");
+    assert_eq!(
+        envelope.seq, None,
+        "seq-less: the sequence gate lets it through"
+    );
+    assert_eq!(
+        envelope.event_id.as_deref(),
+        Some("reconcile:A:1%:payment.captured")
+    );
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["compensation"], true);
+    assert_eq!(json["reason"], "status=PAID missing=payment.captured");
+
+    let long = expected(&"x".repeat(250), "payment.captured");
+    assert!(long.compensation().unwrap_err().contains("event_id"));
+}
+
+#[test]
+fn pending_reasons_in_their_order() {
+    let e = expected("A1", "payment.captured");
+    let report = |backlog: f64, held: Vec<HeldRef>| ShardReport {
+        shard: e.shard.get(),
+        owner: "w".into(),
+        backlog_age_seconds: backlog,
+        inflight_age_seconds: None,
+        inflight_events: 0,
+        held_events: held.len() as u64,
+        held,
+        updated_at_ms: 1_000_000,
+    };
+    let mut seen = Whereabouts {
+        reports: HashMap::from([(e.shard, report(0.0, Vec::new()))]),
+        unreported: HashMap::new(),
+        dead_letters: HashMap::new(),
+        dlq_read_whole: true,
+        dlq_limit: 10,
+        grace: Duration::from_secs(120),
+        now_ms: 1_000_000,
+    };
+    assert_eq!(
+        seen.on_its_way(&e, false),
+        None,
+        "nothing suggests it will arrive"
+    );
+    assert_eq!(seen.on_its_way(&e, true), Some(OnItsWay::Compensated));
+
+    // Behind by the grace exactly: not yet; the report ages from when it was written.
+    seen.reports.insert(e.shard, report(120.0, Vec::new()));
+    assert_eq!(seen.on_its_way(&e, false), None);
+    seen.now_ms += 1_000;
+    assert_eq!(
+        seen.on_its_way(&e, false),
+        Some(OnItsWay::Backlog {
+            age: Duration::from_secs(121)
+        })
+    );
+
+    seen.dead_letters
+        .insert(("A1".into(), "payment.captured".into()), "dl-1".into());
+    assert_eq!(
+        seen.on_its_way(&e, false),
+        Some(OnItsWay::DeadLettered { id: "dl-1".into() })
+    );
+    let other_kind = expected("A1", "order.fulfilled");
+    assert!(matches!(
+        seen.on_its_way(&other_kind, false),
+        Some(OnItsWay::Backlog { .. })
+    ));
+
+    let held = |order_key: &str, event: &str| HeldRef {
+        order_key: order_key.into(),
+        event: event.into(),
+    };
+    seen.reports.insert(
+        e.shard,
+        report(
+            0.0,
+            vec![held("A2", "payment.captured"), held("A1", "order.packed")],
+        ),
+    );
+    seen.dead_letters.clear();
+    assert_eq!(seen.on_its_way(&e, false), None, "held events of others");
+    seen.reports
+        .insert(e.shard, report(0.0, vec![held("A1", "payment.captured")]));
+    assert_eq!(seen.on_its_way(&e, false), Some(OnItsWay::Held));
+
+    // Nobody reports the shard: its queued messages may hold the event.
+    seen.reports.clear();
+    seen.unreported.insert(e.shard, 0);
+    assert_eq!(seen.on_its_way(&e, false), None);
+    seen.unreported.insert(e.shard, 3);
+    assert_eq!(
+        seen.on_its_way(&e, false),
+        Some(OnItsWay::Unconsumed { messages: 3 })
+    );
+    seen.unreported.clear();
+    seen.dlq_read_whole = false;
+    let not_read = seen.on_its_way(&e, false).unwrap();
+    assert_eq!(not_read, OnItsWay::DlqNotRead { limit: 10 });
+    assert_eq!(
+        not_read.detail(&flag),
+        "the DLQ holds more than --dlq-browse 10 letters, not all were read"
+    );
+}
+
+#[test]
+fn report_counts_and_attention() {
+    let mut report = ReconcileReport {
+        scanned: 4,
+        skipped_fresh: 1,
+        no_expectation: 1,
+        processed: 1,
+        drift: vec![Drift {
+            expected: expected("A1", "payment.captured"),
+            compensation: Compensation::Emitted,
+        }],
+        ..ReconcileReport::default()
+    };
+    assert_eq!(report.emitted(), 1);
+    assert!(!report.needs_attention());
+    let text = report.text(&flag);
+    assert!(
+        text.ends_with(
+            "reconcile: scanned 4, skipped fresh 1, no expectation 1, processed 1, pending 0, drifted 1, emitted 1\n"
+        ),
+        "{text}"
+    );
+    report.dry_run = true;
+    report.drift[0].compensation = Compensation::WouldEmit;
+    assert_eq!(report.emitted(), 0);
+    assert!(report.needs_attention(), "drift left alone needs attention");
+    assert!(
+        report
+            .text(&flag)
+            .contains("would emit   order=A1 event=payment.captured")
+    );
+    report.pending.push(Pending {
+        expected: expected("A2", "payment.captured"),
+        why: OnItsWay::DeadLettered { id: "dl-1".into() },
+    });
+    let text = report.text(&flag);
+    assert!(text.contains("pending      order=A2 event=payment.captured status=PAID"));
+    assert!(text.contains("in the DLQ (dead letter dl-1)"));
+    assert!(text.ends_with("; nothing emitted\n"), "{text}");
+
+    report.drift[0].compensation = Compensation::NotEmitted(NotEmitted::OverLimit {
+        drifted: 3,
+        max_emit: 2,
+    });
+    assert!(
+        report
+            .text(&flag)
+            .contains(": 3 drifted, over --max-emit 2\n")
+    );
+    let json = report.json(&flag);
+    assert_eq!(json["drift"][0]["compensation"], "not_emitted");
+    assert_eq!(json["drift"][0]["error"], "3 drifted, over --max-emit 2");
+    assert_eq!(json["pending"][0]["reason"], "dead_lettered");
+    assert_eq!(json["counts"]["pending"], 1);
+    assert_eq!(
+        NotEmitted::Cancelled.text(&flag),
+        "stopped by a signal",
+        "the caller words cancellation"
+    );
+}
+
+#[test]
+fn metrics_are_exposed_under_their_names() {
+    let metrics = Metrics::new();
+    let report = ReconcileReport {
+        scanned: 4,
+        skipped_fresh: 1,
+        drift: vec![Drift {
+            expected: expected("A1", "payment.captured"),
+            compensation: Compensation::Emitted,
+        }],
+        ..ReconcileReport::default()
+    };
+    metrics.record(Some(&report));
+    metrics.record(None);
+    let text = metrics.encode().unwrap();
+    for line in [
+        "shardline_reconcile_scanned_total 4",
+        "shardline_reconcile_skipped_fresh_total 1",
+        "shardline_reconcile_no_expectation_total 0",
+        "shardline_reconcile_drifted_total 1",
+        "shardline_reconcile_emitted_total 1",
+        "shardline_reconcile_pending_total 0",
+        "shardline_reconcile_runs_total{outcome=\"ok\"} 1",
+        "shardline_reconcile_runs_total{outcome=\"error\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("shardline_reconcile_last_run_timestamp_seconds ")),
+        "{text}"
+    );
+}

@@ -1,0 +1,649 @@
+//! The topology as an operator sees it: what `apply` declared, and the fleet
+//! status — per shard depth, consumers, owner, backlog age and level; the
+//! DLQ's depth (and, when asked, its letters by reason); the workers.
+//!
+//! The status is cheap by default: passive declares and one Redis round trip
+//! or two, no dead letter read (a page refreshing every few seconds must not
+//! hold letters unacked). [`StatusConfig::dlq_browse`] opts into counting
+//! letters by reason.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use shardline_topology::declare::{self, QueueType, TopologyOptions};
+use shardline_topology::status::{Level, ShardReport, Thresholds, WorkerReport, unix_ms};
+use shardline_topology::{ApplyReport, Keys, Names, ShardId, ShardStatus};
+
+use crate::fleet::close;
+use crate::{Error, Fleet};
+
+/// How long the status waits for Redis before reporting it unavailable.
+const REDIS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What [`apply`] declared, for the operator.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    /// The broker, password redacted.
+    pub url: String,
+    pub names: Names,
+    pub options: TopologyOptions,
+    pub report: ApplyReport,
+}
+
+/// Declares the exchanges, shard queues, bindings and the DLQ (idempotent).
+pub async fn apply(fleet: &Fleet, options: &TopologyOptions) -> Result<Applied, Error> {
+    let url = fleet.amqp.to_string();
+    let conn = fleet.connect("shardline topology apply").await?;
+    let report = declare::apply(&conn, &fleet.names, options)
+        .await
+        .map_err(Error::queue(format!("topology apply on {url}")));
+    close(&conn).await;
+    Ok(Applied {
+        url,
+        names: fleet.names.clone(),
+        options: options.clone(),
+        report: report?,
+    })
+}
+
+impl Applied {
+    /// As `topology apply` prints it; says when publishers must declare the
+    /// shard queues with arguments.
+    pub fn text(&self) -> String {
+        let (names, opts, report) = (&self.names, &self.options, &self.report);
+        let queue_type = match opts.queue_type {
+            QueueType::Classic => "classic",
+            QueueType::Quorum => "quorum",
+        };
+        let consumers = if opts.exclusive_consumers() {
+            "one exclusive consumer per shard, extra workers wait as standbys"
+        } else {
+            "single-active-consumer: the broker picks one consumer per shard"
+        };
+        let (first, last) = (
+            report.shard_queues.first().map_or("", String::as_str),
+            report.shard_queues.last().map_or("", String::as_str),
+        );
+        let mut out = format!(
+            "topology applied on {}\n  exchange {} (direct, durable)\n  exchange {} (topic, durable)\n",
+            self.url, names.exchange, names.dead_letter_exchange
+        );
+        let _ = writeln!(
+            out,
+            "  {} {queue_type} shard queues {first} .. {last} (durable), bound to {} with shard.0 .. shard.{}",
+            report.shard_queues.len(),
+            names.exchange,
+            report.shard_queues.len().saturating_sub(1),
+        );
+        let _ = writeln!(
+            out,
+            "  queue {} (classic, durable), bound to {} with #\n  consumers: {consumers}",
+            names.dead_letter_queue, names.dead_letter_exchange
+        );
+        match &report.publishers_must_declare {
+            None => out.push_str(
+                "  shard queue arguments: none (publishers may redeclare them with durable=True and no arguments)\n",
+            ),
+            Some(args) => {
+                let _ = writeln!(
+                    out,
+                    "  shard queue arguments: {args}\nNOTE: publishers that declare the shard queues must now declare them with exactly \
+                     these arguments ({args}); a declare without them is refused with 406 PRECONDITION_FAILED."
+                );
+            }
+        }
+        out
+    }
+}
+
+/// What the status reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatusConfig {
+    /// Backlog age levels (default WARN from 30 s, PAGE from 2 min; PAGE
+    /// must not be below WARN).
+    pub thresholds: Thresholds,
+    /// Read (and requeue, in order) at most this many dead letters to count
+    /// them by reason. `None` (the default): the DLQ's depth only, no letter
+    /// read — the cheap form for a page that refreshes every few seconds.
+    pub dlq_browse: Option<u32>,
+}
+
+/// One shard as the status reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardLine {
+    pub shard: u16,
+    pub queue: ShardStatus,
+    /// The owner's status from Redis, when fresh (written within the TTL).
+    pub report: Option<ShardReport>,
+    /// Backlog age now, from the report.
+    pub backlog_age: Option<Duration>,
+    pub level: Option<Level>,
+}
+
+impl ShardLine {
+    pub fn new(
+        shard: u16,
+        queue: ShardStatus,
+        report: Option<ShardReport>,
+        now_ms: u64,
+        t: &Thresholds,
+    ) -> Self {
+        let backlog_age = report.as_ref().map(|r| r.backlog_age_at(now_ms));
+        Self {
+            shard,
+            queue,
+            level: backlog_age.map(|age| Level::of(age, t)),
+            report,
+            backlog_age,
+        }
+    }
+
+    /// Events wait and no worker consumes the shard.
+    pub fn unconsumed(&self) -> bool {
+        self.queue.messages > 0 && self.queue.consumers == 0
+    }
+
+    /// What stands out, empty when nothing does.
+    pub fn note(&self) -> &'static str {
+        match (&self.report, self.queue.consumers, self.queue.messages) {
+            (_, 0, m) if m > 0 => "no consumer: events are not moving",
+            (_, 0, _) => "no consumer",
+            (None, _, m) if m > 0 => {
+                "messages but no fresh status (worker without status, or just started)"
+            }
+            (None, _, _) => "no fresh status",
+            _ => "",
+        }
+    }
+}
+
+/// Dead-letter queue depth and, when browsed, letters by reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DlqLine {
+    pub queue: ShardStatus,
+    pub by_reason: BTreeMap<String, u64>,
+    /// Letters read to count by reason (0 when not browsed).
+    pub browsed: u64,
+}
+
+/// The fleet's status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusReport {
+    /// The broker, password redacted.
+    pub url: String,
+    pub shards: Vec<ShardLine>,
+    pub dlq: DlqLine,
+    /// The workers' own documents, by name.
+    pub workers: Vec<WorkerReport>,
+    pub thresholds: Thresholds,
+    /// Why the workers' documents could not be read (Redis), when they could not.
+    pub status_error: Option<String>,
+}
+
+/// Reads the status: passive declares on the broker, the status documents
+/// in Redis (a Redis failure is reported in the report, not as an error).
+pub async fn status(fleet: &Fleet, config: &StatusConfig) -> Result<StatusReport, Error> {
+    let t = config.thresholds;
+    if t.page < t.warn {
+        return Err(Error::config(
+            &["thresholds.page", "thresholds.warn"],
+            "thresholds.page must not be below thresholds.warn",
+        ));
+    }
+    let url = fleet.amqp.to_string();
+    let conn = fleet.connect("shardline topology status").await?;
+    let read = read_queues(fleet, &conn, &url, config.dlq_browse).await;
+    close(&conn).await;
+    let (queues, dlq) = read?;
+
+    let shard_ids: Vec<ShardId> = fleet.shards.ids().collect();
+    let (reports, workers, status_error) = match read_documents(fleet, &shard_ids).await {
+        Ok((reports, workers)) => (reports, workers, None),
+        Err(e) => (vec![None; shard_ids.len()], Vec::new(), Some(e)),
+    };
+    let now = unix_ms();
+    let shards = queues
+        .into_iter()
+        .zip(reports)
+        .map(|((shard, queue), report)| ShardLine::new(shard, queue, report, now, &t))
+        .collect();
+    Ok(StatusReport {
+        url,
+        shards,
+        dlq,
+        workers,
+        thresholds: t,
+        status_error,
+    })
+}
+
+/// Every shard queue's depth and consumers, and the DLQ's.
+async fn read_queues(
+    fleet: &Fleet,
+    conn: &lapin::Connection,
+    url: &str,
+    dlq_browse: Option<u32>,
+) -> Result<(Vec<(u16, ShardStatus)>, DlqLine), Error> {
+    let names = &fleet.names;
+    let context = || format!("topology status on {url}");
+    let mut queues = Vec::with_capacity(usize::from(fleet.shards.get()));
+    for shard in fleet.shards.ids() {
+        let st = declare::queue_status(conn, &names.shard_queue(shard))
+            .await
+            .map_err(Error::queue(context()))?;
+        queues.push((shard.get(), st));
+    }
+    let queue = declare::queue_status(conn, &names.dead_letter_queue)
+        .await
+        .map_err(Error::queue(context()))?;
+    let letters = match dlq_browse {
+        Some(limit) if limit > 0 => crate::dlq::browse(conn, names, u64::from(limit))
+            .await
+            .map_err(|source| Error::Dlq {
+                queue: format!("reading {}", names.dead_letter_queue),
+                url: url.to_owned(),
+                source: Box::new(source),
+            })?,
+        _ => Vec::new(),
+    };
+    let mut by_reason = BTreeMap::new();
+    for letter in &letters {
+        *by_reason.entry(letter.info.reason.clone()).or_insert(0) += 1;
+    }
+    let dlq = DlqLine {
+        queue,
+        by_reason,
+        browsed: letters.len() as u64,
+    };
+    Ok((queues, dlq))
+}
+
+/// The shard and worker status documents, within [`REDIS_TIMEOUT`]; the
+/// error is fit to print.
+async fn read_documents(
+    fleet: &Fleet,
+    shards: &[ShardId],
+) -> Result<(Vec<Option<ShardReport>>, Vec<WorkerReport>), String> {
+    let read = async {
+        let mut conn = fleet.redis.connect().await.map_err(|e| e.to_string())?;
+        let scrub = |e: redis::RedisError| fleet.redis.scrub(&e.to_string());
+        let reports = shard_reports(&mut conn, &fleet.keys, shards)
+            .await
+            .map_err(scrub)?;
+        let workers = worker_reports(&mut conn, &fleet.keys)
+            .await
+            .map_err(scrub)?;
+        Ok((reports, workers))
+    };
+    match tokio::time::timeout(REDIS_TIMEOUT, read).await {
+        Ok(result) => result,
+        Err(_) => Err("timed out".into()),
+    }
+}
+
+/// The status documents of `shards`; `None` where no fresh one exists.
+pub(crate) async fn shard_reports(
+    conn: &mut impl redis::aio::ConnectionLike,
+    keys: &Keys,
+    shards: &[ShardId],
+) -> Result<Vec<Option<ShardReport>>, redis::RedisError> {
+    if shards.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys: Vec<String> = shards.iter().map(|s| keys.shard_status(*s)).collect();
+    let values: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query_async(conn).await?;
+    Ok(values
+        .into_iter()
+        .map(|v| v.and_then(|json| serde_json::from_str(&json).ok()))
+        .collect())
+}
+
+/// Every fresh worker document, by worker name.
+async fn worker_reports(
+    conn: &mut impl redis::aio::ConnectionLike,
+    keys: &Keys,
+) -> Result<Vec<WorkerReport>, redis::RedisError> {
+    let found = crate::fleet::scan(conn, &keys.worker_status_pattern()).await?;
+    if found.is_empty() {
+        return Ok(Vec::new());
+    }
+    let values: Vec<Option<String>> = redis::cmd("MGET").arg(&found).query_async(conn).await?;
+    let mut workers: Vec<WorkerReport> = values
+        .into_iter()
+        .filter_map(|v| serde_json::from_str(&v?).ok())
+        .collect();
+    workers.sort_by(|a, b| a.worker.cmp(&b.worker));
+    Ok(workers)
+}
+
+fn secs(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0).round() / 1000.0
+}
+
+impl StatusReport {
+    /// A shard at PAGE, or events waiting with nobody consuming them.
+    pub fn needs_attention(&self) -> bool {
+        self.shards
+            .iter()
+            .any(|s| s.level == Some(Level::Page) || s.unconsumed())
+    }
+
+    /// As `topology status --json` prints it.
+    pub fn json(&self) -> serde_json::Value {
+        let (dlq, t) = (&self.dlq, &self.thresholds);
+        serde_json::json!({
+            "shards": self.shards.iter().map(|s| serde_json::json!({
+                "shard": s.shard,
+                "queue": s.queue.queue,
+                "messages": s.queue.messages,
+                "consumers": s.queue.consumers,
+                "owner": s.report.as_ref().map(|r| r.owner.as_str()),
+                "backlog_age_seconds": s.backlog_age.map(secs),
+                "level": s.level.map(Level::as_str),
+                "inflight_age_seconds": s.report.as_ref().and_then(|r| r.inflight_age_seconds),
+                "held_events": s.report.as_ref().map(|r| r.held_events),
+                "status_updated_at_ms": s.report.as_ref().map(|r| r.updated_at_ms),
+                "note": Some(s.note()).filter(|n| !n.is_empty()),
+            })).collect::<Vec<_>>(),
+            "dead_letter_queue": {
+                "queue": dlq.queue.queue,
+                "messages": dlq.queue.messages,
+                "consumers": dlq.queue.consumers,
+                "by_reason": dlq.by_reason,
+                "browsed": dlq.browsed,
+            },
+            "workers": self.workers,
+            "thresholds": {
+                "warn_seconds": t.warn.as_secs_f64(),
+                "page_seconds": t.page.as_secs_f64(),
+            },
+            "status_error": self.status_error,
+            "needs_attention": self.needs_attention(),
+        })
+    }
+
+    /// As `topology status` prints it: a line per shard, totals, the DLQ,
+    /// then what needs attention.
+    pub fn table(&self) -> String {
+        let (shards, dlq, t) = (&self.shards, &self.dlq, &self.thresholds);
+        let width = shards
+            .iter()
+            .map(|s| s.queue.queue.len())
+            .chain([dlq.queue.queue.len(), "queue".len()])
+            .max()
+            .unwrap_or(5);
+        let owner_width = shards
+            .iter()
+            .filter_map(|s| s.report.as_ref().map(|r| r.owner.len()))
+            .chain(["owner".len()])
+            .max()
+            .unwrap_or(5);
+        let mut out = format!(
+            "{}  (backlog WARN from {}, PAGE from {})\n",
+            self.url,
+            humantime::format_duration(t.warn),
+            humantime::format_duration(t.page)
+        );
+        let _ = writeln!(
+            out,
+            "{:<5}  {:<width$}  {:>9}  {:>9}  {:<owner_width$}  {:>9}  {:<5}  note",
+            "shard", "queue", "messages", "consumers", "owner", "backlog", "level"
+        );
+        let mut total = 0u64;
+        for s in shards {
+            total += u64::from(s.queue.messages);
+            let owner = s.report.as_ref().map_or("-", |r| r.owner.as_str());
+            let backlog = s.backlog_age.map_or_else(
+                || "-".to_owned(),
+                |age| format!("{:.1}s", age.as_secs_f64()),
+            );
+            let level = s.level.map_or("-", Level::as_str);
+            let _ = writeln!(
+                out,
+                "{:<5}  {:<width$}  {:>9}  {:>9}  {owner:<owner_width$}  {backlog:>9}  {level:<5}  {}",
+                s.shard,
+                s.queue.queue,
+                s.queue.messages,
+                s.queue.consumers,
+                s.note()
+            );
+        }
+        let _ = writeln!(out, "{:<5}  {:<width$}  {total:>9}", "all", "");
+        let _ = writeln!(
+            out,
+            "{:<5}  {:<width$}  {:>9}",
+            "dlq", dlq.queue.queue, dlq.queue.messages
+        );
+        if !dlq.by_reason.is_empty() {
+            let reasons: Vec<String> = dlq
+                .by_reason
+                .iter()
+                .map(|(reason, n)| format!("{reason} {n}"))
+                .collect();
+            let partial = if dlq.browsed < u64::from(dlq.queue.messages) {
+                format!(" (first {} letters)", dlq.browsed)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "dead letters by reason{partial}: {}",
+                reasons.join(", ")
+            );
+        }
+        if let Some(e) = &self.status_error {
+            let _ = writeln!(
+                out,
+                "shard status unavailable (Redis: {e}): owner and backlog unknown"
+            );
+        }
+        let paged: Vec<String> = shards
+            .iter()
+            .filter(|s| s.level == Some(Level::Page))
+            .map(|s| s.shard.to_string())
+            .collect();
+        if !paged.is_empty() {
+            let _ = writeln!(
+                out,
+                "PAGE: shard(s) {} behind by more than {}",
+                paged.join(", "),
+                humantime::format_duration(t.page)
+            );
+        }
+        let unconsumed = shards.iter().filter(|s| s.queue.consumers == 0).count();
+        if unconsumed > 0 {
+            let _ = writeln!(
+                out,
+                "{unconsumed} of {} shards have no consumer: their events wait until a worker takes them",
+                shards.len()
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn st(queue: &str, messages: u32, consumers: u32) -> ShardStatus {
+        ShardStatus {
+            queue: queue.into(),
+            messages,
+            consumers,
+        }
+    }
+
+    fn report(shard: u16, backlog: f64, at: u64) -> ShardReport {
+        ShardReport {
+            shard,
+            owner: "worker-a".into(),
+            backlog_age_seconds: backlog,
+            inflight_age_seconds: Some(backlog),
+            inflight_events: 1,
+            held_events: 0,
+            held: Vec::new(),
+            updated_at_ms: at,
+        }
+    }
+
+    fn dlq() -> DlqLine {
+        DlqLine {
+            queue: st("order.events.dlq", 2, 0),
+            by_reason: BTreeMap::from([("handler".into(), 1), ("seq-gap".into(), 1)]),
+            browsed: 2,
+        }
+    }
+
+    fn status_of(shards: Vec<ShardLine>, t: Thresholds) -> StatusReport {
+        StatusReport {
+            url: "amqp://h/".into(),
+            shards,
+            dlq: dlq(),
+            workers: Vec::new(),
+            thresholds: t,
+            status_error: None,
+        }
+    }
+
+    #[test]
+    fn status_table_totals_and_flags_unconsumed_shards() {
+        let t = Thresholds::default();
+        let now = 1_000_000;
+        let shards = vec![
+            ShardLine::new(
+                0,
+                st("order.events.shard.0", 3, 1),
+                Some(report(0, 31.0, now)),
+                now,
+                &t,
+            ),
+            ShardLine::new(1, st("order.events.shard.1", 4, 0), None, now, &t),
+        ];
+        let mut status = status_of(shards, t);
+        let table = status.table();
+        assert!(table.contains("all"), "{table}");
+        assert!(table.contains("        7"), "{table}");
+        assert!(table.contains("no consumer"), "{table}");
+        assert!(table.contains("1 of 2 shards"), "{table}");
+        assert!(table.contains("worker-a"), "{table}");
+        assert!(table.contains("WARN"), "{table}");
+        assert!(table.contains("handler 1, seq-gap 1"), "{table}");
+        status.workers.push(WorkerReport {
+            worker: "worker-a".into(),
+            assigned: vec![0, 1],
+            consuming: vec![0],
+            updated_at_ms: now,
+        });
+        assert_eq!(status.table(), table, "workers do not change the table");
+        let json = status.json();
+        assert_eq!(json["shards"][1]["messages"], 4);
+        assert_eq!(json["shards"][0]["owner"], "worker-a");
+        assert_eq!(json["shards"][0]["level"], "WARN");
+        assert_eq!(json["shards"][0]["backlog_age_seconds"], 31.0);
+        assert_eq!(json["shards"][1]["owner"], serde_json::Value::Null);
+        assert_eq!(json["dead_letter_queue"]["messages"], 2);
+        assert_eq!(json["dead_letter_queue"]["by_reason"]["seq-gap"], 1);
+        assert_eq!(json["workers"][0]["worker"], "worker-a");
+        assert_eq!(json["workers"][0]["consuming"], serde_json::json!([0]));
+        // Shard 1 has events and no consumer.
+        assert_eq!(json["needs_attention"], true);
+    }
+
+    #[test]
+    fn the_table_says_when_it_counted_only_the_first_letters() {
+        let mut status = status_of(Vec::new(), Thresholds::default());
+        status.dlq.queue.messages = 5;
+        assert!(
+            status
+                .table()
+                .contains("dead letters by reason (first 2 letters): handler 1, seq-gap 1")
+        );
+        status.dlq.by_reason.clear();
+        status.status_error = Some("timed out".into());
+        let table = status.table();
+        assert!(!table.contains("dead letters by reason"), "{table}");
+        assert!(
+            table.contains("shard status unavailable (Redis: timed out)"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn attention_at_page_or_when_events_have_no_consumer() {
+        let t = Thresholds {
+            warn: Duration::from_secs(1),
+            page: Duration::from_secs(2),
+        };
+        let now = 1_000_000;
+        let line = |backlog: f64, messages, consumers| {
+            ShardLine::new(
+                0,
+                st("q", messages, consumers),
+                Some(report(0, backlog, now - 500)),
+                now,
+                &t,
+            )
+        };
+        let attention = |lines: Vec<ShardLine>| status_of(lines, t).needs_attention();
+        assert!(!attention(vec![line(0.0, 0, 1)]));
+        assert!(!attention(vec![line(1.2, 5, 1)]));
+        // 1.6 s reported half a second ago: 2.1 s now.
+        assert!(attention(vec![line(1.6, 5, 1)]));
+        assert!(attention(vec![line(0.0, 5, 0)]));
+        let quiet = ShardLine::new(0, st("q", 0, 1), None, now, &t);
+        assert!(!attention(vec![quiet.clone()]));
+        assert_eq!(quiet.note(), "no fresh status");
+    }
+
+    #[test]
+    fn apply_says_when_publishers_must_declare_arguments() {
+        let applied = Applied {
+            url: "amqp://h/".into(),
+            names: Names::default(),
+            options: TopologyOptions {
+                queue_type: QueueType::Quorum,
+                ..TopologyOptions::default()
+            },
+            report: ApplyReport {
+                shard_queues: vec!["order.events.shard.0".into()],
+                publishers_must_declare: Some("x-queue-type=quorum".into()),
+            },
+        };
+        let text = applied.text();
+        assert!(text.contains("NOTE: publishers"), "{text}");
+        assert!(text.contains("x-queue-type=quorum"), "{text}");
+        let plain = Applied {
+            options: TopologyOptions::default(),
+            report: ApplyReport {
+                publishers_must_declare: None,
+                ..applied.report.clone()
+            },
+            ..applied
+        };
+        let text = plain.text();
+        assert!(!text.contains("NOTE"), "{text}");
+        assert!(
+            text.contains("  consumers: one exclusive consumer"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn thresholds_are_checked_before_connecting() {
+        let config = StatusConfig {
+            thresholds: Thresholds {
+                warn: Duration::from_secs(2),
+                page: Duration::from_secs(1),
+            },
+            dlq_browse: None,
+        };
+        let e = status(&Fleet::default(), &config).await.unwrap_err();
+        assert_eq!(
+            e.rename_fields(|f| format!("<{f}>")),
+            "<thresholds.page> must not be below <thresholds.warn>"
+        );
+    }
+}
