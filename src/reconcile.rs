@@ -96,7 +96,9 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new());
     if let Some(addr) = global.metrics_addr {
         // Bound before the first run: a port in use fails the start naming the flag.
-        let listener = shardline_worker::http::bind(addr).await?;
+        let listener = shardline_worker::http::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("--metrics-addr {e}"))?;
         tokio::spawn(serve(listener, Arc::clone(&metrics), shutdown.clone()));
     }
     let print = |report: &ReconcileReport| {

@@ -301,7 +301,7 @@ async fn wait_status(
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let key = shardline_worker::status::key(&env.redis_prefix, shard);
+    let key = shardline_topology::Keys::new(&env.redis_prefix).shard_status_of(shard);
     let deadline = Instant::now() + STARTUP;
     loop {
         let json: Option<String> = redis::cmd("GET")

@@ -503,13 +503,6 @@ impl Dedup {
     }
 }
 
-/// [`Keys::kind`] under `redis_prefix`: for the CLI's reconcile until it
-/// moves to `shardline-ops`.
-#[doc(hidden)]
-pub fn kind_key(redis_prefix: &str, order_key: &str, event: &str) -> String {
-    Keys::new(redis_prefix).kind(order_key, event)
-}
-
 fn verdict((kind, n): (String, i64)) -> Verdict {
     match kind.as_str() {
         "claimed" => Verdict::Claimed,

@@ -45,8 +45,7 @@
 //! - `error`: [`WorkerError`].
 
 mod config;
-#[doc(hidden)]
-pub mod dedup;
+mod dedup;
 mod error;
 mod gate;
 pub mod handler;
@@ -56,13 +55,11 @@ mod lookahead;
 pub mod metrics;
 mod process;
 mod progress;
-#[doc(hidden)]
-pub mod quarantine;
+mod quarantine;
 mod settle;
 mod shard;
 mod signal;
-#[doc(hidden)]
-pub mod status;
+mod status;
 mod store;
 mod supervisor;
 

@@ -23,12 +23,8 @@ use shardline_topology::ShardId;
 use shardline_topology::headers::FailReason;
 use shardline_topology::status::{Level, Thresholds};
 
-use crate::live::{ShardState, ShardWatch, Snapshot};
+use crate::live::{ShardState, ShardWatch, Snapshot, unix_ms};
 use crate::progress::Counts;
-
-// For the CLI's status and reconcile until they move to `shardline-ops`.
-#[doc(hidden)]
-pub use crate::live::unix_ms;
 
 /// Metric names, as registered. Counters get `_total` appended on exposition
 /// (OpenMetrics), so `EVENTS` is scraped as `shardline_events_total`.

@@ -18,13 +18,6 @@ use shardline_topology::Keys;
 
 use crate::store::RedisSlot;
 
-/// [`Keys::quarantine`] under `redis_prefix`: for the CLI's DLQ tools until
-/// they move to `shardline-ops`.
-#[doc(hidden)]
-pub fn key(redis_prefix: &str, order_key: &str) -> String {
-    Keys::new(redis_prefix).quarantine(order_key)
-}
-
 /// The dead letter an order waits behind.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Blocker {
@@ -136,7 +129,6 @@ mod tests {
             assert_eq!(head_score_seq(score(Some(seq))), seq);
         }
         assert_eq!(score(None), 0.0);
-        assert_eq!(key("p:", "A%3a1"), "p:quarantine:A%3a1");
     }
 
     #[test]

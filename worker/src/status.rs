@@ -138,87 +138,11 @@ fn json(document: &impl serde::Serialize) -> Result<String, String> {
     serde_json::to_string(document).map_err(|e| e.to_string())
 }
 
-// The read side as the CLI's `topology status` and `reconcile` use it today,
-// until they move to `shardline-ops` (which reads topology's documents itself).
-// `ShardReport` here is the document without `inflight_events`, so that their
-// unit tests, which build one field by field, keep compiling.
-
-#[doc(hidden)]
-pub use shardline_topology::status::{HeldRef, Level, Thresholds};
-
-#[doc(hidden)]
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
-#[serde(from = "Document")]
-pub struct ShardReport {
-    pub shard: u16,
-    pub owner: String,
-    pub backlog_age_seconds: f64,
-    pub inflight_age_seconds: Option<f64>,
-    pub held_events: u64,
-    pub held: Vec<HeldRef>,
-    pub updated_at_ms: u64,
-}
-
-impl From<Document> for ShardReport {
-    fn from(d: Document) -> Self {
-        Self {
-            shard: d.shard,
-            owner: d.owner,
-            backlog_age_seconds: d.backlog_age_seconds,
-            inflight_age_seconds: d.inflight_age_seconds,
-            held_events: d.held_events,
-            held: d.held,
-            updated_at_ms: d.updated_at_ms,
-        }
-    }
-}
-
-impl ShardReport {
-    /// [`Document::backlog_age_at`].
-    pub fn backlog_age_at(&self, now_ms: u64) -> Duration {
-        let document = Document {
-            shard: self.shard,
-            owner: String::new(),
-            backlog_age_seconds: self.backlog_age_seconds,
-            inflight_age_seconds: None,
-            inflight_events: 0,
-            held_events: 0,
-            held: Vec::new(),
-            updated_at_ms: self.updated_at_ms,
-        };
-        document.backlog_age_at(now_ms)
-    }
-}
-
-/// [`Keys::shard_status_of`] under `redis_prefix`.
-#[doc(hidden)]
-pub fn key(redis_prefix: &str, shard: u16) -> String {
-    Keys::new(redis_prefix).shard_status_of(shard)
-}
-
-/// Reads the status of `shards`; `None` where no fresh status exists.
-#[doc(hidden)]
-pub async fn read(
-    conn: &mut impl redis::aio::ConnectionLike,
-    redis_prefix: &str,
-    shards: &[shardline_topology::ShardId],
-) -> Result<Vec<Option<ShardReport>>, redis::RedisError> {
-    if shards.is_empty() {
-        return Ok(Vec::new());
-    }
-    let keys = Keys::new(redis_prefix);
-    let keys: Vec<String> = shards.iter().map(|&s| keys.shard_status(s)).collect();
-    let values: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query_async(conn).await?;
-    Ok(values
-        .into_iter()
-        .map(|v| v.and_then(|json| serde_json::from_str(&json).ok()))
-        .collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use shardline_topology::ShardCount;
+    use shardline_topology::status::Thresholds;
 
     #[test]
     fn consuming_shards_are_reported_and_the_worker_lists_them_all() {
@@ -236,24 +160,5 @@ mod tests {
         assert_eq!(worker.assigned, [0, 1, 2]);
         assert_eq!(worker.consuming, [1]);
         assert_eq!(worker.worker, "w1");
-    }
-
-    #[test]
-    fn the_cli_reads_what_the_worker_writes() {
-        let doc = Document {
-            shard: 3,
-            owner: "w".into(),
-            backlog_age_seconds: 10.0,
-            inflight_age_seconds: Some(1.0),
-            inflight_events: 1,
-            held_events: 0,
-            held: Vec::new(),
-            updated_at_ms: 1_000_000,
-        };
-        let read: ShardReport =
-            serde_json::from_str(&serde_json::to_string(&doc).unwrap()).unwrap();
-        assert_eq!(read.inflight_age_seconds, Some(1.0));
-        assert_eq!(read.backlog_age_at(1_002_000), Duration::from_secs(12));
-        assert_eq!(key("p:", 3), "p:status:shard:3");
     }
 }
