@@ -1,53 +1,67 @@
-//! One isolated environment per test: its own RabbitMQ vhost and Redis key prefix,
-//! both removed on drop.
+//! One isolated environment per test: its own RabbitMQ vhost, Redis key prefix
+//! and PostgreSQL schema name, the vhost and the keys removed on drop (the
+//! schema by its [`OrdersDb`](crate::OrdersDb)).
 
 use std::collections::BTreeMap;
 use std::process::Output;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lapin::Connection;
 use shardline_topology::declare::{self, ShardStatus};
-use shardline_topology::{Names, QueueType, ShardCount, ShardId};
+use shardline_topology::{Keys, Names, QueueType, ShardCount, ShardId, TopologyOptions};
+use shardline_worker::{Config, Handler, RetryPolicy};
+
+use crate::broker::{BrokerNode, Ctl};
+use crate::wait::wait_until;
 
 /// Every fleet test runs with this many shards.
 pub const SHARDS: u16 = 8;
+/// The machine's Redis, shared by the tests (each under its own prefix).
 pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
-const AMQP_BASE: &str = "amqp://guest:guest@127.0.0.1:5672";
-const BIN: &str = env!("CARGO_BIN_EXE_shardline");
+/// The machine's RabbitMQ, shared by the tests (each in its own vhost).
+pub const AMQP_BASE: &str = "amqp://guest:guest@127.0.0.1:5672";
+/// The quorum queues' `x-delivery-limit` that `topology apply` sets by default.
+const DELIVERY_LIMIT: u32 = 20;
 
 pub struct TestEnv {
-    /// Unique slug of this test run: names the vhost, the Redis prefix and log files.
+    /// Unique slug of this test run: names the vhost, the Redis prefix, the
+    /// PostgreSQL schema and log files.
     pub id: String,
     pub vhost: String,
     pub amqp_url: String,
     pub redis_prefix: String,
+    /// `reconcile_<slug>`: the schema an [`OrdersDb`](crate::OrdersDb) creates.
+    pub pg_schema: String,
     pub names: Names,
     pub shards: ShardCount,
-    /// Type of the shard queues. Every `shardline` process the harness starts
-    /// gets it as `SHARDLINE_QUEUE_TYPE` (`topology apply` and the worker read
-    /// it; other subcommands ignore it). Classic by default.
+    /// Type of the shard queues. Every `shardline` process of this environment
+    /// gets it as `SHARDLINE_QUEUE_TYPE`, every in-process worker the matching
+    /// config. Classic by default.
     pub queue_type: QueueType,
+    broker: Ctl,
 }
 
-/// The worker's log line when it takes a shard with an exclusive consumer (classic queues).
-const TAKEN_EXCLUSIVE: &str = "shard active";
-/// The worker's log line when it consumes a single-active-consumer queue (quorum):
-/// the broker, not the worker, decides whether it is the active one.
-const TAKEN_SAC: &str = "consuming; the queue's single-active-consumer picks the active worker";
-
 impl TestEnv {
-    /// A fresh vhost (guest has full rights on it) and a fresh Redis prefix;
-    /// classic shard queues.
+    /// A fresh vhost on the machine's broker (guest has full rights on it) and a
+    /// fresh Redis prefix; classic shard queues.
     pub async fn new(name: &str) -> Self {
         Self::with_queue_type(name, QueueType::Classic).await
     }
 
-    /// [`Self::new`] with shard queues of `queue_type` (quorum: `topology apply`
-    /// declares them so, and the worker consumes them non-exclusively). The id
-    /// ends in `-quorum` for quorum queues, so that logs and vhosts say which
-    /// run they belong to.
+    /// [`Self::new`] with shard queues of `queue_type`. The id ends in
+    /// `-quorum` for quorum queues, so logs and vhosts say which run they are.
     pub async fn with_queue_type(name: &str, queue_type: QueueType) -> Self {
+        Self::create(name, queue_type, Ctl::Default, AMQP_BASE.to_owned()).await
+    }
+
+    /// [`Self::with_queue_type`] on a private node instead of the machine's.
+    pub async fn on_node(name: &str, queue_type: QueueType, node: &BrokerNode) -> Self {
+        Self::create(name, queue_type, node.ctl().clone(), node.amqp_base()).await
+    }
+
+    async fn create(name: &str, queue_type: QueueType, broker: Ctl, amqp_base: String) -> Self {
         let name = match queue_type {
             QueueType::Classic => name.to_owned(),
             QueueType::Quorum => format!("{name}-quorum"),
@@ -64,17 +78,38 @@ impl TestEnv {
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         let vhost = format!("shardline-test.{id}");
-        rabbitmqctl(&["add_vhost", &vhost]).await;
-        rabbitmqctl(&["set_permissions", "-p", &vhost, "guest", ".*", ".*", ".*"]).await;
+        broker.run(&["add_vhost", &vhost]).await;
+        broker
+            .run(&["set_permissions", "-p", &vhost, "guest", ".*", ".*", ".*"])
+            .await;
+        let slug: String = id
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        // Identifiers are cut at 63 bytes; the id's unique part is its end.
+        let pg_schema = format!("reconcile_{}", &slug[slug.len().saturating_sub(50)..]);
         Self {
-            amqp_url: format!("{AMQP_BASE}/{}", percent_encode(&vhost)),
+            amqp_url: format!("{amqp_base}/{}", percent_encode(&vhost)),
             redis_prefix: format!("shardline-test:{id}:"),
+            pg_schema,
             vhost,
             id,
             names: Names::default(),
             shards: ShardCount::new(u32::from(SHARDS)).unwrap(),
             queue_type,
+            broker,
         }
+    }
+
+    /// `rabbitmqctl` against this environment's broker.
+    pub fn broker(&self) -> &Ctl {
+        &self.broker
     }
 
     /// `SHARDLINE_QUEUE_TYPE` for every `shardline` process of this environment
@@ -91,17 +126,6 @@ impl TestEnv {
         self.queue_type == QueueType::Quorum
     }
 
-    /// What the worker logs (with `shard=N`) when it has subscribed to a shard
-    /// queue: `shard active` on classic queues (it holds the exclusive consumer);
-    /// on quorum queues the single-active-consumer line (it may be waiting).
-    pub fn taken_log_line(&self) -> &'static str {
-        if self.is_quorum() {
-            TAKEN_SAC
-        } else {
-            TAKEN_EXCLUSIVE
-        }
-    }
-
     pub fn shard_queue(&self, shard: u16) -> String {
         self.names
             .shard_queue(ShardId::new(u32::from(shard), self.shards).unwrap())
@@ -111,19 +135,87 @@ impl TestEnv {
         self.shards.shard_of(order_id).get()
     }
 
-    /// Runs the `shardline` binary against this environment's vhost with `args`
+    /// The Redis keys of this environment.
+    pub fn keys(&self) -> Keys {
+        Keys::new(&self.redis_prefix)
+    }
+
+    /// The configuration `shardline worker --handler … --worker-name NAME` would
+    /// build for this environment, with small retry delays (10 ms, capped at
+    /// 100 ms): every shard, the queue type's consume mode and delivery limit.
+    pub fn worker_config(&self, name: &str) -> Config {
+        let exclusive = TopologyOptions {
+            shards: self.shards,
+            queue_type: self.queue_type,
+            ..TopologyOptions::default()
+        }
+        .exclusive_consumers();
+        Config {
+            amqp: self.amqp_target(),
+            redis: REDIS_URL.parse().unwrap(),
+            redis_prefix: self.redis_prefix.clone(),
+            names: self.names.clone(),
+            shards: self.shards,
+            assign: self.shards.ids().collect(),
+            exclusive,
+            delivery_limit: self.is_quorum().then_some(DELIVERY_LIMIT),
+            worker_name: name.to_owned(),
+            retry: RetryPolicy {
+                base: Duration::from_millis(10),
+                cap: Duration::from_millis(100),
+                ..RetryPolicy::default()
+            },
+            ..Config::default()
+        }
+    }
+
+    /// Starts an in-process worker `name` calling `downstream`, with
+    /// [`Self::worker_config`] changed by `configure`, and waits until it
+    /// consumes every shard it was given.
+    pub async fn start_worker(
+        &self,
+        name: &str,
+        downstream: &crate::Downstream,
+        configure: impl FnOnce(&mut Config),
+    ) -> crate::Worker {
+        let mut config = self.worker_config(name);
+        configure(&mut config);
+        let mut worker = crate::Worker::spawn(config, downstream.handler());
+        worker.wait_consuming(self).await;
+        worker
+    }
+
+    /// [`Self::start_worker`] with any handler.
+    pub async fn start_worker_with(
+        &self,
+        config: Config,
+        handler: Arc<dyn Handler>,
+    ) -> crate::Worker {
+        let mut worker = crate::Worker::spawn(config, handler);
+        worker.wait_consuming(self).await;
+        worker
+    }
+
+    /// Runs the `shardline` binary against this environment with `args`
     /// (global flags `--amqp-url`, `--redis-url`, `--redis-prefix`, `--shards` added).
     pub async fn cli(&self, args: &[&str]) -> Output {
-        tokio::process::Command::new(BIN)
+        self.shardline_command()
             .args(args)
             .args(self.global_args())
-            .env("NO_COLOR", "1")
-            .env("RUST_LOG", "info")
-            .env(self.queue_type_env().0, self.queue_type_env().1)
-            .kill_on_drop(true)
             .output()
             .await
             .unwrap()
+    }
+
+    /// The `shardline` binary with this environment's process environment
+    /// (no colour, `RUST_LOG=info`, the queue type), killed on drop; no args yet.
+    pub fn shardline_command(&self) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(crate::paths::shardline());
+        cmd.env("NO_COLOR", "1")
+            .env("RUST_LOG", "info")
+            .env(self.queue_type_env().0, self.queue_type_env().1)
+            .kill_on_drop(true);
+        cmd
     }
 
     pub fn global_args(&self) -> Vec<String> {
@@ -162,7 +254,8 @@ impl TestEnv {
             .unwrap()
     }
 
-    /// Ready messages and consumers of every shard queue, by passive declare.
+    /// Ready messages and consumers of every shard queue, by passive declare
+    /// (on a single-active-consumer queue the count is of the active consumer only).
     pub async fn shard_statuses(&self, conn: &Connection) -> Vec<ShardStatus> {
         let mut out = Vec::new();
         for shard in 0..SHARDS {
@@ -178,17 +271,19 @@ impl TestEnv {
     /// `(messages, messages_unacknowledged)` of every queue in the vhost, as
     /// `rabbitmqctl` sees it (`messages` counts ready and unacked).
     pub async fn queue_depths(&self) -> BTreeMap<String, (u64, u64)> {
-        let text = rabbitmqctl(&[
-            "-q",
-            "list_queues",
-            "-p",
-            &self.vhost,
-            "--no-table-headers",
-            "name",
-            "messages",
-            "messages_unacknowledged",
-        ])
-        .await;
+        let text = self
+            .broker
+            .run(&[
+                "-q",
+                "list_queues",
+                "-p",
+                &self.vhost,
+                "--no-table-headers",
+                "name",
+                "messages",
+                "messages_unacknowledged",
+            ])
+            .await;
         text.lines()
             .filter_map(|line| {
                 let mut parts = line.split_whitespace();
@@ -208,52 +303,67 @@ impl TestEnv {
             .sum()
     }
 
+    /// Messages (ready + unacked) in the dead-letter queue.
+    pub async fn dlq_backlog(&self) -> u64 {
+        let depths = self.queue_depths().await;
+        depths.get(&self.names.dead_letter_queue).map_or(0, |d| d.0)
+    }
+
     /// Waits until every shard queue is empty, unacked messages included: all
-    /// deliveries were acked.
+    /// deliveries were acked, so no handler call is in flight either.
     pub async fn wait_shard_queues_drained(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let depths = self.queue_depths().await;
-            let busy: Vec<_> = (0..SHARDS)
-                .map(|s| self.shard_queue(s))
-                .filter(|q| depths.get(q).is_none_or(|d| d.0 > 0))
-                .collect();
-            if busy.is_empty() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "shard queues not drained within {timeout:?}: {busy:?}; depths (messages, unacked): {depths:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_until(
+            "every shard queue drained (nothing ready, nothing unacked)",
+            timeout,
+            || async {
+                let depths = self.queue_depths().await;
+                let busy: Vec<_> = (0..SHARDS)
+                    .map(|s| self.shard_queue(s))
+                    .filter(|q| depths.get(q).is_none_or(|d| d.0 > 0))
+                    .collect();
+                if busy.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "busy {busy:?}; depths (messages, unacked): {depths:?}"
+                    ))
+                }
+            },
+        )
+        .await;
     }
 
     /// The consumers of every shard queue, by queue (`rabbitmqctl list_consumers`:
-    /// consumer tag `{worker}/shard-{n}` and whether it is the active one). A
-    /// queue without consumers is absent.
+    /// consumer tag `{worker}/shard-{n}`, whether it is the active one, its
+    /// channel). A queue without consumers is absent.
     pub async fn shard_consumers(&self) -> BTreeMap<String, Vec<ConsumerRow>> {
-        let text = rabbitmqctl(&[
-            "-q",
-            "list_consumers",
-            "-p",
-            &self.vhost,
-            "--no-table-headers",
-            "queue_name",
-            "consumer_tag",
-            "active",
-        ])
-        .await;
+        let text = self
+            .broker
+            .run(&[
+                "-q",
+                "list_consumers",
+                "-p",
+                &self.vhost,
+                "--no-table-headers",
+                "queue_name",
+                "channel_pid",
+                "consumer_tag",
+                "active",
+            ])
+            .await;
+        // rabbitmqctl prints the columns in its own order, whatever the order asked.
         let mut out: BTreeMap<String, Vec<ConsumerRow>> = BTreeMap::new();
         for line in text.lines() {
             let mut cols = line.split('\t');
-            let (Some(queue), Some(tag), Some(active)) = (cols.next(), cols.next(), cols.next())
+            let (Some(queue), Some(channel), Some(tag), Some(active)) =
+                (cols.next(), cols.next(), cols.next(), cols.next())
             else {
                 continue;
             };
             out.entry(queue.to_owned()).or_default().push(ConsumerRow {
                 tag: tag.to_owned(),
                 active: active.trim() == "true",
+                channel: channel.trim().to_owned(),
             });
         }
         out
@@ -287,6 +397,32 @@ impl TestEnv {
         })
     }
 
+    /// `Ok` once worker `name` has a consumer on each of `shards`' queues and
+    /// each of them has exactly one active consumer; else what is missing.
+    pub async fn consumers_registered(&self, name: &str, shards: &[u16]) -> Result<(), String> {
+        let all = self.shard_consumers().await;
+        let missing: Vec<String> = shards
+            .iter()
+            .filter(|&&shard| {
+                let rows = all
+                    .get(&self.shard_queue(shard))
+                    .map(Vec::as_slice)
+                    .unwrap_or_default();
+                let tag = format!("{name}/shard-{shard}");
+                !rows.iter().any(|r| r.tag == tag) || rows.iter().filter(|r| r.active).count() != 1
+            })
+            .map(|s| self.shard_queue(*s))
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "worker `{name}` not yet registered (or not exactly one active consumer) on \
+                 {missing:?}; consumers: {all:?}"
+            ))
+        }
+    }
+
     /// Number of Redis keys under this environment's prefix.
     pub fn redis_key_count(&self) -> usize {
         let mut con = redis::Client::open(REDIS_URL)
@@ -304,14 +440,17 @@ pub struct ConsumerRow {
     /// The single active consumer of a single-active-consumer queue (always
     /// true for other consumers).
     pub active: bool,
+    /// The Erlang pid of the consumer's channel: a consumer taken again is on
+    /// a new channel.
+    pub channel: String,
 }
 
 impl Drop for TestEnv {
     fn drop(&mut self) {
-        let out = std::process::Command::new("rabbitmqctl")
-            .args(["-q", "delete_vhost", &self.vhost])
-            .output();
-        match out {
+        match self
+            .broker
+            .run_blocking(&["-q", "delete_vhost", &self.vhost])
+        {
             Ok(o) if o.status.success() => {}
             Ok(o) => eprintln!(
                 "cleanup: delete_vhost {} failed: {}",
@@ -375,22 +514,4 @@ fn percent_encode(s: &str) -> String {
         }
     }
     out
-}
-
-/// Runs `rabbitmqctl args`; fails the test with its output unless it succeeds.
-pub async fn rabbitmqctl(args: &[&str]) -> String {
-    let out = tokio::process::Command::new("rabbitmqctl")
-        .args(args)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("cannot run rabbitmqctl");
-    assert!(
-        out.status.success(),
-        "rabbitmqctl {args:?} failed with {}:\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
