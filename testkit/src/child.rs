@@ -126,6 +126,17 @@ impl ChildWorker {
         let shards: Vec<u16> = (0..crate::SHARDS).collect();
         let name = self.name.clone();
         let what = format!("worker {name} consuming every shard");
+        // Polled cheaply (passive declares), then confirmed once by consumer tag.
+        wait_until(&what, crate::STARTUP, || {
+            self.assert_running("consuming every shard");
+            async move {
+                let counts = env.consumer_counts().await;
+                crate::wait::check(counts.iter().all(|n| *n == 1), || {
+                    format!("consumers per shard queue {counts:?}")
+                })
+            }
+        })
+        .await;
         wait_until(&what, crate::STARTUP, || {
             self.assert_running("consuming every shard");
             let (name, shards) = (&name, &shards);

@@ -41,6 +41,8 @@ pub struct TestEnv {
     /// config. Classic by default.
     pub queue_type: QueueType,
     broker: Ctl,
+    /// For the kit's own polling (passive declares), opened on first use.
+    probe: tokio::sync::Mutex<Option<Arc<Connection>>>,
 }
 
 impl TestEnv {
@@ -104,6 +106,7 @@ impl TestEnv {
             shards: ShardCount::new(u32::from(SHARDS)).unwrap(),
             queue_type,
             broker,
+            probe: tokio::sync::Mutex::default(),
         }
     }
 
@@ -266,6 +269,23 @@ impl TestEnv {
             );
         }
         out
+    }
+
+    /// The consumers of every shard queue by passive declare (cheap, unlike
+    /// `rabbitmqctl`), on a connection of the kit's own.
+    pub async fn consumer_counts(&self) -> Vec<u32> {
+        let conn = {
+            let mut probe = self.probe.lock().await;
+            match probe.as_ref() {
+                Some(conn) if conn.status().connected() => conn.clone(),
+                _ => probe.insert(Arc::new(self.connect().await)).clone(),
+            }
+        };
+        self.shard_statuses(&conn)
+            .await
+            .iter()
+            .map(|s| s.consumers)
+            .collect()
     }
 
     /// `(messages, messages_unacknowledged)` of every queue in the vhost, as

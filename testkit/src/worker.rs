@@ -165,10 +165,23 @@ impl Worker {
             if states.len() != shards.len() || !states.iter().all(wanted) {
                 return Err(this.describe());
             }
-            if consuming || quorum {
-                env.consumers_registered(&this.name, shards).await?;
+            if consuming {
+                // The broker's view: one (active) consumer on each of these queues.
+                let counts = env.consumer_counts().await;
+                let wrong: Vec<(u16, u32)> = shards
+                    .iter()
+                    .map(|&s| (s, counts[usize::from(s)]))
+                    .filter(|(_, n)| *n != 1)
+                    .collect();
+                if !wrong.is_empty() {
+                    return Err(format!(
+                        "(shard, consumers) not 1: {wrong:?}; {}",
+                        this.describe()
+                    ));
+                }
             }
             if !consuming && quorum {
+                env.consumers_registered(&this.name, shards).await?;
                 let all = env.shard_consumers().await;
                 let inactive = shards.iter().all(|&shard| {
                     let tag = format!("{}/shard-{shard}", this.name);
