@@ -10,7 +10,7 @@
 //! - [`broker`]: `rabbitmqctl` against the machine's node or a private
 //!   [`BrokerNode`] (own name, ports, files and Erlang cookie) that a test may
 //!   stop and start.
-//! - [`env`]: [`TestEnv`], one per test.
+//! - [`env`](mod@env): [`TestEnv`], one per test.
 //! - [`downstream`]: the HTTP service the worker calls, recording and scripted.
 //! - [`worker`]: [`Worker`], an in-process `shardline_worker::Worker` run under a
 //!   cancellation token: the default for every test.

@@ -1,6 +1,6 @@
 //! A private `redis-server` on its own port, without persistence: killing it
 //! loses every key, like a cache node being replaced. Plain, or TLS only with
-//! a password (certificate from a test [`Pki`](crate::tls::Pki)). Killed on drop.
+//! a password (certificate from a test [`crate::tls::Pki`]). Killed on drop.
 
 use std::path::PathBuf;
 use std::process::Command;
