@@ -39,21 +39,9 @@ pub async fn take(
     )
     .await;
     let channel = conn.create_channel().await.unwrap();
-    let mut letters = Vec::new();
-    while let Some(message) = channel
-        .basic_get(
-            env.names.dead_letter_queue.as_str().into(),
-            BasicGetOptions { no_ack: false },
-        )
-        .await
-        .unwrap()
-    {
-        message
-            .delivery
-            .ack(BasicAckOptions::default())
-            .await
-            .unwrap();
-        letters.push(message.delivery);
+    let letters = peek_all(env, &channel).await;
+    for letter in &letters {
+        letter.ack(BasicAckOptions::default()).await.unwrap();
     }
     let _ = channel.close(200, "done".into()).await;
     letters

@@ -222,11 +222,16 @@ impl TestEnv {
     }
 
     pub fn global_args(&self) -> Vec<String> {
+        self.global_args_with(&self.amqp_url, REDIS_URL)
+    }
+
+    /// [`Self::global_args`] with other broker and Redis URLs (TLS, a private Redis).
+    pub fn global_args_with(&self, amqp_url: &str, redis_url: &str) -> Vec<String> {
         vec![
             "--amqp-url".into(),
-            self.amqp_url.clone(),
+            amqp_url.to_owned(),
             "--redis-url".into(),
-            REDIS_URL.into(),
+            redis_url.to_owned(),
             "--redis-prefix".into(),
             self.redis_prefix.clone(),
             "--shards".into(),

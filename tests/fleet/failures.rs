@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicGetOptions};
+use lapin::options::BasicAckOptions;
 use shardline_topology::declare::queue_status;
 use shardline_topology::headers::{self, FailReason, header_i64, header_str};
 
@@ -108,14 +108,7 @@ async fn retries_in_place_and_dead_letters_what_cannot_succeed() {
     // Both dead letters were confirmed before the events behind them were handled.
     let dlq = env.names.dead_letter_queue.clone();
     let channel = conn.create_channel().await.unwrap();
-    let mut letters: Vec<Delivery> = Vec::new();
-    while let Some(message) = channel
-        .basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: false })
-        .await
-        .unwrap()
-    {
-        letters.push(message.delivery);
-    }
+    let letters: Vec<Delivery> = shardline_testkit::dlq::peek_all(&env, &channel).await;
     let by_reason: HashMap<&str, &Delivery> = letters
         .iter()
         .map(|d| {

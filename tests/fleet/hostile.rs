@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use lapin::BasicProperties;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicGetOptions};
+use lapin::options::BasicAckOptions;
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString};
 use shardline_topology::headers::{
     self, event_properties, header_i64, header_str, is_valid_traceparent, new_traceparent,
@@ -487,15 +487,7 @@ async fn check_corpus(name: &str, cases: Vec<Case>) {
 
     // The DLQ holds exactly the expected dead letters, matched by body.
     let channel = conn.create_channel().await.unwrap();
-    let dlq = env.names.dead_letter_queue.clone();
-    let mut letters: Vec<Delivery> = Vec::new();
-    while let Some(message) = channel
-        .basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: false })
-        .await
-        .unwrap()
-    {
-        letters.push(message.delivery);
-    }
+    let letters: Vec<Delivery> = shardline_testkit::dlq::peek_all(&env, &channel).await;
     let summary: Vec<String> = letters
         .iter()
         .map(|d| {

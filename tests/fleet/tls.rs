@@ -12,9 +12,8 @@ use std::process::Output;
 use shardline_testkit::redis::RedisServer;
 use shardline_testkit::tls::{BrokerUser, Pki, TlsTerminator, unique};
 use shardline_testkit::{
-    ChildWorker, Downstream, Event, PROCESSING, SHARDS, STARTUP, TestEnv, all_ok,
-    assert_exactly_once, assert_in_order_and_complete, assert_request_shape, describe, interleaved,
-    order_ids,
+    ChildWorker, Downstream, Event, PROCESSING, STARTUP, TestEnv, all_ok, assert_exactly_once,
+    assert_in_order_and_complete, assert_request_shape, describe, interleaved, order_ids,
 };
 
 /// The worker verifies the TLS Redis against the system roots plus
@@ -164,16 +163,7 @@ impl TlsCli<'_> {
     }
 
     fn global_args(&self) -> Vec<String> {
-        vec![
-            "--amqp-url".into(),
-            self.amqp_url.clone(),
-            "--redis-url".into(),
-            self.redis_url.clone(),
-            "--redis-prefix".into(),
-            self.env.redis_prefix.clone(),
-            "--shards".into(),
-            SHARDS.to_string(),
-        ]
+        self.env.global_args_with(&self.amqp_url, &self.redis_url)
     }
 
     async fn run(&self, args: &[&str]) -> Output {
