@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::harness::{
-    Downstream, PROCESSING, Publisher, QueueType, Reply, STARTUP, TestEnv, Worker, all_ok,
+use shardline_testkit::{
+    ChildWorker, Downstream, PROCESSING, Publisher, QueueType, Reply, STARTUP, TestEnv, all_ok,
     assert_in_order_and_complete, describe, interleaved, ok_keys, order_ids, repeats_per_shard,
 };
 
@@ -21,14 +21,14 @@ async fn kill_9_mid_stream_loses_nothing_on_quorum_queues() {
 async fn kill_9_mid_stream(queue_type: QueueType) {
     let env = TestEnv::with_queue_type("crash", queue_type).await;
     env.apply_topology().await;
-    let conn = env.connect().await;
     let downstream =
         Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(15))).await;
     let events = interleaved(&order_ids("crash", 120), 5, env.shards);
     Publisher::connect(&env).await.publish(&events).await;
 
-    let mut first = Worker::start(&env, "first", &downstream.url(), &[]);
-    first.wait_consuming(&env, &conn).await;
+    // A process: the point is kill -9.
+    let mut first = ChildWorker::start(&env, "first", &downstream.url(), &[]);
+    first.wait_consuming(&env).await;
     let third = events.len() / 3;
     downstream
         .wait_for("a third of the events", PROCESSING, |calls| {
@@ -44,8 +44,7 @@ async fn kill_9_mid_stream(queue_type: QueueType) {
         describe(&at_kill)
     );
 
-    let mut second = Worker::start(&env, "second", &downstream.url(), &[]);
-    second.wait_consuming(&env, &conn).await;
+    let _second = env.start_worker("second", &downstream, |_| {}).await;
     downstream
         .wait_for("every event after the restart", PROCESSING, |calls| {
             all_ok(calls, &events)

@@ -5,12 +5,12 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
 
-use crate::harness::dlq::{depth, ids, list_json, run_ok, text, wait_depth};
-use crate::harness::{
-    Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, Worker, all_ok, assert_exactly_once,
-    assert_in_order_and_complete, interleaved, order_ids,
+use shardline_testkit::dlq::{depth, ids, list_json, run_ok, text, wait_depth};
+use shardline_testkit::wait::check;
+use shardline_testkit::{
+    Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, all_ok, assert_exactly_once,
+    assert_in_order_and_complete, interleaved, order_ids, wait_until,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -25,8 +25,7 @@ async fn dlq_list_show_replay_purge() {
     let x2 = x[1].key();
     let fixed = Arc::new(AtomicBool::new(false));
     let downstream = Downstream::failing_until_fixed(x2.clone(), Arc::clone(&fixed)).await;
-    let mut worker = Worker::start(&env, "w1", &downstream.url(), &[]);
-    worker.wait_consuming(&env, &conn).await;
+    let mut worker = env.start_worker("w1", &downstream, |_| {}).await;
 
     let publisher = Publisher::connect(&env).await;
     publisher.publish(&x).await;
@@ -122,7 +121,8 @@ async fn dlq_list_show_replay_purge() {
             all_ok(calls, &x)
         })
         .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Acked, so settled: no further call can come.
+    env.wait_shard_queues_drained(PROCESSING).await;
     let calls = downstream.calls();
     let x2_after: Vec<_> = calls[calls_before..]
         .iter()
@@ -145,7 +145,7 @@ async fn dlq_list_show_replay_purge() {
         text(&purged)
     );
     assert_eq!(depth(&env, &conn).await, 0);
-    worker.assert_running();
+    worker.assert_running().await;
 }
 
 /// ~200 dead letters (4 orders × 50 events, all answered 422 until the fix);
@@ -175,20 +175,17 @@ async fn dlq_replay_killed_midway_then_resumed_delivers_each_letter_once() {
         })
         .await
     };
-    let mut worker = Worker::start(&env, "w1", &downstream.url(), &[]);
-    worker.wait_consuming(&env, &conn).await;
+    let mut worker = env.start_worker("w1", &downstream, |_| {}).await;
     Publisher::connect(&env).await.publish(&events).await;
     wait_depth(&env, &conn, u32::try_from(TOTAL).unwrap(), PROCESSING).await;
 
     // Fixed downstream; a paced replay, killed once some letters got through.
     fixed.store(true, Ordering::SeqCst);
     let calls_before = downstream.calls().len();
-    let mut first = tokio::process::Command::new(env!("CARGO_BIN_EXE_shardline"))
+    let mut first = env
+        .shardline_command()
         .args(["dlq", "replay", "--rate", "50"])
         .args(env.global_args())
-        .env("NO_COLOR", "1")
-        .env("RUST_LOG", "info")
-        .env(env.queue_type_env().0, env.queue_type_env().1)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -211,19 +208,18 @@ async fn dlq_replay_killed_midway_then_resumed_delivers_each_letter_once() {
     assert!(at_kill < TOTAL, "all {at_kill} replayed before the kill");
 
     // The broker returns the killed replay's unacked letters to the DLQ.
-    let deadline = Instant::now() + PROCESSING;
-    loop {
-        let depths = env.queue_depths().await;
-        let dlq = depths.get(&env.names.dead_letter_queue).copied();
-        if dlq.is_some_and(|(_, unacked)| unacked == 0) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "DLQ still has unacked letters after the kill: {depths:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(
+        "the DLQ without unacked letters after the kill",
+        PROCESSING,
+        || async {
+            let depths = env.queue_depths().await;
+            let dlq = depths.get(&env.names.dead_letter_queue).copied();
+            check(dlq.is_some_and(|(_, unacked)| unacked == 0), || {
+                format!("depths {depths:?}")
+            })
+        },
+    )
+    .await;
     let left = depth(&env, &conn).await;
     assert!(
         left > 0 && (left as usize) < TOTAL,
@@ -243,12 +239,12 @@ async fn dlq_replay_killed_midway_then_resumed_delivers_each_letter_once() {
             all_ok(&calls[calls_before..], &events)
         })
         .await;
+    // Acked, so settled: no further call can come.
     env.wait_shard_queues_drained(PROCESSING).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
     let calls = downstream.calls();
     let replayed = &calls[calls_before..];
     assert_exactly_once(replayed, &events);
     assert_in_order_and_complete(replayed, &events);
     assert_eq!(depth(&env, &conn).await, 0, "the DLQ must be empty");
-    worker.assert_running();
+    worker.assert_running().await;
 }

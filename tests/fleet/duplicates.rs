@@ -1,8 +1,8 @@
 //! Copies of processed events are acked as duplicates and never reach the
 //! downstream again.
 
-use crate::harness::{
-    Downstream, Event, PROCESSING, Publisher, TestEnv, Worker, all_ok, assert_exactly_once,
+use shardline_testkit::{
+    Downstream, Event, PROCESSING, Publisher, TestEnv, all_ok, assert_exactly_once,
     assert_request_shape, describe, interleaved, orders_covering_shards,
 };
 
@@ -10,10 +10,8 @@ use crate::harness::{
 async fn copies_of_processed_events_cause_no_calls() {
     let env = TestEnv::new("dup").await;
     env.apply_topology().await;
-    let conn = env.connect().await;
     let downstream = Downstream::start().await;
-    let mut worker = Worker::start(&env, "w1", &downstream.url(), &[]);
-    worker.wait_consuming(&env, &conn).await;
+    let worker = env.start_worker("w1", &downstream, |_| {}).await;
 
     let orders = orders_covering_shards("dup", 3, &env);
     let events = interleaved(&orders, 3, env.shards);
@@ -47,7 +45,7 @@ async fn copies_of_processed_events_cause_no_calls() {
             .map(|e| e.shard)
             .collect::<std::collections::BTreeSet<_>>()
             .len(),
-        usize::from(crate::harness::SHARDS),
+        usize::from(shardline_testkit::SHARDS),
         "one sentinel per shard"
     );
     publisher.publish(&sentinels).await;
@@ -67,6 +65,14 @@ async fn copies_of_processed_events_cause_no_calls() {
         describe(&calls)
     );
     assert_exactly_once(&calls, &all);
+    // The worker counted each copy as a duplicate.
+    let counts = worker.wait_settled((all.len() + events.len()) as u64).await;
+    assert_eq!(
+        counts.duplicates,
+        events.len() as u64,
+        "{}",
+        worker.describe()
+    );
     // Idempotency-Key is `{order_id}:{event}:{seq}`, among the other headers.
     assert_request_shape(&calls, &all, &env);
 }

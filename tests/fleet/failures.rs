@@ -2,14 +2,15 @@
 //! poison bodies are dead-lettered, and the shard moves on.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicGetOptions};
+use lapin::options::BasicAckOptions;
 use shardline_topology::declare::queue_status;
-use shardline_topology::headers::{self, header_i64, header_str};
+use shardline_topology::headers::{self, FailReason, header_i64, header_str};
 
-use crate::harness::{
-    Call, Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, Worker, all_ok, describe,
+use shardline_testkit::{
+    Call, Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, all_ok, describe,
 };
 
 fn calls_for<'a>(calls: &'a [Call], key: &str) -> Vec<&'a Call> {
@@ -46,20 +47,13 @@ async fn retries_in_place_and_dead_letters_what_cannot_succeed() {
         })
         .await
     };
-    let mut worker = Worker::start(
-        &env,
-        "w1",
-        &downstream.url(),
-        &[
-            "--max-attempts",
-            "5",
-            "--retry-base",
-            "10ms",
-            "--retry-cap",
-            "50ms",
-        ],
-    );
-    worker.wait_consuming(&env, &conn).await;
+    let worker = env
+        .start_worker("w1", &downstream, |c| {
+            c.retry.max_attempts = 5;
+            c.retry.base = Duration::from_millis(10);
+            c.retry.cap = Duration::from_millis(50);
+        })
+        .await;
 
     let publisher = Publisher::connect(&env).await;
     let z_shard = z[0].shard;
@@ -114,14 +108,7 @@ async fn retries_in_place_and_dead_letters_what_cannot_succeed() {
     // Both dead letters were confirmed before the events behind them were handled.
     let dlq = env.names.dead_letter_queue.clone();
     let channel = conn.create_channel().await.unwrap();
-    let mut letters: Vec<Delivery> = Vec::new();
-    while let Some(message) = channel
-        .basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: false })
-        .await
-        .unwrap()
-    {
-        letters.push(message.delivery);
-    }
+    let letters: Vec<Delivery> = shardline_testkit::dlq::peek_all(&env, &channel).await;
     let by_reason: HashMap<&str, &Delivery> = letters
         .iter()
         .map(|d| {
@@ -175,6 +162,21 @@ async fn retries_in_place_and_dead_letters_what_cannot_succeed() {
         letter.ack(BasicAckOptions::default()).await.unwrap();
     }
     assert_eq!(queue_status(&conn, &dlq).await.unwrap().messages, 0);
+    // What the worker counted agrees: X 2 retried twice, one dead letter each.
+    let counts = worker.counts();
+    assert_eq!(counts.retries, 2, "{}", worker.describe());
+    assert_eq!(
+        counts.dead_lettered(FailReason::Handler),
+        1,
+        "{}",
+        worker.describe()
+    );
+    assert_eq!(
+        counts.dead_lettered(FailReason::Decode),
+        1,
+        "{}",
+        worker.describe()
+    );
 }
 
 fn check_common(letter: &Delivery, shard: u16) {

@@ -11,10 +11,12 @@ use lapin::Connection;
 use lapin::message::Delivery;
 use shardline_topology::NewEvent;
 
-use crate::harness::{
+use shardline_testkit::wait::check;
+use shardline_testkit::{
     Call, Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, Worker, all_ok,
-    assert_exactly_once, describe, dlq,
+    assert_exactly_once, describe, dlq, wait_until,
 };
+use shardline_worker::{Config, OnGap};
 
 /// Bound on a gap given up early or after a 1 s grace: well below any long grace
 /// a test sets, well above the short ones.
@@ -28,14 +30,13 @@ struct Fleet {
     publisher: Publisher,
 }
 
-/// A fresh environment, its topology, a worker with `flags` on every shard
-/// calling `downstream`, and a publisher.
-async fn fleet(name: &str, downstream: Downstream, flags: &[&str]) -> Fleet {
+/// A fresh environment, its topology, an in-process worker on every shard
+/// calling `downstream` with its config changed by `configure`, and a publisher.
+async fn fleet(name: &str, downstream: Downstream, configure: impl FnOnce(&mut Config)) -> Fleet {
     let env = TestEnv::new(name).await;
     env.apply_topology().await;
     let conn = env.connect().await;
-    let mut worker = Worker::start(&env, "w1", &downstream.url(), flags);
-    worker.wait_consuming(&env, &conn).await;
+    let worker = env.start_worker("w1", &downstream, configure).await;
     let publisher = Publisher::connect(&env).await;
     Fleet {
         env,
@@ -103,10 +104,12 @@ fn assert_letters(letters: &[Delivery], expected: &[(&str, &Event)]) {
     }
 }
 
-/// Whether a worker log line names `order` as a field (`order=ID`).
-fn names_order(line: &str, order: &str) -> bool {
-    let field = format!("order={order}");
-    line.split_whitespace().any(|token| token == field)
+/// `gap_grace` and `start_grace` of a worker's config.
+fn graces(gap: Duration, start: Duration) -> impl FnOnce(&mut Config) {
+    move |c| {
+        c.gap_grace = gap;
+        c.start_grace = start;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,7 +117,7 @@ async fn out_of_order_events_are_held_while_the_shard_keeps_flowing() {
     let f = fleet(
         "gate-ooo",
         Downstream::start().await,
-        &["--gap-grace", "60s", "--start-grace", "30s"],
+        graces(Duration::from_secs(60), Duration::from_secs(30)),
     )
     .await;
     let ids = same_shard_orders(&f.env, "ooo", 2);
@@ -175,14 +178,14 @@ async fn gap_never_fills(on_gap: &str) {
     let f = fleet(
         &format!("gate-gap-{on_gap}"),
         Downstream::start().await,
-        &[
-            "--gap-grace",
-            "1s",
-            "--start-grace",
-            "500ms",
-            "--on-gap",
-            on_gap,
-        ],
+        |c| {
+            graces(Duration::from_secs(1), Duration::from_millis(500))(c);
+            c.on_gap = if on_gap == "apply" {
+                OnGap::Apply
+            } else {
+                OnGap::DeadLetter
+            };
+        },
     )
     .await;
     let c = "gap-c";
@@ -232,13 +235,13 @@ async fn gap_never_fills(on_gap: &str) {
             "--on-gap apply dead-letters nothing"
         );
     }
-    // The gap is reported.
-    let log = f.worker.log_text();
-    assert!(
-        log.lines()
-            .any(|l| l.contains("sequence gap not filled") && names_order(l, c)),
-        "no gap report for order {c} in the worker log:\n{}",
-        f.worker.log_tail(40)
+    // The gap is reported: C's, the only gap this worker saw (C started at 1,
+    // so it is no gap at start).
+    assert_eq!(
+        f.worker.counts().gaps,
+        1,
+        "no gap report for order {c}: {}",
+        f.worker.describe()
     );
 }
 
@@ -271,7 +274,7 @@ async fn a_new_order_waits_the_start_grace_for_earlier_events() {
     let f = fleet(
         "gate-start",
         downstream,
-        &["--start-grace", "500ms", "--gap-grace", "60s"],
+        graces(Duration::from_secs(60), Duration::from_millis(500)),
     )
     .await;
 
@@ -295,12 +298,12 @@ async fn a_new_order_waits_the_start_grace_for_earlier_events() {
         describe(&calls)
     );
     assert_eq!(seqs(&calls, d), [3, 4], "{}", describe(&calls));
-    let log = f.worker.log_text();
-    assert!(
-        log.lines()
-            .any(|l| l.contains("gap at start") && names_order(l, d)),
-        "no gap-at-start report for order {d}:\n{}",
-        f.worker.log_tail(40)
+    // D's gap at start, the only gap so far (the gap grace is a minute).
+    assert_eq!(
+        f.worker.counts().gaps,
+        1,
+        "no gap-at-start report for order {d}: {}",
+        f.worker.describe()
     );
 
     // E: seq 2 first, seq 1 right behind it, within the grace: 1 then 2.
@@ -317,12 +320,11 @@ async fn a_new_order_waits_the_start_grace_for_earlier_events() {
     let calls = f.downstream.calls();
     assert_eq!(seqs(&calls, e), [1, 2], "{}", describe(&calls));
     assert_exactly_once(&calls, &[d3, d4, e1, e2]);
-    let log = f.worker.log_text();
-    assert!(
-        !log.lines()
-            .any(|l| l.contains("gap at start") && names_order(l, e)),
-        "order {e} had its seq 1 within the grace, yet a gap at start was reported:\n{}",
-        f.worker.log_tail(40)
+    assert_eq!(
+        f.worker.counts().gaps,
+        1,
+        "order {e} had its seq 1 within the grace, yet a gap at start was reported: {}",
+        f.worker.describe()
     );
     assert_eq!(dlq::depth(&f.env, &f.conn).await, 0);
 }
@@ -332,7 +334,7 @@ async fn a_second_copy_of_a_held_event_is_acked_as_a_duplicate() {
     let f = fleet(
         "gate-copy",
         Downstream::start().await,
-        &["--gap-grace", "60s", "--start-grace", "30s"],
+        graces(Duration::from_secs(60), Duration::from_secs(30)),
     )
     .await;
     let o = "copy-f";
@@ -347,21 +349,26 @@ async fn a_second_copy_of_a_held_event_is_acked_as_a_duplicate() {
         .await;
     // One copy held (unacked), the other acked: the queue holds exactly one.
     let queue = f.env.shard_queue(f_ev[2].shard);
-    let deadline = Instant::now() + PROCESSING;
-    loop {
-        let depths = f.env.queue_depths().await;
-        let depth = depths.get(&queue).copied();
-        if depth == Some((1, 1)) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{queue}: (messages, unacked) = {depth:?}, expected (1, 1): one copy of \
-             F's seq 3 held, the other acked as a duplicate\n{}",
-            f.worker.log_tail(40)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(
+        "one copy of F's seq 3 held, the other acked as a duplicate",
+        PROCESSING,
+        || async {
+            let depths = f.env.queue_depths().await;
+            let depth = depths.get(&queue).copied();
+            let counts = f.worker.counts();
+            check(
+                depth == Some((1, 1)) && counts.held == 1 && counts.duplicates == 1,
+                || {
+                    format!(
+                        "{queue}: (messages, unacked) = {depth:?}, expected (1, 1), and one \
+                         event held, one duplicate; {}",
+                        f.worker.describe()
+                    )
+                },
+            )
+        },
+    )
+    .await;
     assert_eq!(seqs(&f.downstream.calls(), o), [1]);
 
     f.publisher.publish(&f_ev[1..2]).await;
@@ -380,7 +387,7 @@ async fn events_without_seq_bypass_the_gate() {
     let f = fleet(
         "gate-noseq",
         Downstream::start().await,
-        &["--start-grace", "60s", "--gap-grace", "60s"],
+        graces(Duration::from_secs(60), Duration::from_secs(60)),
     )
     .await;
     let h = "noseq-h";
@@ -436,18 +443,10 @@ async fn events_without_seq_bypass_the_gate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_max_held_the_oldest_gap_times_out_early() {
-    let f = fleet(
-        "gate-max",
-        Downstream::start().await,
-        &[
-            "--max-held",
-            "2",
-            "--gap-grace",
-            "60s",
-            "--start-grace",
-            "60s",
-        ],
-    )
+    let f = fleet("gate-max", Downstream::start().await, |c| {
+        graces(Duration::from_secs(60), Duration::from_secs(60))(c);
+        c.max_held = 2;
+    })
     .await;
     let ids = same_shard_orders(&f.env, "max", 3);
     let (g, p, k) = (&ids[0], &ids[1], &ids[2]);

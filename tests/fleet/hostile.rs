@@ -5,17 +5,17 @@
 //! worker never panics, and every good follow-up reaches the downstream.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use lapin::BasicProperties;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicGetOptions};
+use lapin::options::BasicAckOptions;
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString};
 use shardline_topology::headers::{
     self, event_properties, header_i64, header_str, is_valid_traceparent, new_traceparent,
 };
 
-use crate::harness::{Call, Downstream, Event, PROCESSING, Publisher, TestEnv, Worker, describe};
+use shardline_testkit::{Call, Downstream, Event, PROCESSING, Publisher, TestEnv, describe};
 
 /// The worker's default body limit (`--max-body-bytes`).
 const LIMIT: usize = 1024 * 1024;
@@ -363,8 +363,7 @@ async fn check_corpus(name: &str, cases: Vec<Case>) {
     env.apply_topology().await;
     let conn = env.connect().await;
     let downstream = Downstream::start().await;
-    let mut worker = Worker::start(&env, "w1", &downstream.url(), &[]);
-    worker.wait_consuming(&env, &conn).await;
+    let mut worker = env.start_worker("w1", &downstream, |_| {}).await;
     let publisher = Publisher::connect(&env).await;
 
     // Case i goes to the shard of its follow-up order `hostile-good-{i}`, so the
@@ -488,15 +487,7 @@ async fn check_corpus(name: &str, cases: Vec<Case>) {
 
     // The DLQ holds exactly the expected dead letters, matched by body.
     let channel = conn.create_channel().await.unwrap();
-    let dlq = env.names.dead_letter_queue.clone();
-    let mut letters: Vec<Delivery> = Vec::new();
-    while let Some(message) = channel
-        .basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: false })
-        .await
-        .unwrap()
-    {
-        letters.push(message.delivery);
-    }
+    let letters: Vec<Delivery> = shardline_testkit::dlq::peek_all(&env, &channel).await;
     let summary: Vec<String> = letters
         .iter()
         .map(|d| {
@@ -584,17 +575,18 @@ async fn check_corpus(name: &str, cases: Vec<Case>) {
         letter.ack(BasicAckOptions::default()).await.unwrap();
     }
 
-    // The worker is alive and never panicked.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        worker.running(),
-        "worker exited; log tail:\n{}",
-        worker.log_tail(40)
+    // The worker is alive and settled every message exactly once: processed,
+    // or dead-lettered. A panic in a shard's task would have cost its
+    // connection (a reconnect) or left a message unsettled.
+    let total = (cases.len() + follow_ups.len()) as u64;
+    let counts = worker.wait_settled(total).await;
+    assert_eq!(counts.settled(), total, "{}", worker.describe());
+    assert_eq!(
+        counts.dead_lettered_total(),
+        expected_dead.len() as u64,
+        "{}",
+        worker.describe()
     );
-    let log = worker.log_text();
-    assert!(
-        !log.contains("panicked"),
-        "worker log shows a panic:\n{}",
-        worker.log_tail(60)
-    );
+    assert_eq!(counts.broker_reconnects, 0, "{}", worker.describe());
+    worker.assert_running().await;
 }

@@ -2,83 +2,12 @@
 //! `/healthz` and `/readyz`, a `--metrics-addr` already in use, and
 //! `topology status` (owner, backlog, exit code 3 at PAGE, DLQ by reason).
 
-use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-use crate::harness::{Downstream, Event, PROCESSING, Publisher, Reply, STARTUP, TestEnv, Worker};
-
-/// A local address nothing listens on (for `--metrics-addr`).
-fn free_addr() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().to_string()
-}
-
-/// `GET path` on `addr`: status code and body; `None` while nothing answers.
-async fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(addr).await.ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
-        .await
-        .ok()?
-        .ok()?;
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_owned()))
-}
-
-/// Samples of a scrape: `name{labels}` → value.
-fn samples(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            Some((series.to_owned(), value.parse().ok()?))
-        })
-        .collect()
-}
-
-fn sample(m: &BTreeMap<String, f64>, name: &str, labels: &str) -> f64 {
-    m.get(&format!("{name}{{{labels}}}"))
-        .copied()
-        .unwrap_or(f64::NAN)
-}
-
-/// Scrapes `/metrics` until `done` holds; fails loudly after `timeout`.
-async fn wait_metrics(
-    addr: &str,
-    what: &str,
-    timeout: Duration,
-    worker: &mut Worker,
-    done: impl Fn(&BTreeMap<String, f64>) -> bool,
-) -> BTreeMap<String, f64> {
-    let deadline = Instant::now() + timeout;
-    let mut last = String::new();
-    loop {
-        if let Some((200, body)) = get(addr, "/metrics").await {
-            let m = samples(&body);
-            if done(&m) {
-                return m;
-            }
-            last = body;
-        }
-        assert!(
-            worker.running(),
-            "worker exited while waiting for {what}; log tail:\n{}",
-            worker.log_tail(40)
-        );
-        assert!(
-            Instant::now() < deadline,
-            "/metrics on {addr}: no {what} within {timeout:?}; last scrape:\n{last}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+use shardline_testkit::metrics::{free_addr, get, sample, wait_metrics, wait_ok};
+use shardline_testkit::{
+    ChildWorker, Downstream, Event, PROCESSING, Publisher, Reply, STARTUP, TestEnv, wait_until,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backlog_age_rises_past_warn_behind_a_slow_downstream_then_falls_to_zero() {
@@ -87,21 +16,13 @@ async fn backlog_age_rises_past_warn_behind_a_slow_downstream_then_falls_to_zero
     let downstream =
         Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(250))).await;
     let addr = free_addr();
-    let mut worker = Worker::start(
-        &env,
-        "obs-backlog",
-        &downstream.url(),
-        &[
-            "--metrics-addr",
-            &addr,
-            "--backlog-warn",
-            "1s",
-            "--backlog-page",
-            "60s",
-        ],
-    );
-    let conn = env.connect().await;
-    worker.wait_consuming(&env, &conn).await;
+    let mut worker = env
+        .start_worker("obs-backlog", &downstream, |c| {
+            c.metrics_addr = Some(addr);
+            c.backlog.warn = Duration::from_secs(1);
+            c.backlog.page = Duration::from_secs(60);
+        })
+        .await;
 
     // One order, so one shard: 12 events of 250 ms each queue up behind each other.
     let order = "OBS-BACKLOG-1";
@@ -113,10 +34,10 @@ async fn backlog_age_rises_past_warn_behind_a_slow_downstream_then_falls_to_zero
 
     let on = format!("shard=\"{shard}\"");
     let behind = wait_metrics(
-        &addr,
+        addr,
         "backlog age past the 1 s warn threshold at level 1",
         PROCESSING,
-        &mut worker,
+        || assert!(!worker.has_ended(), "{}", worker.describe()),
         |m| {
             sample(m, "shardline_backlog_age_seconds", &on) >= 1.0
                 && sample(m, "shardline_backlog_level", &on) == 1.0
@@ -126,7 +47,7 @@ async fn backlog_age_rises_past_warn_behind_a_slow_downstream_then_falls_to_zero
     assert_eq!(sample(&behind, "shardline_shard_active", &on), 1.0);
     assert!(sample(&behind, "shardline_inflight_seconds", &on) > 0.0);
     assert_eq!(sample(&behind, "shardline_stuck", &on), 0.0);
-    for other in (0..crate::harness::SHARDS).filter(|s| *s != shard) {
+    for other in (0..shardline_testkit::SHARDS).filter(|s| *s != shard) {
         let labels = format!("shard=\"{other}\"");
         assert_eq!(
             sample(&behind, "shardline_backlog_age_seconds", &labels),
@@ -137,10 +58,10 @@ async fn backlog_age_rises_past_warn_behind_a_slow_downstream_then_falls_to_zero
 
     let processed = format!("shard=\"{shard}\",outcome=\"processed\"");
     let drained = wait_metrics(
-        &addr,
+        addr,
         "all 12 events processed and the backlog back to 0",
         PROCESSING,
-        &mut worker,
+        || assert!(!worker.has_ended(), "{}", worker.describe()),
         |m| {
             sample(m, "shardline_events_total", &processed) == 12.0
                 && sample(m, "shardline_backlog_age_seconds", &on) == 0.0
@@ -149,7 +70,7 @@ async fn backlog_age_rises_past_warn_behind_a_slow_downstream_then_falls_to_zero
     )
     .await;
     let calls = downstream.calls();
-    assert_eq!(calls.len(), 12, "{}", crate::harness::describe(&calls));
+    assert_eq!(calls.len(), 12, "{}", shardline_testkit::describe(&calls));
     for (outcome, expected) in [("duplicate", 0.0), ("retried", 0.0), ("dead_lettered", 0.0)] {
         let labels = format!("shard=\"{shard}\",outcome=\"{outcome}\"");
         assert_eq!(
@@ -168,6 +89,7 @@ async fn backlog_age_rises_past_warn_behind_a_slow_downstream_then_falls_to_zero
     );
     assert!(sample(&drained, "shardline_processing_seconds_sum", &on) >= 12.0 * 0.25);
     assert_eq!(sample(&drained, "shardline_inflight_seconds", &on), 0.0);
+    worker.assert_running().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,27 +98,11 @@ async fn health_and_readiness_endpoints_and_a_metrics_port_in_use() {
     env.apply_topology().await;
     let downstream = Downstream::start().await;
     let addr = free_addr();
-    let mut worker = Worker::start(
-        &env,
-        "obs-health",
-        &downstream.url(),
-        &["--metrics-addr", &addr],
-    );
-    let conn = env.connect().await;
-    worker.wait_consuming(&env, &conn).await;
+    let _worker = env
+        .start_worker("obs-health", &downstream, |c| c.metrics_addr = Some(addr))
+        .await;
 
-    let deadline = Instant::now() + STARTUP;
-    let ready = loop {
-        if let Some((200, body)) = get(&addr, "/readyz").await {
-            break body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz not 200 within {STARTUP:?}: {:?}",
-            get(&addr, "/readyz").await
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let ready = wait_ok(addr, "/readyz", STARTUP).await;
     let ready: serde_json::Value = serde_json::from_str(&ready).unwrap();
     assert_eq!(ready["ready"], true, "{ready}");
     assert_eq!(ready["broker"], "connected", "{ready}");
@@ -204,21 +110,23 @@ async fn health_and_readiness_endpoints_and_a_metrics_port_in_use() {
     let consuming = ready["shards"]["consuming"].as_array().unwrap();
     assert_eq!(
         consuming.len(),
-        usize::from(crate::harness::SHARDS),
+        usize::from(shardline_testkit::SHARDS),
         "{ready}"
     );
 
-    let (status, body) = get(&addr, "/healthz").await.expect("/healthz answers");
+    let (status, body) = get(addr, "/healthz").await.expect("/healthz answers");
     assert_eq!(status, 200, "{body}");
-    let (status, _) = get(&addr, "/nothing").await.unwrap();
+    let (status, _) = get(addr, "/nothing").await.unwrap();
     assert_eq!(status, 404);
 
-    // A second worker on the same address fails at start, naming the flag.
-    let mut second = Worker::start(
+    // A second worker on the same address fails at start, naming the flag: a
+    // process, since its exit code and error line are the CLI's.
+    let addr_text = addr.to_string();
+    let mut second = ChildWorker::start(
         &env,
         "obs-health-2",
         &downstream.url(),
-        &["--metrics-addr", &addr],
+        &["--metrics-addr", &addr_text],
     );
     let exit = second.wait_exit(STARTUP).await;
     assert_eq!(exit.code(), Some(1), "{}", second.log_tail(20));
@@ -228,7 +136,7 @@ async fn health_and_readiness_endpoints_and_a_metrics_port_in_use() {
         "expected the flag named in the error:\n{log}"
     );
     // The first one is unaffected.
-    assert_eq!(get(&addr, "/healthz").await.map(|r| r.0), Some(200));
+    assert_eq!(get(addr, "/healthz").await.map(|r| r.0), Some(200));
 }
 
 /// Runs `topology status --json` with `flags`: exit code and the JSON.
@@ -253,9 +161,7 @@ async fn topology_status_reports_owner_and_backlog_and_exits_3_at_page() {
     env.apply_topology().await;
     let downstream =
         Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(1500))).await;
-    let mut worker = Worker::start(&env, "obs-status", &downstream.url(), &[]);
-    let conn = env.connect().await;
-    worker.wait_consuming(&env, &conn).await;
+    let mut worker = env.start_worker("obs-status", &downstream, |_| {}).await;
 
     let order = "OBS-STATUS-1";
     let shard = usize::from(env.shard_of(order));
@@ -265,23 +171,27 @@ async fn topology_status_reports_owner_and_backlog_and_exits_3_at_page() {
     let publisher = Publisher::connect(&env).await;
     publisher.publish(&events).await;
     // One poison body on another shard: a `decode` dead letter to count by reason.
-    let other = (env.shard_of(order) + 1) % crate::harness::SHARDS;
+    let other = (env.shard_of(order) + 1) % shardline_testkit::SHARDS;
     publisher.publish_raw(other, b"\xff not json").await;
 
     let page = ["--backlog-warn", "500ms", "--backlog-page", "1s"];
-    let deadline = Instant::now() + PROCESSING;
-    let stalled = loop {
-        let (code, json) = topology_status(&env, &page).await;
-        if code == Some(3) && json["shards"][shard]["level"] == "PAGE" {
-            break json;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "topology status never said PAGE for shard {shard} (last exit {code:?}):\n{json:#}"
-        );
-        assert!(worker.running(), "worker died:\n{}", worker.log_tail(40));
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    let stalled = wait_until(
+        &format!("topology status to say PAGE for shard {shard} and exit 3"),
+        PROCESSING,
+        || {
+            assert!(!worker.has_ended(), "worker died: {}", worker.describe());
+            let env = &env;
+            async move {
+                let (code, json) = topology_status(env, &page).await;
+                if code == Some(3) && json["shards"][shard]["level"] == "PAGE" {
+                    Ok(json)
+                } else {
+                    Err(format!("exit {code:?}:\n{json:#}"))
+                }
+            }
+        },
+    )
+    .await;
     let line = &stalled["shards"][shard];
     assert_eq!(line["owner"], "obs-status", "{line}");
     assert!(
@@ -293,21 +203,22 @@ async fn topology_status_reports_owner_and_backlog_and_exits_3_at_page() {
 
     downstream
         .wait_for("every event answered", PROCESSING, |calls| {
-            crate::harness::all_ok(calls, &events)
+            shardline_testkit::all_ok(calls, &events)
         })
         .await;
-    let deadline = Instant::now() + PROCESSING;
-    let drained = loop {
-        let (code, json) = topology_status(&env, &page).await;
-        if code == Some(0) && json["shards"][shard]["backlog_age_seconds"] == 0.0 {
-            break json;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "topology status never drained for shard {shard} (last exit {code:?}):\n{json:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    let drained = wait_until(
+        &format!("topology status to show shard {shard} drained and exit 0"),
+        PROCESSING,
+        || async {
+            let (code, json) = topology_status(&env, &page).await;
+            if code == Some(0) && json["shards"][shard]["backlog_age_seconds"] == 0.0 {
+                Ok(json)
+            } else {
+                Err(format!("exit {code:?}:\n{json:#}"))
+            }
+        },
+    )
+    .await;
     for s in drained["shards"].as_array().unwrap() {
         assert_eq!(
             s["owner"], "obs-status",
@@ -329,4 +240,5 @@ async fn topology_status_reports_owner_and_backlog_and_exits_3_at_page() {
         again["dead_letter_queue"]["by_reason"]["decode"], 1,
         "{again}"
     );
+    worker.assert_running().await;
 }

@@ -1,8 +1,8 @@
 //! Events of one order reach the downstream in seq order, exactly once, while
 //! orders on different shards run in parallel.
 
-use crate::harness::{
-    Downstream, PROCESSING, Publisher, QueueType, TestEnv, Worker, all_ok, assert_exactly_once,
+use shardline_testkit::{
+    Downstream, PROCESSING, Publisher, QueueType, TestEnv, all_ok, assert_exactly_once,
     assert_in_order_and_complete, assert_request_shape, interleaved, order_ids,
 };
 
@@ -19,10 +19,8 @@ async fn each_order_arrives_in_sequence_exactly_once_on_quorum_queues() {
 async fn in_sequence_exactly_once(queue_type: QueueType) {
     let env = TestEnv::with_queue_type("order", queue_type).await;
     env.apply_topology().await;
-    let conn = env.connect().await;
     let downstream = Downstream::start().await;
-    let mut worker = Worker::start(&env, "w1", &downstream.url(), &[]);
-    worker.wait_consuming(&env, &conn).await;
+    let worker = env.start_worker("w1", &downstream, |_| {}).await;
 
     // Seq 1 of all 200 orders, then seq 2, …: every shard queue interleaves orders.
     let events = interleaved(&order_ids("ord", 200), 5, env.shards);
@@ -39,4 +37,11 @@ async fn in_sequence_exactly_once(queue_type: QueueType) {
     assert_exactly_once(&calls, &events);
     assert_in_order_and_complete(&calls, &events);
     assert_request_shape(&calls, &events, &env);
+    let counts = worker.wait_settled(events.len() as u64).await;
+    assert_eq!(
+        counts.processed,
+        events.len() as u64,
+        "{}",
+        worker.describe()
+    );
 }

@@ -7,13 +7,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::harness::dlq::{list_json, run_ok, text, wait_depth};
-use crate::harness::{
-    Call, Downstream, Event, PROCESSING, Publisher, TestEnv, Worker, all_ok,
-    assert_in_order_and_complete,
-};
+use shardline_worker::OnDeadLetter;
 
-const QUARANTINE: &[&str] = &["--on-dead-letter", "quarantine"];
+use shardline_testkit::dlq::{list_json, run_ok, text, wait_depth};
+use shardline_testkit::{
+    Call, Downstream, Event, PROCESSING, Publisher, TestEnv, all_ok, assert_in_order_and_complete,
+};
 
 /// An order id other than `of` on the same shard.
 fn same_shard(env: &TestEnv, of: &str, prefix: &str) -> String {
@@ -52,8 +51,11 @@ async fn quarantine_holds_an_order_until_its_replay_restores_the_sequence() {
     let ys = events(&y, 1..=5, &env);
     let fixed = Arc::new(AtomicBool::new(false));
     let downstream = Downstream::failing_until_fixed(xs[1].key(), Arc::clone(&fixed)).await;
-    let mut worker = Worker::start(&env, "w1", &downstream.url(), QUARANTINE);
-    worker.wait_consuming(&env, &conn).await;
+    let mut worker = env
+        .start_worker("w1", &downstream, |c| {
+            c.on_dead_letter = OnDeadLetter::Quarantine
+        })
+        .await;
 
     let publisher = Publisher::connect(&env).await;
     let interleaved: Vec<Event> = xs[..5]
@@ -105,12 +107,11 @@ async fn quarantine_holds_an_order_until_its_replay_restores_the_sequence() {
     fixed.store(true, Ordering::SeqCst);
     let replay = tokio::spawn({
         let env_args = env.global_args();
+        let mut replay_cmd = env.shardline_command();
         async move {
-            tokio::process::Command::new(env!("CARGO_BIN_EXE_shardline"))
+            replay_cmd
                 .args(["dlq", "replay", "--order-id", "qx", "--rate", "0.5"])
                 .args(env_args)
-                .env("NO_COLOR", "1")
-                .kill_on_drop(true)
                 .output()
                 .await
                 .unwrap()
@@ -156,7 +157,7 @@ async fn quarantine_holds_an_order_until_its_replay_restores_the_sequence() {
         text(&replay)
     );
     assert_in_order_and_complete(&calls, &ys);
-    worker.assert_running();
+    worker.assert_running().await;
 }
 
 /// A replay whose blocker fails again applies nothing behind it (exit 3, the
@@ -171,8 +172,11 @@ async fn quarantine_survives_a_failed_replay_and_release_lifts_it() {
     let zs = events(z, 1..=4, &env);
     let fixed = Arc::new(AtomicBool::new(false));
     let downstream = Downstream::failing_until_fixed(zs[1].key(), fixed).await;
-    let mut worker = Worker::start(&env, "w1", &downstream.url(), QUARANTINE);
-    worker.wait_consuming(&env, &conn).await;
+    let mut worker = env
+        .start_worker("w1", &downstream, |c| {
+            c.on_dead_letter = OnDeadLetter::Quarantine
+        })
+        .await;
     let publisher = Publisher::connect(&env).await;
     publisher.publish(&zs[..3]).await;
     wait_depth(&env, &conn, 2, PROCESSING).await;
@@ -222,5 +226,5 @@ async fn quarantine_survives_a_failed_replay_and_release_lifts_it() {
         .await;
     assert_eq!(ok_seqs(&calls, z), [1, 4]);
     assert_eq!(list_json(&env, &[]).await["matched"], 2, "the letters stay");
-    worker.assert_running();
+    worker.assert_running().await;
 }

@@ -5,14 +5,14 @@
 //! backlog older than the grace are pending, never compensated; a broken `--orders-url` is one line without the password.
 
 use std::process::Output;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use shardline_topology::NewEvent;
 
-use crate::harness::dlq::{depth, text, wait_depth};
-use crate::harness::{
-    Call, Downstream, Event, OrdersDb, PROCESSING, Publisher, Reply, STARTUP, TestEnv, Worker,
+use shardline_testkit::dlq::{depth, text, wait_depth};
+use shardline_testkit::{
+    Call, Downstream, Event, OrdersDb, PROCESSING, Publisher, Reply, STARTUP, TestEnv, wait_until,
 };
 
 const PAID: &str = "payment.captured";
@@ -81,13 +81,11 @@ async fn reconcile_compensates_a_missing_event_once() {
     let env = TestEnv::new("reconcile").await;
     env.apply_topology().await;
     let db = OrdersDb::new(&env).await;
-    let conn = env.connect().await;
     let downstream = Downstream::start().await;
 
     // The fleet processes rc-present's payment, then stops: what reconcile
     // emits stays in the queue until a worker runs again.
-    let mut worker = Worker::start(&env, "w1", &downstream.url(), &[]);
-    worker.wait_consuming(&env, &conn).await;
+    let worker = env.start_worker("w1", &downstream, |_| {}).await;
     let publisher = Publisher::connect(&env).await;
     publisher
         .publish_raw(env.shard_of("rc-present"), &payment("rc-present"))
@@ -99,8 +97,7 @@ async fn reconcile_compensates_a_missing_event_once() {
         .await;
     // Acked, so committed: its kind is recorded.
     env.wait_shard_queues_drained(PROCESSING).await;
-    worker.sigterm();
-    assert!(worker.wait_exit(STARTUP).await.success());
+    worker.stop().await;
 
     db.set("rc-missing", "PAID", SETTLED).await;
     db.set("rc-present", "PAID", SETTLED).await;
@@ -138,8 +135,7 @@ async fn reconcile_compensates_a_missing_event_once() {
     );
     assert_eq!(env.shard_backlog().await, 1, "exactly one compensation");
 
-    let mut worker = Worker::start(&env, "w2", &downstream.url(), &[]);
-    worker.wait_consuming(&env, &conn).await;
+    let _worker = env.start_worker("w2", &downstream, |_| {}).await;
     let calls = downstream
         .wait_for("the compensation", PROCESSING, |calls| {
             answered(calls, "rc-missing") == 1
@@ -216,8 +212,11 @@ async fn reconcile_leaves_events_on_their_way_alone() {
         }
     })
     .await;
-    let mut worker = Worker::start(&env, "w1", &downstream.url(), &["--start-grace", "10m"]);
-    worker.wait_consuming(&env, &conn).await;
+    let _worker = env
+        .start_worker("w1", &downstream, |c| {
+            c.start_grace = Duration::from_secs(600);
+        })
+        .await;
     let publisher = Publisher::connect(&env).await;
     publisher
         .publish_raw(env.shard_of("rc-dlq"), &payment("rc-dlq"))
@@ -296,28 +295,31 @@ async fn wait_status(
     what: &str,
     ok: impl Fn(&serde_json::Value) -> bool,
 ) {
-    let mut redis = redis::Client::open(crate::harness::env::REDIS_URL)
+    let redis = redis::Client::open(shardline_testkit::env::REDIS_URL)
         .unwrap()
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let key = shardline_topology::Keys::new(&env.redis_prefix).shard_status_of(shard);
-    let deadline = Instant::now() + STARTUP;
-    loop {
-        let json: Option<String> = redis::cmd("GET")
-            .arg(&key)
-            .query_async(&mut redis)
-            .await
-            .unwrap();
-        let report: Option<serde_json::Value> =
-            json.as_deref().and_then(|j| serde_json::from_str(j).ok());
-        if report.as_ref().is_some_and(&ok) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "shard {shard}'s status never showed {what}: {report:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let key = env.keys().shard_status_of(shard);
+    wait_until(
+        &format!("shard {shard}'s status to show {what}"),
+        STARTUP,
+        || {
+            let (mut redis, key, ok) = (redis.clone(), &key, &ok);
+            async move {
+                let json: Option<String> = redis::cmd("GET")
+                    .arg(key)
+                    .query_async(&mut redis)
+                    .await
+                    .unwrap();
+                let report: Option<serde_json::Value> =
+                    json.as_deref().and_then(|j| serde_json::from_str(j).ok());
+                match report {
+                    Some(r) if ok(&r) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
 }

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{
-    Downstream, PROCESSING, Publisher, Reply, TestEnv, Worker, all_ok, assert_exactly_once,
+use shardline_testkit::{
+    ChildWorker, Downstream, PROCESSING, Publisher, Reply, TestEnv, all_ok, assert_exactly_once,
     assert_in_order_and_complete, describe, interleaved, ok_keys, order_ids,
 };
 
@@ -12,14 +12,14 @@ use crate::harness::{
 async fn sigterm_drains_the_in_flight_event_and_exits_0() {
     let env = TestEnv::new("stop").await;
     env.apply_topology().await;
-    let conn = env.connect().await;
     let downstream =
         Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(200))).await;
     let events = interleaved(&order_ids("stop", 64), 2, env.shards);
     Publisher::connect(&env).await.publish(&events).await;
 
-    let mut first = Worker::start(&env, "first", &downstream.url(), &[]);
-    first.wait_consuming(&env, &conn).await;
+    // A process: the point is SIGTERM and the exit code.
+    let mut first = ChildWorker::start(&env, "first", &downstream.url(), &[]);
+    first.wait_consuming(&env).await;
     downstream
         .wait_for("16 calls", PROCESSING, |calls| calls.len() >= 16)
         .await;
@@ -60,8 +60,7 @@ async fn sigterm_drains_the_in_flight_event_and_exits_0() {
         describe(&calls)
     );
 
-    let mut second = Worker::start(&env, "second", &downstream.url(), &[]);
-    second.wait_consuming(&env, &conn).await;
+    let _second = env.start_worker("second", &downstream, |_| {}).await;
     downstream
         .wait_for("every event after the restart", PROCESSING, |calls| {
             all_ok(calls, &events)

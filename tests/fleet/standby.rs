@@ -2,12 +2,16 @@
 //! takes over when the active worker is killed (classic queues: exclusive
 //! consumers; quorum queues: the queue's single-active-consumer).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::harness::{
-    Downstream, PROCESSING, Publisher, QueueType, Reply, SHARDS, STARTUP, TestEnv, Worker, all_ok,
-    assert_exactly_once, assert_in_order_and_complete, describe, interleaved, ok_keys, order_ids,
-    repeats_per_shard,
+use shardline_testkit::env::ConsumerRow;
+use shardline_worker::ShardState;
+
+use shardline_testkit::{
+    ChildWorker, Downstream, PROCESSING, Publisher, QueueType, Reply, SHARDS, STARTUP, TestEnv,
+    Worker, all_ok, assert_exactly_once, assert_in_order_and_complete, describe, interleaved,
+    ok_keys, order_ids, repeats_per_shard,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -29,16 +33,23 @@ async fn standby_takes_over(queue_type: QueueType) {
     let conn = env.connect().await;
     let downstream =
         Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(15))).await;
-    let flags = ["--standby-retry", "200ms"];
-    let taken = env.taken_log_line();
     // Classic: the standby waits outside the queue (its exclusive consume is
     // refused); quorum: it is a second, inactive consumer of every queue.
     let consumers_with_standby: u32 = if env.is_quorum() { 2 } else { 1 };
 
-    let mut active = Worker::start(&env, "active", &downstream.url(), &flags);
-    active.wait_consuming(&env, &conn).await;
-    active.wait_log_all_shards(taken, STARTUP).await;
-    let mut standby = Worker::start(&env, "standby", &downstream.url(), &flags);
+    // A process: the point is kill -9 of the active worker.
+    let mut active = ChildWorker::start(
+        &env,
+        "active",
+        &downstream.url(),
+        &["--standby-retry", "200ms"],
+    );
+    active.wait_consuming(&env).await;
+    let mut standby = {
+        let mut config = env.worker_config("standby");
+        config.standby_retry = Duration::from_millis(200);
+        Worker::spawn(config, downstream.handler())
+    };
     standby.wait_standing_by(&env).await;
     // A passive declare counts the active consumer only (quorum queues leave
     // waiting single-active consumers out of it).
@@ -54,10 +65,11 @@ async fn standby_takes_over(queue_type: QueueType) {
         panic!("while both workers run: {wrong}");
     }
     if !env.is_quorum() {
+        // It never held a shard: every shard standing by, nothing handled.
         assert!(
-            standby.logged_shards(taken).is_empty(),
-            "the standby claims shards the active worker holds:\n{}",
-            standby.log_tail(40)
+            standby.progress().all_standing_by() && standby.counts().handler_attempts == 0,
+            "the standby claims shards the active worker holds: {}",
+            standby.describe()
         );
     }
 
@@ -86,11 +98,10 @@ async fn standby_takes_over(queue_type: QueueType) {
         )
         .await;
     env.wait_shard_queues_drained(PROCESSING).await;
-    assert_eq!(
-        standby.logged_shards(taken).len(),
-        usize::from(SHARDS),
-        "the standby did not take every shard:\n{}",
-        standby.log_tail(40)
+    assert!(
+        standby.progress().all_consuming(),
+        "the standby did not take every shard: {}",
+        standby.describe()
     );
     let statuses = env.shard_statuses(&conn).await;
     assert!(statuses.iter().all(|s| s.consumers == 1), "{statuses:?}");
@@ -121,26 +132,52 @@ async fn standing_by_on_some_shards_leaves_the_owned_ones_alone() {
     let low: Vec<u16> = (0..SHARDS / 2).collect();
     let high: Vec<u16> = (SHARDS / 2..SHARDS).collect();
 
-    let mut owner = Worker::start(
-        &env,
-        "low",
-        &downstream.url(),
-        &["--assign", &format!("0-{}", SHARDS / 2 - 1)],
-    );
-    owner.wait_log_shards("shard active", &low, STARTUP).await;
-    let mut mixed = Worker::start(
-        &env,
-        "mixed",
-        &downstream.url(),
-        &["--standby-retry", "200ms"],
-    );
-    mixed.wait_log_shards("shard active", &high, STARTUP).await;
-    mixed.wait_log_shards("standing by", &low, STARTUP).await;
+    let low_ids = env
+        .shards
+        .ids()
+        .filter(|id| low.contains(&id.get()))
+        .collect();
+    let owner = env
+        .start_worker("low", &downstream, |c| c.assign = low_ids)
+        .await;
+    let mut mixed = {
+        let mut config = env.worker_config("mixed");
+        config.standby_retry = Duration::from_millis(200);
+        Worker::spawn(config, downstream.handler())
+    };
+    mixed.wait_consuming_shards(&env, &high).await;
+    mixed.wait_standing_by_shards(&env, &low).await;
     let statuses = env.shard_statuses(&conn).await;
     assert!(
         statuses.iter().all(|s| s.consumers == 1),
         "a shard without exactly one consumer while `mixed` owns {high:?} and stands by \
          on {low:?}: {statuses:?}"
+    );
+    // The channel of each of `mixed`'s consumers: a shard lost and taken again
+    // would be on a new one.
+    let channels_of_mixed =
+        |all: &BTreeMap<String, Vec<ConsumerRow>>| -> BTreeMap<u16, Vec<String>> {
+            high.iter()
+                .map(|&s| {
+                    let tag = format!("mixed/shard-{s}");
+                    let rows = all
+                        .get(&env.shard_queue(s))
+                        .map(Vec::as_slice)
+                        .unwrap_or_default();
+                    (
+                        s,
+                        rows.iter()
+                            .filter(|r| r.tag == tag)
+                            .map(|r| r.channel.clone())
+                            .collect(),
+                    )
+                })
+                .collect()
+        };
+    let channels_before = channels_of_mixed(&env.shard_consumers().await);
+    assert!(
+        channels_before.values().all(|c| c.len() == 1),
+        "one consumer of `mixed` per owned shard: {channels_before:?}"
     );
 
     // About 25 events per shard at 50 ms each: several standby retries long.
@@ -155,15 +192,45 @@ async fn standing_by_on_some_shards_leaves_the_owned_ones_alone() {
     assert_in_order_and_complete(&calls, &events);
     // Nothing crashed, so nothing may be handled twice.
     assert_exactly_once(&calls, &events);
-    let activations = mixed.logged_shard_counts("shard active");
-    assert!(
-        high.iter().all(|s| activations.get(s) == Some(&1)),
+    let consumers = env.shard_consumers().await;
+    let channels_after = channels_of_mixed(&consumers);
+    assert_eq!(
+        channels_after,
+        channels_before,
         "worker `mixed` lost and re-took its own shards {high:?} while standing by on \
-         {low:?} (`shard active` lines per shard: {activations:?}); log tail:\n{}",
-        mixed.log_tail(30)
+         {low:?} (its consumers' channels changed); {}",
+        mixed.describe()
     );
-    assert!(
-        low.iter().all(|s| !activations.contains_key(s)),
-        "worker `mixed` took a shard `low` holds: {activations:?}"
+    assert_eq!(
+        mixed.states(&high),
+        vec![ShardState::Consuming; high.len()],
+        "{}",
+        mixed.describe()
     );
+    assert_eq!(
+        mixed.states(&low),
+        vec![ShardState::StandingBy; low.len()],
+        "{}",
+        mixed.describe()
+    );
+    assert_eq!(mixed.counts().broker_reconnects, 0, "{}", mixed.describe());
+    // Each worker handled exactly the events of its own shards: `mixed` never
+    // took a shard `low` holds.
+    let on = |shards: &[u16]| events.iter().filter(|e| shards.contains(&e.shard)).count() as u64;
+    assert_eq!(mixed.counts().processed, on(&high), "{}", mixed.describe());
+    assert_eq!(owner.counts().processed, on(&low), "{}", owner.describe());
+    for &shard in &low {
+        let tags: Vec<&str> = consumers
+            .get(&env.shard_queue(shard))
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(|r| r.tag.as_str())
+            .collect();
+        assert_eq!(
+            tags,
+            [format!("low/shard-{shard}")],
+            "worker `mixed` took a shard `low` holds: {consumers:?}"
+        );
+    }
 }

@@ -4,8 +4,7 @@
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 
-use crate::harness::env::rabbitmqctl;
-use crate::harness::{SHARDS, TestEnv};
+use shardline_testkit::{SHARDS, TestEnv};
 
 /// Queues (name, durable, arguments), exchanges and bindings of the vhost, sorted.
 async fn snapshot(env: &TestEnv) -> Vec<String> {
@@ -28,7 +27,7 @@ async fn snapshot(env: &TestEnv) -> Vec<String> {
     ] {
         let mut args = vec!["-q", what, "-p", &env.vhost, "--no-table-headers"];
         args.extend_from_slice(columns);
-        for line in rabbitmqctl(&args).await.lines() {
+        for line in env.broker().run(&args).await.lines() {
             lines.push(format!("{what}: {line}"));
         }
     }
@@ -145,16 +144,18 @@ async fn apply_against_conflicting_queue(argument: &str, value: AMQPValue) {
         "{report}"
     );
 
-    let queues = rabbitmqctl(&[
-        "-q",
-        "list_queues",
-        "-p",
-        &env.vhost,
-        "--no-table-headers",
-        "name",
-        "arguments",
-    ])
-    .await;
+    let queues = env
+        .broker()
+        .run(&[
+            "-q",
+            "list_queues",
+            "-p",
+            &env.vhost,
+            "--no-table-headers",
+            "name",
+            "arguments",
+        ])
+        .await;
     assert!(
         queues
             .lines()

@@ -1,8 +1,8 @@
 //! The publisher's trace reaches the downstream: one trace from publish to the
 //! HTTP call (SPEC §5, Tracing).
 
-use crate::harness::{
-    Downstream, PROCESSING, Publisher, TestEnv, Worker, all_ok, interleaved, order_ids,
+use shardline_testkit::{
+    Downstream, PROCESSING, Publisher, TestEnv, all_ok, interleaved, order_ids,
 };
 
 fn trace_id(traceparent: &str) -> Option<&str> {
@@ -13,10 +13,8 @@ fn trace_id(traceparent: &str) -> Option<&str> {
 async fn downstream_calls_continue_the_publishers_trace() {
     let env = TestEnv::new("trace").await;
     env.apply_topology().await;
-    let conn = env.connect().await;
     let downstream = Downstream::start().await;
-    let mut worker = Worker::start(&env, "w1", &downstream.url(), &[]);
-    worker.wait_consuming(&env, &conn).await;
+    let _worker = env.start_worker("w1", &downstream, |_| {}).await;
 
     let events = interleaved(&order_ids("trace", 4), 2, env.shards);
     Publisher::connect(&env).await.publish(&events).await;

@@ -4,9 +4,6 @@
 //! worker's after a SIGTERM drain) under `OTEL_SERVICE_NAME` (SPEC §5).
 
 use std::convert::Infallible;
-use std::fs::File;
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,9 +21,8 @@ use shardline_topology::telemetry::{attr, span};
 use tokio::net::TcpListener;
 use tokio::process::Command;
 
-use crate::harness::{Downstream, PROCESSING, TestEnv, order_ids};
-
-const BIN: &str = env!("CARGO_BIN_EXE_shardline");
+use shardline_testkit::dlq::text;
+use shardline_testkit::{ChildWorker, Downstream, PROCESSING, TestEnv, order_ids};
 
 /// One request: its path and body.
 type Export = (String, Vec<u8>);
@@ -122,27 +118,14 @@ async fn receiver() -> (String, Received, tokio::task::JoinHandle<()>) {
     (format!("http://{addr}"), received, server)
 }
 
-/// A `shardline` command against `env`, exporting to `endpoint` as `service`,
-/// its output in a log file.
-fn shardline(env: &TestEnv, endpoint: &str, service: &str, args: &[&str]) -> (Command, PathBuf) {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fleet");
-    std::fs::create_dir_all(&dir).unwrap();
-    let log = dir.join(format!("{}-{service}.log", env.id));
-    let file = File::create(&log).unwrap();
-    let mut cmd = Command::new(BIN);
-    cmd.args(args)
-        .args(env.global_args())
-        .env("NO_COLOR", "1")
-        .env("RUST_LOG", "info")
-        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+/// A `shardline` command against `env` (no arguments yet), exporting to
+/// `endpoint` as `service`.
+fn exporting(env: &TestEnv, endpoint: &str, service: &str) -> Command {
+    let mut cmd = env.shardline_command();
+    cmd.env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
-        .env("OTEL_SERVICE_NAME", service)
-        .env(env.queue_type_env().0, env.queue_type_env().1)
-        .stdin(Stdio::null())
-        .stdout(file.try_clone().unwrap())
-        .stderr(file)
-        .kill_on_drop(true);
-    (cmd, log)
+        .env("OTEL_SERVICE_NAME", service);
+    cmd
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,36 +139,26 @@ async fn the_binaries_export_their_spans_over_otlp_http() {
 
     let orders = order_ids(&format!("{}-", env.id), 3);
     for order in &orders {
-        let (mut cmd, log) = shardline(
-            &env,
-            &endpoint,
-            &publisher_service,
-            &[
-                "publish",
-                "--order-id",
-                order,
-                "--event",
-                "order.created",
-                "--seq",
-                "1",
-            ],
-        );
-        let status = cmd.status().await.unwrap();
-        assert!(
-            status.success(),
-            "shardline publish: {status}\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
+        let out = exporting(&env, &endpoint, &publisher_service)
+            .args(["publish", "--order-id", order])
+            .args(["--event", "order.created", "--seq", "1"])
+            .args(env.global_args())
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "shardline publish: {}", text(&out));
     }
 
     let handler = downstream.url();
-    let (mut cmd, log) = shardline(
-        &env,
-        &endpoint,
-        &worker_service,
-        &["worker", "--handler", &handler, "--worker-name", "otlp"],
-    );
-    let mut worker = cmd.spawn().unwrap();
+    // A process: the point is the binary's exporter, flushed after SIGTERM.
+    let mut cmd = exporting(&env, &endpoint, &worker_service);
+    cmd.arg("worker").args(env.global_args()).args([
+        "--handler",
+        &handler,
+        "--worker-name",
+        "otlp",
+    ]);
+    let mut worker = ChildWorker::spawn(&env, "otlp", cmd);
     let calls = downstream
         .wait_for("every event delivered", PROCESSING, |calls| {
             orders.iter().all(|o| {
@@ -196,17 +169,9 @@ async fn the_binaries_export_their_spans_over_otlp_http() {
         })
         .await;
     // The default batch delay is 5 s: what arrives now was flushed on exit.
-    let pid = worker.id().unwrap().to_string();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let status = tokio::time::timeout(Duration::from_secs(20), worker.wait())
-        .await
-        .expect("the worker exits after SIGTERM")
-        .unwrap();
-    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    worker.sigterm();
+    let status = worker.wait_exit(Duration::from_secs(20)).await;
+    let log_text = worker.log_text();
     assert_eq!(status.code(), Some(0), "worker log:\n{log_text}");
     server.abort();
 

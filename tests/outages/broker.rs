@@ -3,40 +3,41 @@
 //! abort the in-flight handler call, reconnect with backoff, resubscribe,
 //! nothing lost.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::harness::{
-    Downstream, PROCESSING, Publisher, QueueType, Reply, SHARDS, TestEnv, Worker, all_ok,
+use shardline_testkit::broker::NODE_START;
+use shardline_testkit::wait::check;
+use shardline_testkit::{
+    BrokerNode, Downstream, PROCESSING, Publisher, QueueType, Reply, SHARDS, TestEnv, all_ok,
     assert_in_order_and_complete, describe, interleaved, ok_keys, orders_covering_shards,
-    repeats_per_shard,
+    repeats_per_shard, wait_until,
 };
-use crate::support::{
-    BROKER_RESTART, StoppedBroker, assert_nothing_dead_lettered, close_connection, one_connection,
-    wait_until,
-};
+
+use crate::assert_nothing_dead_lettered;
 
 #[derive(Debug, Clone, Copy)]
 enum Outage {
     /// `rabbitmqctl close_connection` on the worker's connection.
     CloseConnection,
-    /// `rabbitmqctl stop_app`, then `start_app`.
+    /// `rabbitmqctl stop_app`, then `start_app`, of the test's private node.
     BrokerRestart,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "disturbs the shared broker: scripts/test runs it alone"]
+#[ignore = "starts a private RabbitMQ node: scripts/test runs it alone"]
 async fn worker_survives_its_connection_being_closed() {
     worker_survives("close-worker", Outage::CloseConnection, QueueType::Classic).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "disturbs the shared broker: scripts/test runs it alone"]
+#[ignore = "starts a private RabbitMQ node: scripts/test runs it alone"]
 async fn worker_survives_its_connection_being_closed_on_quorum_queues() {
     worker_survives("close-worker", Outage::CloseConnection, QueueType::Quorum).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "disturbs the shared broker: scripts/test runs it alone"]
+#[ignore = "starts a private RabbitMQ node: scripts/test runs it alone"]
 async fn worker_survives_a_broker_restart() {
     worker_survives("restart-worker", Outage::BrokerRestart, QueueType::Classic).await;
 }
@@ -44,7 +45,7 @@ async fn worker_survives_a_broker_restart() {
 /// Quorum queues come back through their Raft log after `start_app`; the
 /// worker resubscribes and the single-active-consumer makes it active again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "disturbs the shared broker: scripts/test runs it alone"]
+#[ignore = "starts a private RabbitMQ node: scripts/test runs it alone"]
 async fn worker_survives_a_broker_restart_on_quorum_queues() {
     worker_survives("restart-worker", Outage::BrokerRestart, QueueType::Quorum).await;
 }
@@ -54,19 +55,16 @@ async fn worker_survives_a_broker_restart_on_quorum_queues() {
 /// Afterwards: every event reached the downstream, per order in seq order, and
 /// each shard repeated at most its one in-flight event.
 async fn worker_survives(name: &str, outage: Outage, queue_type: QueueType) {
-    let env = TestEnv::with_queue_type(name, queue_type).await;
+    let node = BrokerNode::start().await;
+    let env = TestEnv::on_node(name, queue_type, &node).await;
     env.apply_topology().await;
     let downstream =
         Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(25))).await;
     let events = interleaved(&orders_covering_shards(name, 25, &env), 5, env.shards);
 
-    let mut worker = Worker::start(&env, "outage", &downstream.url(), &[]);
-    {
-        let conn = env.connect().await;
-        worker.wait_consuming(&env, &conn).await;
-    }
+    let mut worker = env.start_worker("outage", &downstream, |_| {}).await;
     let conn_name = "shardline worker outage shards ";
-    let before = one_connection(&env.vhost, conn_name).await;
+    let before = env.broker().one_connection(&env.vhost, conn_name).await;
     Publisher::connect(&env).await.publish(&events).await;
 
     let quarter = events.len() / 4;
@@ -75,30 +73,24 @@ async fn worker_survives(name: &str, outage: Outage, queue_type: QueueType) {
             ok_keys(calls).len() >= quarter
         })
         .await;
-    let stopped = match outage {
-        Outage::CloseConnection => {
-            close_connection(&before).await;
-            None
-        }
-        Outage::BrokerRestart => Some(StoppedBroker::stop().await),
-    };
+    match outage {
+        Outage::CloseConnection => env.broker().close_connection(&before).await,
+        Outage::BrokerRestart => node.stop_app().await,
+    }
     let at_outage = downstream.calls();
     assert!(
         ok_keys(&at_outage).len() < events.len(),
         "the stream ended before the outage: the test proves nothing\n{}",
         describe(&at_outage)
     );
-    if let Some(stopped) = stopped {
-        stopped.start().await;
+    if let Outage::BrokerRestart = outage {
+        node.start_app().await;
     }
 
     // The worker reconnects and resubscribes by itself.
-    wait_until(
-        "the worker to reconnect",
-        BROKER_RESTART,
-        || worker.log_text().contains("reconnected to the broker"),
-        || worker.log_tail(40),
-    )
+    wait_until("the worker to reconnect", NODE_START, || async {
+        check(worker.counts().broker_reconnects >= 1, || worker.describe())
+    })
     .await;
     downstream
         .wait_for("every event after the outage", PROCESSING, |calls| {
@@ -107,18 +99,33 @@ async fn worker_survives(name: &str, outage: Outage, queue_type: QueueType) {
         .await;
     env.wait_shard_queues_drained(PROCESSING).await;
     assert_nothing_dead_lettered(&env).await;
-    {
-        let conn = env.connect().await;
-        worker.wait_consuming(&env, &conn).await;
-    }
-    let after = one_connection(&env.vhost, conn_name).await;
+    worker.wait_consuming(&env).await;
+    let after = env.broker().one_connection(&env.vhost, conn_name).await;
     assert_ne!(after, before, "the worker should be on a new connection");
-    let active = worker.logged_shard_counts(env.taken_log_line());
-    assert!(
-        (0..SHARDS).all(|s| active.get(&s).is_some_and(|n| *n >= 2)),
-        "every shard should have been taken again after the outage: {active:?}\n{}",
-        worker.log_tail(40)
-    );
+    // Every shard was taken again after the outage: its consumer is on a
+    // channel of the new connection.
+    let channels = channel_connections(&env).await;
+    let consumers = env.shard_consumers().await;
+    for shard in 0..SHARDS {
+        let tag = format!("outage/shard-{shard}");
+        let rows = consumers
+            .get(&env.shard_queue(shard))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let on: Vec<Option<&String>> = rows
+            .iter()
+            .filter(|r| r.tag == tag)
+            .map(|r| channels.get(&r.channel))
+            .collect();
+        assert_eq!(
+            on,
+            [Some(&after)],
+            "shard {shard} should have been taken again on the new connection {after}: \
+             {consumers:?}; channels {channels:?}; {}",
+            worker.describe()
+        );
+    }
+    worker.assert_running().await;
 
     let calls = downstream.calls();
     assert_in_order_and_complete(&calls, &events);
@@ -136,4 +143,24 @@ async fn worker_survives(name: &str, outage: Outage, queue_type: QueueType) {
         calls.len(),
         at_outage.len()
     );
+}
+
+/// Each channel of the broker (Erlang pid) with its connection's pid.
+async fn channel_connections(env: &TestEnv) -> BTreeMap<String, String> {
+    let text = env
+        .broker()
+        .run(&[
+            "-q",
+            "list_channels",
+            "--no-table-headers",
+            "pid",
+            "connection",
+        ])
+        .await;
+    text.lines()
+        .filter_map(|line| {
+            let (channel, connection) = line.split_once('\t')?;
+            Some((channel.trim().to_owned(), connection.trim().to_owned()))
+        })
+        .collect()
 }

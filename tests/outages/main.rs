@@ -1,32 +1,38 @@
-//! Outage tests: the worker and the publisher against a broker whose connections
-//! are closed or that is stopped and started, and a worker whose Redis dies.
+//! Outage tests: the worker and the publisher against a broker whose
+//! connections are closed or that is stopped and started, and a worker whose
+//! Redis dies.
 //!
-//! These tests close connections, stop the broker (`rabbitmqctl stop_app`) or kill
-//! a Redis server, which disturbs every vhost on the shared broker. They are all
-//! `#[ignore]`d so that `cargo test --workspace` (parallel, 4 threads) skips them;
-//! `scripts/test` runs them afterwards, alone and one at a time:
+//! None of them touches the machine's RabbitMQ or Redis: the broker outages
+//! hit a private RabbitMQ node that each test starts
+//! ([`shardline_testkit::BrokerNode`]: own node name, ports, files and Erlang
+//! cookie; stopped and removed when the test ends, also on failure), the Redis
+//! outage a private `redis-server`. They are still `#[ignore]`d so that the
+//! parallel suite skips them: a node start costs seconds of CPU and their
+//! timing matters. `scripts/test` runs them afterwards, one at a time:
 //!
 //! ```sh
 //! cargo test --test outages -- --ignored --test-threads=1
 //! ```
 //!
-//! Each test still gets its own vhost and Redis prefix (the fleet harness's
-//! [`harness::TestEnv`]), and leaves the broker running: a guard restarts it
-//! (`start_app`, `await_startup`) even when the test fails.
+//! The workers run in-process ([`shardline_testkit::Worker`]); what they did is
+//! read from their progress, the broker and `/readyz`.
 //!
 //! - [`broker`]: the worker survives `close_connection` and a broker restart, on
 //!   classic and on quorum shard queues.
 //! - [`publisher`]: the publisher re-sends, in order, across the same outages.
-//! - [`redis_outage`]: a Redis outage pauses the shards, logged once; they resume by themselves.
-//! - [`support`]: finding connections, the broker-restart guard, a private Redis.
+//! - [`redis_outage`]: a Redis outage pauses the shards, counted once; they resume by themselves.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-
-// The fleet tests' harness, shared (not copied); this target uses part of it.
-#[allow(dead_code, unused_imports)]
-#[path = "../fleet/harness/mod.rs"]
-mod harness;
 
 mod broker;
 mod publisher;
 mod redis_outage;
-mod support;
+
+use shardline_testkit::TestEnv;
+
+/// Fails the test if the dead-letter queue holds anything: an outage is no
+/// reason to give up on an event.
+async fn assert_nothing_dead_lettered(env: &TestEnv) {
+    let depths = env.queue_depths().await;
+    let dlq = depths.get(&env.names.dead_letter_queue).map_or(0, |d| d.0);
+    assert_eq!(dlq, 0, "events dead-lettered during the outage: {depths:?}");
+}

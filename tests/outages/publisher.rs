@@ -11,8 +11,10 @@ use std::time::Duration;
 use lapin::options::BasicGetOptions;
 use shardline_publisher::{Config, Counts, Publisher as LibPublisher};
 
-use crate::harness::{PROCESSING, SHARDS, TestEnv, interleaved, orders_covering_shards};
-use crate::support::{BROKER_RESTART, StoppedBroker, close_connection, one_connection};
+use shardline_testkit::broker::NODE_START;
+use shardline_testkit::{
+    BrokerNode, PROCESSING, SHARDS, TestEnv, interleaved, orders_covering_shards, wait_until,
+};
 
 #[derive(Debug, Clone, Copy)]
 enum Outage {
@@ -21,13 +23,13 @@ enum Outage {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "disturbs the shared broker: scripts/test runs it alone"]
+#[ignore = "starts a private RabbitMQ node: scripts/test runs it alone"]
 async fn publisher_survives_its_connection_being_closed() {
     publisher_survives("close-publisher", Outage::CloseConnection).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "disturbs the shared broker: scripts/test runs it alone"]
+#[ignore = "starts a private RabbitMQ node: scripts/test runs it alone"]
 async fn publisher_survives_a_broker_restart() {
     publisher_survives("restart-publisher", Outage::BrokerRestart).await;
 }
@@ -45,7 +47,8 @@ const PER_ORDER: u64 = 20;
 /// its order's shard queue; per order the first copies come in seq order;
 /// every extra copy is accounted for by the publisher's re-sends.
 async fn publisher_survives(name: &str, outage: Outage) {
-    let env = TestEnv::new(name).await;
+    let node = BrokerNode::start().await;
+    let env = TestEnv::on_node(name, shardline_testkit::QueueType::Classic, &node).await;
     env.apply_topology().await;
     let events = interleaved(
         &orders_covering_shards(name, 15, &env),
@@ -59,11 +62,14 @@ async fn publisher_survives(name: &str, outage: Outage) {
         shards: env.shards,
         window: 64,
         connection_name: connection_name.clone(),
-        reconnect_give_up: BROKER_RESTART,
+        reconnect_give_up: NODE_START,
         ..Config::default()
     };
     let mut publisher = LibPublisher::connect(config).await.unwrap();
-    let pid = one_connection(&env.vhost, &connection_name).await;
+    let pid = env
+        .broker()
+        .one_connection(&env.vhost, &connection_name)
+        .await;
 
     let published = Arc::new(AtomicUsize::new(0));
     let bodies: Vec<Vec<u8>> = events.iter().map(|e| e.body.clone()).collect();
@@ -88,29 +94,30 @@ async fn publisher_survives(name: &str, outage: Outage) {
         })
     };
 
-    let deadline = tokio::time::Instant::now() + PROCESSING;
-    while published.load(Ordering::Relaxed) < total / 4 {
+    wait_until("a quarter of the events published", PROCESSING, || async {
+        let n = published.load(Ordering::Relaxed);
         assert!(
-            !task.is_finished() && tokio::time::Instant::now() < deadline,
-            "publisher stopped at {} of {total} events",
-            published.load(Ordering::Relaxed)
+            !task.is_finished(),
+            "publisher stopped at {n} of {total} events"
         );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let stopped = match outage {
-        Outage::CloseConnection => {
-            close_connection(&pid).await;
-            None
+        if n >= total / 4 {
+            Ok(())
+        } else {
+            Err(format!("{n} of {total} published"))
         }
-        Outage::BrokerRestart => Some(StoppedBroker::stop().await),
-    };
+    })
+    .await;
+    match outage {
+        Outage::CloseConnection => env.broker().close_connection(&pid).await,
+        Outage::BrokerRestart => node.stop_app().await,
+    }
     let at_outage = published.load(Ordering::Relaxed);
     assert!(
         at_outage < total,
         "publishing ended before the outage: the test proves nothing"
     );
-    if let Some(stopped) = stopped {
-        stopped.start().await;
+    if let Outage::BrokerRestart = outage {
+        node.start_app().await;
     }
     let counts: Counts = tokio::time::timeout(PROCESSING, task)
         .await

@@ -1,15 +1,21 @@
 //! Redis dies mid-stream (SIGKILL of a private, non-persistent server) and comes
 //! back empty on the same port. SPEC §3 "Outages": no processing without
-//! dedup, so the shards pause, the outage is logged once, and processing
-//! resumes by itself when Redis returns.
+//! dedup, so the shards pause, the outage is counted (and logged) once,
+//! `/readyz` says Redis is unreachable, and processing resumes by itself when
+//! Redis returns.
 
 use std::time::Duration;
 
-use crate::harness::{
-    Downstream, PROCESSING, Publisher, Reply, TestEnv, Worker, all_ok,
+use shardline_testkit::metrics::{free_addr, get, wait_ok};
+use shardline_testkit::redis::RedisServer;
+use shardline_testkit::wait::check;
+use shardline_testkit::{
+    Downstream, PROCESSING, Publisher, Reply, STARTUP, TestEnv, all_ok,
     assert_in_order_and_complete, describe, interleaved, ok_keys, orders_covering_shards,
+    wait_until,
 };
-use crate::support::{PrivateRedis, assert_nothing_dead_lettered, wait_until};
+
+use crate::assert_nothing_dead_lettered;
 
 /// How long the downstream must stay silent while Redis is down. A pause is the
 /// absence of calls, which no event can signal, so this is a fixed observation
@@ -17,18 +23,24 @@ use crate::support::{PrivateRedis, assert_nothing_dead_lettered, wait_until};
 const PAUSE_WINDOW: Duration = Duration::from_millis(1500);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "disturbs the shared broker: scripts/test runs it alone"]
+#[ignore = "kills a Redis server and watches timing: scripts/test runs it alone"]
 async fn redis_outage_pauses_the_shards_and_they_resume() {
     let env = TestEnv::new("redis-outage").await;
     env.apply_topology().await;
-    let mut redis = PrivateRedis::start(&env);
+    let mut redis = RedisServer::start(&env.id).await;
     let downstream =
         Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(25))).await;
     let events = interleaved(&orders_covering_shards("redis", 20, &env), 5, env.shards);
 
-    let mut worker = Worker::start_on_redis(&env, "redis", &redis.url(), &downstream.url(), &[]);
-    let conn = env.connect().await;
-    worker.wait_consuming(&env, &conn).await;
+    let addr = free_addr();
+    let redis_url = redis.url();
+    let mut worker = env
+        .start_worker("redis", &downstream, |c| {
+            c.redis = redis_url.parse().unwrap();
+            c.metrics_addr = Some(addr);
+        })
+        .await;
+    wait_ok(addr, "/readyz", STARTUP).await;
     Publisher::connect(&env).await.publish(&events).await;
 
     let third = events.len() / 3;
@@ -41,10 +53,9 @@ async fn redis_outage_pauses_the_shards_and_they_resume() {
 
     // The worker notices (its next claim or commit fails) and says so.
     wait_until(
-        "the worker to log the Redis outage",
+        "the worker to count the Redis outage",
         PROCESSING,
-        || worker.count_lines("Redis unreachable") >= 1,
-        || worker.log_tail(40),
+        || async { check(worker.counts().redis_outages >= 1, || worker.describe()) },
     )
     .await;
     // Handler calls already under way when Redis died finish; then nothing.
@@ -67,7 +78,13 @@ async fn redis_outage_pauses_the_shards_and_they_resume() {
         "the downstream was called while Redis was down (no processing without dedup)\n{}",
         describe(&during)
     );
-    worker.assert_running();
+    worker.assert_running().await;
+    let (status, ready) = get(addr, "/readyz").await.expect("/readyz answers");
+    let ready: serde_json::Value = serde_json::from_str(&ready).unwrap();
+    assert!(
+        status != 200 && ready["redis"] == "unreachable",
+        "/readyz while Redis is down: {status} {ready}"
+    );
     // Nothing was acked without its dedup commit: what was not committed is
     // still in the queues.
     let backlog = env.shard_backlog().await;
@@ -78,7 +95,7 @@ async fn redis_outage_pauses_the_shards_and_they_resume() {
         events.len()
     );
 
-    redis.restart();
+    redis.restart().await;
     downstream
         .wait_for("every event after Redis returned", PROCESSING, |calls| {
             all_ok(calls, &events)
@@ -92,17 +109,19 @@ async fn redis_outage_pauses_the_shards_and_they_resume() {
     // reordering are not.
     assert_in_order_and_complete(&calls, &events);
     assert_eq!(
-        worker.count_lines("Redis unreachable"),
+        worker.counts().redis_outages,
         1,
-        "the outage should be logged once per worker\n{}",
-        worker.log_tail(40)
+        "the outage should be counted (and logged) once per worker: {}",
+        worker.describe()
     );
-    assert!(
-        worker.count_lines("Redis reachable again") >= 1,
-        "the recovery should be logged\n{}",
-        worker.log_tail(40)
+    // Recovered: ready again, Redis reachable.
+    let ready: serde_json::Value =
+        serde_json::from_str(&wait_ok(addr, "/readyz", STARTUP).await).unwrap();
+    assert_eq!(
+        ready["redis"], "reachable",
+        "the recovery should show: {ready}"
     );
-    worker.assert_running();
+    worker.assert_running().await;
     eprintln!(
         "redis outage: {} events, {} calls, {} before the kill",
         events.len(),

@@ -1,7 +1,8 @@
-//! Reading the dead-letter queue: wait for letters, take them off, describe them.
+//! Reading the dead-letter queue: wait for letters, take them off, describe
+//! them; and running the `shardline dlq` commands.
 
 use std::process::Output;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lapin::Connection;
 use lapin::message::Delivery;
@@ -9,7 +10,8 @@ use lapin::options::{BasicAckOptions, BasicGetOptions};
 use shardline_topology::declare::queue_status;
 use shardline_topology::headers::{self, header_i64, header_str};
 
-use super::env::TestEnv;
+use crate::env::TestEnv;
+use crate::wait::wait_until;
 
 /// Messages in the environment's dead-letter queue (it has no consumer).
 pub async fn depth(env: &TestEnv, conn: &Connection) -> u32 {
@@ -27,19 +29,27 @@ pub async fn take(
     count: u32,
     timeout: Duration,
 ) -> Vec<Delivery> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let n = depth(env, conn).await;
-        if n >= count {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "dead-letter queue holds {n} letter(s) after {timeout:?}, expected {count}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(
+        &format!("at least {count} letter(s) in the dead-letter queue"),
+        timeout,
+        || async {
+            let n = depth(env, conn).await;
+            crate::wait::check(n >= count, || format!("it holds {n}"))
+        },
+    )
+    .await;
     let channel = conn.create_channel().await.unwrap();
+    let letters = peek_all(env, &channel).await;
+    for letter in &letters {
+        letter.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    let _ = channel.close(200, "done".into()).await;
+    letters
+}
+
+/// Every letter in the dead-letter queue, taken off unacked (they return to the
+/// queue when `channel` closes, or are acked by the caller).
+pub async fn peek_all(env: &TestEnv, channel: &lapin::Channel) -> Vec<Delivery> {
     let mut letters = Vec::new();
     while let Some(message) = channel
         .basic_get(
@@ -49,15 +59,22 @@ pub async fn take(
         .await
         .unwrap()
     {
-        message
-            .delivery
-            .ack(BasicAckOptions::default())
-            .await
-            .unwrap();
         letters.push(message.delivery);
     }
-    let _ = channel.close(200, "done".into()).await;
     letters
+}
+
+/// Waits until the DLQ holds exactly `n` letters.
+pub async fn wait_depth(env: &TestEnv, conn: &Connection, n: u32, timeout: Duration) {
+    wait_until(
+        &format!("exactly {n} letter(s) in the dead-letter queue"),
+        timeout,
+        || async {
+            let d = depth(env, conn).await;
+            crate::wait::check(d == n, || format!("it holds {d}"))
+        },
+    )
+    .await;
 }
 
 /// The letter's `x-fail-reason`.
@@ -120,20 +137,4 @@ pub fn ids(list: &serde_json::Value) -> Vec<String> {
         .iter()
         .map(|l| l["id"].as_str().unwrap().to_owned())
         .collect()
-}
-
-/// Waits until the DLQ holds exactly `n` letters.
-pub async fn wait_depth(env: &TestEnv, conn: &lapin::Connection, n: u32, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let d = depth(env, conn).await;
-        if d == n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "DLQ depth {d} after {timeout:?}, expected {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }

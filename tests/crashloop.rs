@@ -6,18 +6,16 @@
 //! `shardline_worker::run` with a handler that calls `std::process::abort()` on
 //! an event with `data.poison == true` and forwards the others over HTTP.
 
-use std::fs::File;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
-use std::process::{ExitStatus, Stdio};
-use std::time::{Duration, Instant};
 
 use shardline_topology::NewEvent;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-use crate::harness::{
-    Downstream, Event, PROCESSING, Publisher, QueueType, STARTUP, TestEnv, all_ok,
-    assert_exactly_once, describe, dlq,
+use shardline_testkit::{
+    ChildWorker, Downstream, Event, PROCESSING, Publisher, QueueType, STARTUP, TestEnv, all_ok,
+    assert_exactly_once, describe, dlq, wait_until,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_shardline-abort-worker");
@@ -26,54 +24,23 @@ const MAX_DELIVERIES: u32 = 3;
 const MAX_RESTARTS: u32 = 10;
 const SIGABRT: i32 = 6;
 
-/// One run of the abort worker, its output in its own log file.
-struct Run {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Run {
-    fn start(env: &TestEnv, handler_url: &str, n: u32) -> Self {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fleet");
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join(format!("{}-abort-worker-{n}.log", env.id));
-        let file = File::create(&log).unwrap();
-        // No core dump per abort: `ulimit -c 0`, then exec the worker itself (so
-        // its exit status is the worker's).
-        let child = Command::new("sh")
-            .args(["-c", "ulimit -c 0; exec \"$0\" \"$@\"", BIN])
-            .args(["--amqp-url", &env.amqp_url])
-            .args(["--redis-url", crate::harness::env::REDIS_URL])
-            .args(["--redis-prefix", &env.redis_prefix])
-            .args(["--shards", &env.shards.get().to_string()])
-            .args(["--handler-url", handler_url])
-            .args(["--max-deliveries", &MAX_DELIVERIES.to_string()])
-            .args(["--worker-name", &format!("abort-{n}")])
-            .env("NO_COLOR", "1")
-            .env("RUST_LOG", "info,lapin=off")
-            .env(env.queue_type_env().0, env.queue_type_env().1)
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        Self { child, log }
-    }
-
-    fn exited(&mut self) -> Option<ExitStatus> {
-        self.child.try_wait().unwrap()
-    }
-
-    fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        format!(
-            "---- {} ----\n{}",
-            self.log.display(),
-            all[all.len().saturating_sub(lines)..].join("\n")
-        )
-    }
+/// One run of the abort worker (a process: the point is that it aborts).
+fn start_run(env: &TestEnv, handler_url: &str, n: u32) -> ChildWorker {
+    // No core dump per abort: `ulimit -c 0`, then exec the worker itself (so
+    // its exit status is the worker's).
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "ulimit -c 0; exec \"$0\" \"$@\"", BIN])
+        .args(["--amqp-url", &env.amqp_url])
+        .args(["--redis-url", shardline_testkit::env::REDIS_URL])
+        .args(["--redis-prefix", &env.redis_prefix])
+        .args(["--shards", &env.shards.get().to_string()])
+        .args(["--handler-url", handler_url])
+        .args(["--max-deliveries", &MAX_DELIVERIES.to_string()])
+        .args(["--worker-name", &format!("abort-{n}")])
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "info,lapin=off")
+        .env(env.queue_type_env().0, env.queue_type_env().1);
+    ChildWorker::spawn(env, &format!("abort-worker-{n}"), cmd)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,47 +82,47 @@ async fn dead_lettered_crash_loop(queue_type: QueueType) {
 
     // Restart the worker each time it aborts, until seq 3 got through and the
     // poison event is in the DLQ.
-    let deadline = Instant::now() + PROCESSING;
-    let mut runs: Vec<Run> = vec![Run::start(&env, &downstream.url(), 0)];
+    let mut runs: Vec<ChildWorker> = vec![start_run(&env, &downstream.url(), 0)];
     let mut aborts = 0;
-    loop {
-        let current = runs.last_mut().unwrap();
+    let downstream_url = downstream.url();
+    let (runs_ref, aborts_ref) = (&mut runs, &mut aborts);
+    wait_until("seq 3 processed and the poison event dead-lettered", PROCESSING, || {
+        let current = runs_ref.last_mut().unwrap();
         if let Some(status) = current.exited() {
-            let logs: Vec<String> = runs.iter().map(|r| r.log_tail(15)).collect();
+            let logs: Vec<String> = runs_ref.iter().map(|r| r.log_tail(15)).collect();
             assert_eq!(
                 status.signal(),
                 Some(SIGABRT),
                 "the worker exited ({status}) other than by abort\n{}",
                 logs.join("\n")
             );
-            aborts += 1;
+            *aborts_ref += 1;
+            let aborts = *aborts_ref;
             assert!(
                 aborts <= MAX_RESTARTS,
                 "the worker aborted {aborts} times: the poison event was never dead-lettered\n{}\n{}",
                 logs.join("\n"),
                 describe(&downstream.calls())
             );
-            runs.push(Run::start(&env, &downstream.url(), aborts));
-            continue;
+            runs_ref.push(start_run(&env, &downstream_url, aborts));
         }
-        if all_ok(&downstream.calls(), std::slice::from_ref(&e3))
-            && dlq::depth(&env, &conn).await >= 1
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "after {aborts} abort(s) and {PROCESSING:?}, seq 3 not processed or nothing \
-             dead-lettered (DLQ depth {})\n{}\n{}",
-            dlq::depth(&env, &conn).await,
-            runs.iter()
-                .map(|r| r.log_tail(15))
-                .collect::<Vec<_>>()
-                .join("\n"),
+        let context = format!(
+            "after {} abort(s): {}\n{}",
+            *aborts_ref,
+            runs_ref.iter().map(|r| r.log_tail(15)).collect::<Vec<_>>().join("\n"),
             describe(&downstream.calls())
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        let (env, conn, downstream, e3) = (&env, &conn, &downstream, &e3);
+        async move {
+            let dlq = dlq::depth(env, conn).await;
+            if all_ok(&downstream.calls(), std::slice::from_ref(e3)) && dlq >= 1 {
+                Ok(())
+            } else {
+                Err(format!("DLQ depth {dlq}; {context}"))
+            }
+        }
+    })
+    .await;
     let all_logs = || {
         runs.iter()
             .map(|r| r.log_tail(20))
@@ -188,19 +155,11 @@ async fn dead_lettered_crash_loop(queue_type: QueueType) {
 
     // The last run is healthy: SIGTERM drains and exits 0.
     let last = runs.last_mut().unwrap();
-    let pid = last.child.id().unwrap();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -TERM {pid} failed");
-    let exit = tokio::time::timeout(STARTUP, last.child.wait()).await;
-    let log = last.log_tail(20);
-    match exit {
-        Ok(status) => assert!(
-            status.as_ref().is_ok_and(ExitStatus::success),
-            "after SIGTERM the worker exited with {status:?}\n{log}"
-        ),
-        Err(_) => panic!("the worker still runs {STARTUP:?} after SIGTERM\n{log}"),
-    }
+    last.sigterm();
+    let status = last.wait_exit(STARTUP).await;
+    assert!(
+        status.success(),
+        "after SIGTERM the worker exited with {status:?}\n{}",
+        last.log_tail(20)
+    );
 }

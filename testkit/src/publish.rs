@@ -8,7 +8,7 @@ use lapin::{BasicProperties, Channel, Connection};
 use shardline_topology::headers::{event_properties, new_traceparent};
 use shardline_topology::{NewEvent, ShardCount};
 
-use super::env::TestEnv;
+use crate::env::TestEnv;
 
 /// Event names by seq (seq 1 is `order.created`, …), cycling.
 pub const EVENT_NAMES: [&str; 5] = [

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, NoTls};
 
-use super::env::TestEnv;
+use crate::env::TestEnv;
 
 /// The test database (trust authentication).
 pub const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -19,22 +19,10 @@ pub struct OrdersDb {
 }
 
 impl OrdersDb {
-    /// Creates schema `reconcile_<test id>` with an empty table
-    /// `orders(order_id text, status text, updated_at timestamptz)`.
+    /// Creates the environment's schema ([`TestEnv::pg_schema`]) with an empty
+    /// table `orders(order_id text, status text, updated_at timestamptz)`.
     pub async fn new(env: &TestEnv) -> Self {
-        let slug: String = env
-            .id
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() {
-                    c.to_ascii_lowercase()
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        // Identifiers are cut at 63 bytes; the id's unique part is its end.
-        let schema = format!("reconcile_{}", &slug[slug.len().saturating_sub(50)..]);
+        let schema = env.pg_schema.clone();
         let (client, connection) = tokio_postgres::connect(PG_URL, NoTls)
             .await
             .unwrap_or_else(|e| panic!("PostgreSQL at {PG_URL}: {e}"));

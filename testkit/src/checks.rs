@@ -1,36 +1,13 @@
-//! The fleet-test harness, in the order a test uses it:
-//!
-//! - [`env`]: a unique vhost and Redis prefix per test, removed on drop.
-//! - [`downstream`]: the HTTP service the worker calls, recording and scripted.
-//! - [`worker`]: `shardline worker` child processes with their logs.
-//! - [`publish`]: raw, confirmed publishing of envelopes and malformed bodies.
-//! - [`dlq`]: waiting for dead letters and taking them off the dead-letter queue.
-//! - [`pg`]: a PostgreSQL schema with an `orders` table, for `reconcile`.
-//! - this module: checks on what the downstream saw.
-
-pub mod dlq;
-pub mod downstream;
-pub mod env;
-pub mod pg;
-pub mod publish;
-pub mod worker;
+//! Checks on what the downstream saw: completeness, per-order sequence,
+//! exactly once, the request's shape; and order ids spread over the shards.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::time::Duration;
 
 use shardline_topology::headers::is_valid_traceparent;
 
-pub use downstream::{Call, Downstream, Reply, describe};
-pub use env::{SHARDS, TestEnv};
-pub use pg::OrdersDb;
-pub use publish::{Event, Publisher, interleaved, order_ids};
-pub use shardline_topology::QueueType;
-pub use worker::Worker;
-
-/// Bound on start-up waits (a worker owning its shards, a standby standing by).
-pub const STARTUP: Duration = Duration::from_secs(30);
-/// Bound on a test's whole stream being processed (2 cores, 4 tests at once).
-pub const PROCESSING: Duration = Duration::from_secs(120);
+use crate::downstream::{Call, describe};
+use crate::env::{SHARDS, TestEnv};
+use crate::publish::Event;
 
 /// Keys answered 2xx (answer handed back).
 pub fn ok_keys(calls: &[Call]) -> HashSet<&str> {

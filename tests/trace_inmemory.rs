@@ -2,9 +2,11 @@
 //! exporter: the publisher and worker libraries run in this process (SPEC §5).
 //!
 //! The tracer provider is the process's global one, installed once for this
-//! test binary; spans are picked out by this test's order ids.
+//! test binary (its own: an in-process worker of another test would export
+//! into it); spans are picked out by this test's order ids.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use opentelemetry::trace::{SpanId, SpanKind, Status, TraceId};
@@ -13,11 +15,9 @@ use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData
 use shardline_topology::NewEvent;
 use shardline_topology::headers::{self, header_str};
 use shardline_topology::telemetry::{self, attr, outcome};
-use shardline_worker::handler::Http;
 use shardline_worker::{Config, RetryPolicy};
-use tokio_util::sync::CancellationToken;
 
-use crate::harness::{Downstream, PROCESSING, Reply, TestEnv, dlq, order_ids};
+use shardline_testkit::{Downstream, PROCESSING, Reply, TestEnv, Worker, dlq, order_ids};
 
 /// The in-memory exporter behind the global tracer provider.
 fn exporter() -> &'static InMemorySpanExporter {
@@ -75,24 +75,15 @@ async fn publish_process_and_downstream_call_share_one_trace() {
     })
     .await;
 
-    let shutdown = CancellationToken::new();
     let config = Config {
-        amqp: env.amqp_target(),
-        redis: crate::harness::env::REDIS_URL.parse().unwrap(),
-        redis_prefix: env.redis_prefix.clone(),
-        names: env.names.clone(),
-        shards: env.shards,
-        assign: env.shards.ids().collect(),
-        worker_name: format!("{}-w1", env.id),
         retry: RetryPolicy {
             base: Duration::from_millis(10),
             cap: Duration::from_millis(50),
             ..RetryPolicy::default()
         },
-        ..Config::default()
+        ..env.worker_config(&format!("{}-w1", env.id))
     };
-    let handler = Arc::new(Http::new(&downstream.url()).unwrap());
-    let worker = tokio::spawn(shardline_worker::run(config, handler, shutdown.clone()));
+    let worker = Worker::spawn(config, downstream.handler());
 
     let mut publisher = shardline_publisher::Publisher::connect(shardline_publisher::Config {
         amqp: env.amqp_target(),
@@ -127,12 +118,7 @@ async fn publish_process_and_downstream_call_share_one_trace() {
             })
         })
         .await;
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(30), worker)
-        .await
-        .expect("worker stops")
-        .unwrap()
-        .unwrap();
+    worker.stop().await;
 
     let spans: Vec<SpanData> = exporter
         .get_finished_spans()

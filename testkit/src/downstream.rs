@@ -175,6 +175,12 @@ impl Downstream {
         format!("http://{}/events", self.addr)
     }
 
+    /// The worker's built-in HTTP handler calling this downstream (what
+    /// `--handler URL` makes), for an in-process worker.
+    pub fn handler(&self) -> Arc<dyn shardline_worker::Handler> {
+        Arc::new(shardline_worker::handler::Http::new(&self.url()).unwrap())
+    }
+
     pub fn calls(&self) -> Vec<Call> {
         self.state.calls.lock().unwrap().clone()
     }

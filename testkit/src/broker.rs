@@ -1,0 +1,255 @@
+//! The brokers a test talks to: the machine's RabbitMQ node (shared by every
+//! test, never stopped), or a private [`BrokerNode`] that the test starts,
+//! may stop and start, and that is removed on drop.
+//!
+//! A private node is started by `scripts/rabbitmq-node`: its own node name
+//! (`shardline-test-<pid>-<n>@localhost`), AMQP and distribution ports (free
+//! ones), data, log, config and enabled-plugins files in a directory of its
+//! own, and a random Erlang cookie in that directory (`HOME` points there for
+//! the server and for `rabbitmqctl`), so neither it nor its `rabbitmqctl` can
+//! reach the machine's default node. It registers with the machine's epmd,
+//! which nothing here stops. A start takes about 4 s on an idle machine.
+//! A cluster is several such nodes, joined.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::wait::wait_until;
+
+/// How long a private node may take to start, or to come back after `start_app`.
+pub const NODE_START: Duration = Duration::from_secs(120);
+
+/// Where `rabbitmqctl` goes.
+#[derive(Debug, Clone)]
+pub enum Ctl {
+    /// The machine's default node, through the packaged `rabbitmqctl`.
+    Default,
+    /// A private node, through `scripts/rabbitmq-node ctl DIR`.
+    Private { script: PathBuf, dir: PathBuf },
+}
+
+impl Ctl {
+    fn command(&self) -> std::process::Command {
+        match self {
+            Self::Default => std::process::Command::new("rabbitmqctl"),
+            Self::Private { script, dir } => {
+                let mut cmd = std::process::Command::new(script);
+                cmd.arg("ctl").arg(dir);
+                cmd
+            }
+        }
+    }
+
+    /// Runs `rabbitmqctl args`; fails the test with its output unless it succeeds.
+    pub async fn run(&self, args: &[&str]) -> String {
+        let out = tokio::process::Command::from(self.command())
+            .args(args)
+            .kill_on_drop(true)
+            .output()
+            .await
+            .expect("cannot run rabbitmqctl (is RabbitMQ installed?)");
+        assert!(
+            out.status.success(),
+            "rabbitmqctl {args:?} ({self:?}) failed with {}:\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs `rabbitmqctl args` outside async code (for `Drop`), without failing.
+    pub fn run_blocking(&self, args: &[&str]) -> std::io::Result<Output> {
+        self.command().args(args).output()
+    }
+
+    /// Erlang pids of the connections in `vhost` whose client-given
+    /// `connection_name` starts with `name_prefix`.
+    pub async fn connection_pids(&self, vhost: &str, name_prefix: &str) -> Vec<String> {
+        let text = self
+            .run(&[
+                "-q",
+                "list_connections",
+                "--no-table-headers",
+                "pid",
+                "vhost",
+                "client_properties",
+            ])
+            .await;
+        // Client properties print as Erlang-ish terms: {"connection_name","…"}.
+        let needle = format!("{{\"connection_name\",\"{name_prefix}");
+        text.lines()
+            .filter_map(|line| {
+                let mut cols = line.splitn(3, '\t');
+                let (pid, host, props) = (cols.next()?, cols.next()?, cols.next()?);
+                (host == vhost && props.contains(&needle)).then(|| pid.to_owned())
+            })
+            .collect()
+    }
+
+    /// Waits until exactly one connection of `vhost` is named `name_prefix…`,
+    /// and returns its pid.
+    pub async fn one_connection(&self, vhost: &str, name_prefix: &str) -> String {
+        wait_until(
+            &format!("one connection named `{name_prefix}…` in vhost {vhost}"),
+            crate::STARTUP,
+            || async {
+                match self.connection_pids(vhost, name_prefix).await.as_slice() {
+                    [pid] => Ok(pid.clone()),
+                    pids => Err(format!("connections {pids:?}")),
+                }
+            },
+        )
+        .await
+    }
+
+    /// `rabbitmqctl close_connection <pid> test`: the broker closes the
+    /// connection with 320 CONNECTION_FORCED, as on an operator's "force close".
+    pub async fn close_connection(&self, pid: &str) {
+        self.run(&["close_connection", pid, "test"]).await;
+    }
+}
+
+/// A private RabbitMQ node; stopped and its files removed on drop, also when
+/// the test fails.
+pub struct BrokerNode {
+    /// `shardline-test-<pid>-<n>@localhost`.
+    pub name: String,
+    pub amqp_port: u16,
+    pub dist_port: u16,
+    dir: PathBuf,
+    ctl: Ctl,
+}
+
+impl BrokerNode {
+    /// Starts a node and waits until it serves AMQP (guest/guest from loopback).
+    pub async fn start() -> Self {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let script = crate::paths::scripts().join("rabbitmq-node");
+        // A node left behind by a test process that was killed goes first.
+        let _ = tokio::process::Command::new(&script)
+            .arg("sweep")
+            .status()
+            .await;
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let name = format!("shardline-test-{}-{n}@localhost", std::process::id());
+        let (amqp_port, dist_port) = (free_port(), free_port());
+        let dir = std::env::temp_dir().join(format!(
+            "shardline-rabbitmq-{}-{n}-{amqp_port}",
+            std::process::id()
+        ));
+        let node = Self {
+            ctl: Ctl::Private {
+                script: script.clone(),
+                dir: dir.clone(),
+            },
+            name,
+            amqp_port,
+            dist_port,
+            dir,
+        };
+        let started = std::time::Instant::now();
+        let out = tokio::process::Command::new(&script)
+            .arg("start")
+            .arg(&node.dir)
+            .args([
+                node.name.as_str(),
+                &amqp_port.to_string(),
+                &dist_port.to_string(),
+            ])
+            .env("RABBITMQ_NODE_OWNER", std::process::id().to_string())
+            .env("START_TIMEOUT", NODE_START.as_secs().to_string())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .expect("cannot run scripts/rabbitmq-node");
+        assert!(
+            out.status.success(),
+            "private RabbitMQ node {} did not start:\n{}{}",
+            node.name,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!(
+            "private RabbitMQ node {} on AMQP port {amqp_port} started in {:?}",
+            node.name,
+            started.elapsed()
+        );
+        node
+    }
+
+    /// `rabbitmqctl` against this node only.
+    pub fn ctl(&self) -> &Ctl {
+        &self.ctl
+    }
+
+    /// `amqp://guest:guest@127.0.0.1:<port>`, without a vhost.
+    pub fn amqp_base(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}", self.amqp_port)
+    }
+
+    /// The node's directory (logs in `log/`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `stop_app`: the broker application stops, the Erlang VM stays up; durable
+    /// queues and persistent messages survive.
+    pub async fn stop_app(&self) {
+        self.ctl.run(&["stop_app"]).await;
+    }
+
+    /// `start_app`, then `await_startup`: the node accepts connections again.
+    pub async fn start_app(&self) {
+        self.ctl.run(&["start_app"]).await;
+        self.ctl
+            .run(&[
+                "await_startup",
+                "--timeout",
+                &NODE_START.as_secs().to_string(),
+            ])
+            .await;
+    }
+}
+
+impl Drop for BrokerNode {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = self.dir.join("log").join(format!("{}.log", self.name));
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            eprintln!(
+                "---- private node {} log, last lines ----\n{}\n---- end ----",
+                self.name,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        let Ctl::Private { script, dir } = &self.ctl else {
+            return;
+        };
+        match std::process::Command::new(script)
+            .arg("stop")
+            .arg(dir)
+            .output()
+        {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => eprintln!(
+                "cleanup: stopping private node {}: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => eprintln!("cleanup: cannot run {}: {e}", script.display()),
+        }
+    }
+}
+
+/// A TCP port on 127.0.0.1 that is free when asked (nothing holds it afterwards).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

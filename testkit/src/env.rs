@@ -1,0 +1,542 @@
+//! One isolated environment per test: its own RabbitMQ vhost, Redis key prefix
+//! and PostgreSQL schema name, the vhost and the keys removed on drop (the
+//! schema by its [`OrdersDb`](crate::OrdersDb)).
+
+use std::collections::BTreeMap;
+use std::process::Output;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lapin::Connection;
+use shardline_topology::declare::{self, ShardStatus};
+use shardline_topology::{Keys, Names, QueueType, ShardCount, ShardId, TopologyOptions};
+use shardline_worker::{Config, Handler, RetryPolicy};
+
+use crate::broker::{BrokerNode, Ctl};
+use crate::wait::wait_until;
+
+/// Every fleet test runs with this many shards.
+pub const SHARDS: u16 = 8;
+/// The machine's Redis, shared by the tests (each under its own prefix).
+pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// The machine's RabbitMQ, shared by the tests (each in its own vhost).
+pub const AMQP_BASE: &str = "amqp://guest:guest@127.0.0.1:5672";
+/// The quorum queues' `x-delivery-limit` that `topology apply` sets by default.
+const DELIVERY_LIMIT: u32 = 20;
+
+pub struct TestEnv {
+    /// Unique slug of this test run: names the vhost, the Redis prefix, the
+    /// PostgreSQL schema and log files.
+    pub id: String,
+    pub vhost: String,
+    pub amqp_url: String,
+    pub redis_prefix: String,
+    /// `reconcile_<slug>`: the schema an [`OrdersDb`](crate::OrdersDb) creates.
+    pub pg_schema: String,
+    pub names: Names,
+    pub shards: ShardCount,
+    /// Type of the shard queues. Every `shardline` process of this environment
+    /// gets it as `SHARDLINE_QUEUE_TYPE`, every in-process worker the matching
+    /// config. Classic by default.
+    pub queue_type: QueueType,
+    broker: Ctl,
+    /// For the kit's own polling (passive declares), opened on first use.
+    probe: tokio::sync::Mutex<Option<Arc<Connection>>>,
+}
+
+impl TestEnv {
+    /// A fresh vhost on the machine's broker (guest has full rights on it) and a
+    /// fresh Redis prefix; classic shard queues.
+    pub async fn new(name: &str) -> Self {
+        Self::with_queue_type(name, QueueType::Classic).await
+    }
+
+    /// [`Self::new`] with shard queues of `queue_type`. The id ends in
+    /// `-quorum` for quorum queues, so logs and vhosts say which run they are.
+    pub async fn with_queue_type(name: &str, queue_type: QueueType) -> Self {
+        Self::create(name, queue_type, Ctl::Default, AMQP_BASE.to_owned()).await
+    }
+
+    /// [`Self::with_queue_type`] on a private node instead of the machine's.
+    pub async fn on_node(name: &str, queue_type: QueueType, node: &BrokerNode) -> Self {
+        Self::create(name, queue_type, node.ctl().clone(), node.amqp_base()).await
+    }
+
+    async fn create(name: &str, queue_type: QueueType, broker: Ctl, amqp_base: String) -> Self {
+        let name = match queue_type {
+            QueueType::Classic => name.to_owned(),
+            QueueType::Quorum => format!("{name}-quorum"),
+        };
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let stamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_micros()
+            % 1_000_000_000;
+        let id = format!(
+            "{name}-{}-{}-{stamp}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let vhost = format!("shardline-test.{id}");
+        broker.run(&["add_vhost", &vhost]).await;
+        broker
+            .run(&["set_permissions", "-p", &vhost, "guest", ".*", ".*", ".*"])
+            .await;
+        let slug: String = id
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        // Identifiers are cut at 63 bytes; the id's unique part is its end.
+        let pg_schema = format!("reconcile_{}", &slug[slug.len().saturating_sub(50)..]);
+        Self {
+            amqp_url: format!("{amqp_base}/{}", percent_encode(&vhost)),
+            redis_prefix: format!("shardline-test:{id}:"),
+            pg_schema,
+            vhost,
+            id,
+            names: Names::default(),
+            shards: ShardCount::new(u32::from(SHARDS)).unwrap(),
+            queue_type,
+            broker,
+            probe: tokio::sync::Mutex::default(),
+        }
+    }
+
+    /// `rabbitmqctl` against this environment's broker.
+    pub fn broker(&self) -> &Ctl {
+        &self.broker
+    }
+
+    /// `SHARDLINE_QUEUE_TYPE` for every `shardline` process of this environment
+    /// (set explicitly for classic too, so that nothing inherited changes it).
+    pub fn queue_type_env(&self) -> (&'static str, &'static str) {
+        let value = match self.queue_type {
+            QueueType::Classic => "classic",
+            QueueType::Quorum => "quorum",
+        };
+        ("SHARDLINE_QUEUE_TYPE", value)
+    }
+
+    pub fn is_quorum(&self) -> bool {
+        self.queue_type == QueueType::Quorum
+    }
+
+    pub fn shard_queue(&self, shard: u16) -> String {
+        self.names
+            .shard_queue(ShardId::new(u32::from(shard), self.shards).unwrap())
+    }
+
+    pub fn shard_of(&self, order_id: &str) -> u16 {
+        self.shards.shard_of(order_id).get()
+    }
+
+    /// The Redis keys of this environment.
+    pub fn keys(&self) -> Keys {
+        Keys::new(&self.redis_prefix)
+    }
+
+    /// The configuration `shardline worker --handler … --worker-name NAME` would
+    /// build for this environment, with small retry delays (10 ms, capped at
+    /// 100 ms): every shard, the queue type's consume mode and delivery limit.
+    pub fn worker_config(&self, name: &str) -> Config {
+        let exclusive = TopologyOptions {
+            shards: self.shards,
+            queue_type: self.queue_type,
+            ..TopologyOptions::default()
+        }
+        .exclusive_consumers();
+        Config {
+            amqp: self.amqp_target(),
+            redis: REDIS_URL.parse().unwrap(),
+            redis_prefix: self.redis_prefix.clone(),
+            names: self.names.clone(),
+            shards: self.shards,
+            assign: self.shards.ids().collect(),
+            exclusive,
+            delivery_limit: self.is_quorum().then_some(DELIVERY_LIMIT),
+            worker_name: name.to_owned(),
+            retry: RetryPolicy {
+                base: Duration::from_millis(10),
+                cap: Duration::from_millis(100),
+                ..RetryPolicy::default()
+            },
+            ..Config::default()
+        }
+    }
+
+    /// Starts an in-process worker `name` calling `downstream`, with
+    /// [`Self::worker_config`] changed by `configure`, and waits until it
+    /// consumes every shard it was given.
+    pub async fn start_worker(
+        &self,
+        name: &str,
+        downstream: &crate::Downstream,
+        configure: impl FnOnce(&mut Config),
+    ) -> crate::Worker {
+        let mut config = self.worker_config(name);
+        configure(&mut config);
+        let mut worker = crate::Worker::spawn(config, downstream.handler());
+        worker.wait_consuming(self).await;
+        worker
+    }
+
+    /// [`Self::start_worker`] with any handler.
+    pub async fn start_worker_with(
+        &self,
+        config: Config,
+        handler: Arc<dyn Handler>,
+    ) -> crate::Worker {
+        let mut worker = crate::Worker::spawn(config, handler);
+        worker.wait_consuming(self).await;
+        worker
+    }
+
+    /// Runs the `shardline` binary against this environment with `args`
+    /// (global flags `--amqp-url`, `--redis-url`, `--redis-prefix`, `--shards` added).
+    pub async fn cli(&self, args: &[&str]) -> Output {
+        self.shardline_command()
+            .args(args)
+            .args(self.global_args())
+            .output()
+            .await
+            .unwrap()
+    }
+
+    /// The `shardline` binary with this environment's process environment
+    /// (no colour, `RUST_LOG=info`, the queue type), killed on drop; no args yet.
+    pub fn shardline_command(&self) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(crate::paths::shardline());
+        cmd.env("NO_COLOR", "1")
+            .env("RUST_LOG", "info")
+            .env(self.queue_type_env().0, self.queue_type_env().1)
+            .kill_on_drop(true);
+        cmd
+    }
+
+    pub fn global_args(&self) -> Vec<String> {
+        self.global_args_with(&self.amqp_url, REDIS_URL)
+    }
+
+    /// [`Self::global_args`] with other broker and Redis URLs (TLS, a private Redis).
+    pub fn global_args_with(&self, amqp_url: &str, redis_url: &str) -> Vec<String> {
+        vec![
+            "--amqp-url".into(),
+            amqp_url.to_owned(),
+            "--redis-url".into(),
+            redis_url.to_owned(),
+            "--redis-prefix".into(),
+            self.redis_prefix.clone(),
+            "--shards".into(),
+            SHARDS.to_string(),
+        ]
+    }
+
+    /// `shardline topology apply` with the defaults; fails the test unless it exits 0.
+    pub async fn apply_topology(&self) {
+        let out = self.cli(&["topology", "apply"]).await;
+        assert!(
+            out.status.success(),
+            "`shardline topology apply` failed with {}:\nstdout:\n{}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// This environment's broker address, parsed.
+    pub fn amqp_target(&self) -> shardline_topology::AmqpTarget {
+        self.amqp_url.parse().unwrap()
+    }
+
+    pub async fn connect(&self) -> Connection {
+        shardline_topology::connect(&self.amqp_target(), &format!("fleet-test {}", self.id))
+            .await
+            .unwrap()
+    }
+
+    /// Ready messages and consumers of every shard queue, by passive declare
+    /// (on a single-active-consumer queue the count is of the active consumer only).
+    pub async fn shard_statuses(&self, conn: &Connection) -> Vec<ShardStatus> {
+        let mut out = Vec::new();
+        for shard in 0..SHARDS {
+            out.push(
+                declare::queue_status(conn, &self.shard_queue(shard))
+                    .await
+                    .unwrap(),
+            );
+        }
+        out
+    }
+
+    /// The consumers of every shard queue by passive declare (cheap, unlike
+    /// `rabbitmqctl`), on a connection of the kit's own.
+    pub async fn consumer_counts(&self) -> Vec<u32> {
+        let conn = {
+            let mut probe = self.probe.lock().await;
+            match probe.as_ref() {
+                Some(conn) if conn.status().connected() => conn.clone(),
+                _ => probe.insert(Arc::new(self.connect().await)).clone(),
+            }
+        };
+        self.shard_statuses(&conn)
+            .await
+            .iter()
+            .map(|s| s.consumers)
+            .collect()
+    }
+
+    /// `(messages, messages_unacknowledged)` of every queue in the vhost, as
+    /// `rabbitmqctl` sees it (`messages` counts ready and unacked).
+    pub async fn queue_depths(&self) -> BTreeMap<String, (u64, u64)> {
+        let text = self
+            .broker
+            .run(&[
+                "-q",
+                "list_queues",
+                "-p",
+                &self.vhost,
+                "--no-table-headers",
+                "name",
+                "messages",
+                "messages_unacknowledged",
+            ])
+            .await;
+        text.lines()
+            .filter_map(|line| {
+                let mut parts = line.split_whitespace();
+                let name = parts.next()?.to_owned();
+                let messages = parts.next()?.parse().ok()?;
+                let unacked = parts.next()?.parse().ok()?;
+                Some((name, (messages, unacked)))
+            })
+            .collect()
+    }
+
+    /// Messages (ready + unacked) over all shard queues.
+    pub async fn shard_backlog(&self) -> u64 {
+        let depths = self.queue_depths().await;
+        (0..SHARDS)
+            .map(|s| depths.get(&self.shard_queue(s)).map_or(0, |d| d.0))
+            .sum()
+    }
+
+    /// Messages (ready + unacked) in the dead-letter queue.
+    pub async fn dlq_backlog(&self) -> u64 {
+        let depths = self.queue_depths().await;
+        depths.get(&self.names.dead_letter_queue).map_or(0, |d| d.0)
+    }
+
+    /// Waits until every shard queue is empty, unacked messages included: all
+    /// deliveries were acked, so no handler call is in flight either.
+    pub async fn wait_shard_queues_drained(&self, timeout: Duration) {
+        wait_until(
+            "every shard queue drained (nothing ready, nothing unacked)",
+            timeout,
+            || async {
+                let depths = self.queue_depths().await;
+                let busy: Vec<_> = (0..SHARDS)
+                    .map(|s| self.shard_queue(s))
+                    .filter(|q| depths.get(q).is_none_or(|d| d.0 > 0))
+                    .collect();
+                if busy.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "busy {busy:?}; depths (messages, unacked): {depths:?}"
+                    ))
+                }
+            },
+        )
+        .await;
+    }
+
+    /// The consumers of every shard queue, by queue (`rabbitmqctl list_consumers`:
+    /// consumer tag `{worker}/shard-{n}`, whether it is the active one, its
+    /// channel). A queue without consumers is absent.
+    pub async fn shard_consumers(&self) -> BTreeMap<String, Vec<ConsumerRow>> {
+        let text = self
+            .broker
+            .run(&[
+                "-q",
+                "list_consumers",
+                "-p",
+                &self.vhost,
+                "--no-table-headers",
+                "queue_name",
+                "channel_pid",
+                "consumer_tag",
+                "active",
+            ])
+            .await;
+        // rabbitmqctl prints the columns in its own order, whatever the order asked.
+        let mut out: BTreeMap<String, Vec<ConsumerRow>> = BTreeMap::new();
+        for line in text.lines() {
+            let mut cols = line.split('\t');
+            let (Some(queue), Some(channel), Some(tag), Some(active)) =
+                (cols.next(), cols.next(), cols.next(), cols.next())
+            else {
+                continue;
+            };
+            out.entry(queue.to_owned()).or_default().push(ConsumerRow {
+                tag: tag.to_owned(),
+                active: active.trim() == "true",
+                channel: channel.trim().to_owned(),
+            });
+        }
+        out
+    }
+
+    /// `None` when every shard queue has exactly one active consumer and it is
+    /// worker `owner`'s, and the queue has `consumers` consumers in all;
+    /// otherwise what differs (for a failure message).
+    pub async fn active_owner_mismatch(&self, owner: &str, consumers: u32) -> Option<String> {
+        let all = self.shard_consumers().await;
+        let mut wrong = Vec::new();
+        for shard in 0..SHARDS {
+            let queue = self.shard_queue(shard);
+            let rows = all.get(&queue).map(Vec::as_slice).unwrap_or_default();
+            let active: Vec<&str> = rows
+                .iter()
+                .filter(|r| r.active)
+                .map(|r| r.tag.as_str())
+                .collect();
+            let expected = format!("{owner}/shard-{shard}");
+            if active != [expected.as_str()] || rows.len() != consumers as usize {
+                wrong.push(format!("{queue}: {rows:?}"));
+            }
+        }
+        (!wrong.is_empty()).then(|| {
+            format!(
+                "expected on every shard queue {consumers} consumer(s), exactly one active, \
+                 worker `{owner}`'s; got:\n  {}",
+                wrong.join("\n  ")
+            )
+        })
+    }
+
+    /// `Ok` once worker `name` has a consumer on each of `shards`' queues and
+    /// each of them has exactly one active consumer; else what is missing.
+    pub async fn consumers_registered(&self, name: &str, shards: &[u16]) -> Result<(), String> {
+        let all = self.shard_consumers().await;
+        let missing: Vec<String> = shards
+            .iter()
+            .filter(|&&shard| {
+                let rows = all
+                    .get(&self.shard_queue(shard))
+                    .map(Vec::as_slice)
+                    .unwrap_or_default();
+                let tag = format!("{name}/shard-{shard}");
+                !rows.iter().any(|r| r.tag == tag) || rows.iter().filter(|r| r.active).count() != 1
+            })
+            .map(|s| self.shard_queue(*s))
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "worker `{name}` not yet registered (or not exactly one active consumer) on \
+                 {missing:?}; consumers: {all:?}"
+            ))
+        }
+    }
+
+    /// Number of Redis keys under this environment's prefix.
+    pub fn redis_key_count(&self) -> usize {
+        let mut con = redis::Client::open(REDIS_URL)
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        scan_prefix(&mut con, &self.redis_prefix).len()
+    }
+}
+
+/// One consumer of a queue, as `rabbitmqctl list_consumers` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerRow {
+    pub tag: String,
+    /// The single active consumer of a single-active-consumer queue (always
+    /// true for other consumers).
+    pub active: bool,
+    /// The Erlang pid of the consumer's channel: a consumer taken again is on
+    /// a new channel.
+    pub channel: String,
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        match self
+            .broker
+            .run_blocking(&["-q", "delete_vhost", &self.vhost])
+        {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => eprintln!(
+                "cleanup: delete_vhost {} failed: {}",
+                self.vhost,
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => eprintln!("cleanup: cannot run rabbitmqctl: {e}"),
+        }
+        let cleaned = redis::Client::open(REDIS_URL)
+            .and_then(|c| c.get_connection())
+            .map(|mut con| {
+                for chunk in scan_prefix(&mut con, &self.redis_prefix).chunks(500) {
+                    let _: Result<(), _> = redis::cmd("DEL").arg(chunk).query(&mut con);
+                }
+            });
+        if let Err(e) = cleaned {
+            eprintln!("cleanup: Redis keys under {}: {e}", self.redis_prefix);
+        }
+    }
+}
+
+fn scan_prefix(con: &mut redis::Connection, prefix: &str) -> Vec<String> {
+    let pattern = format!("{}*", glob_escape(prefix));
+    let mut keys = Vec::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query(con)
+            .unwrap();
+        keys.extend(batch);
+        if next == 0 {
+            return keys;
+        }
+        cursor = next;
+    }
+}
+
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
