@@ -67,7 +67,8 @@ pub use config::{Config, ConfigError, OnDeadLetter, OnGap, Problem, RetryPolicy}
 pub use error::{BindError, WorkerError};
 pub use handler::{Event, Handler, HandlerError, HandlerSpecError, Http, Log, Noop, from_spec};
 pub use live::ShardState;
-pub use progress::{Counts, Progress};
+pub use metrics::Counts;
+pub use progress::Progress;
 pub use shardline_topology::status::Thresholds;
 pub use signal::cancel_on_signal;
 pub use supervisor::{Worker, run};

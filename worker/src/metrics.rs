@@ -24,7 +24,6 @@ use shardline_topology::headers::FailReason;
 use shardline_topology::status::{Level, Thresholds};
 
 use crate::live::{ShardState, ShardWatch, Snapshot, unix_ms};
-use crate::progress::Counts;
 
 /// Metric names, as registered. Counters get `_total` appended on exposition
 /// (OpenMetrics), so `EVENTS` is scraped as `shardline_events_total`.
@@ -406,6 +405,52 @@ impl Collector for LiveCollector {
             &each_int(&|s| i64::from(s.inflight_age.is_some_and(|d| d >= self.stuck_after))),
         )?;
         Ok(())
+    }
+}
+
+/// Totals since the worker started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Counts {
+    /// Events the handler processed and that were acked.
+    pub processed: u64,
+    /// Events acked as duplicates without calling the handler.
+    pub duplicates: u64,
+    /// Handler calls, first attempts and retries.
+    pub handler_attempts: u64,
+    /// Failed attempts retried in place.
+    pub retries: u64,
+    /// Claims taken over from a consumer that died mid-handler.
+    pub takeovers: u64,
+    /// Times Redis became unreachable (shards paused).
+    pub redis_outages: u64,
+    /// Broker connections opened after the first.
+    pub broker_reconnects: u64,
+    /// Events the sequence gate holds now.
+    pub held: u64,
+    /// Sequence gaps given up on (timed out or accepted as a start).
+    pub gaps: u64,
+    /// By reason, in the order of [`FailReason::ALL`].
+    pub(crate) dead_letters: [u64; FailReason::ALL.len()],
+}
+
+impl Counts {
+    /// Dead letters published (and confirmed) for `reason`.
+    pub fn dead_lettered(&self, reason: FailReason) -> u64 {
+        FailReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .map_or(0, |i| self.dead_letters[i])
+    }
+
+    /// Dead letters published, all reasons.
+    pub fn dead_lettered_total(&self) -> u64 {
+        self.dead_letters.iter().sum()
+    }
+
+    /// Events settled one way or another: processed, duplicate or dead-lettered.
+    pub fn settled(&self) -> u64 {
+        self.processed + self.duplicates + self.dead_lettered_total()
     }
 }
 
