@@ -20,6 +20,7 @@
 //! - [`failures`]: in-place retries, permanent failures and poison bodies dead-lettered.
 //! - [`gate`]: the sequence gate: held events, gaps, late events, start grace, max held.
 //! - [`hostile`]: a corpus of malformed bodies and odd headers: defined outcomes, no panic, no blocked shard.
+//! - [`concurrency`]: `--concurrency K`: K calls in flight per shard, never two of one order; kill -9 repeats at most K per shard.
 //! - [`crash`]: kill -9 mid-stream loses nothing and repeats at most the in-flight event.
 //! - [`standby`]: one consumer per shard; a standby takes over from a killed worker.
 //! - [`shutdown`]: SIGTERM drains the in-flight event, acks it and exits 0.
@@ -36,6 +37,7 @@
 //! test-support`), `tests/outages/` (a private RabbitMQ node and a private Redis).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod concurrency;
 mod crash;
 mod dlq;
 mod duplicates;
