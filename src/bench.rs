@@ -1,7 +1,12 @@
 //! `shardline bench`: the worker draining a pre-published load, next to a raw
 //! lapin consume-and-ack loop doing one Redis `SET NX EX` per event, measured in
-//! the same run on the same broker, Redis and shard count.
+//! the same run on the same broker, Redis and shard count. With
+//! `--downstream-latency` the worker calls a local HTTP downstream that answers
+//! after that long (the `http` handler), once per `--concurrency` value, and
+//! the rates are compared with the first value's.
 
+use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,11 +15,15 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Args;
 use futures_util::StreamExt;
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Response, StatusCode};
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use shardline_publisher::Publisher;
 use shardline_topology::broker;
-use shardline_worker::{Config, Worker, handler::Noop};
+use shardline_worker::handler::{Http, Noop};
+use shardline_worker::{Config, Handler, Worker};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -37,7 +46,16 @@ pub struct BenchArgs {
     /// Prefetch settings to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [1u16, 32])]
     pub prefetch: Vec<u16>,
-    /// Measurements of each kind per prefetch; the median is reported.
+    /// Calls in flight per shard (`worker --concurrency`) to measure,
+    /// comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1u16])]
+    pub concurrency: Vec<u16>,
+    /// Call a local HTTP downstream that answers 200 after this long (the
+    /// worker's `http` handler) instead of the `noop` handler; the raw loop is
+    /// not measured then.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub downstream_latency: Option<Duration>,
+    /// Measurements of each kind per setting; the median is reported.
     #[arg(long, default_value_t = 1)]
     pub rounds: u32,
     /// The worker's `--on-dead-letter` mode (quarantine costs one Redis round
@@ -56,12 +74,20 @@ enum Kind {
 }
 
 impl Kind {
-    fn label(self) -> &'static str {
-        match self {
-            Self::Raw => "raw lapin loop + SET NX EX",
-            Self::Worker => "shardline worker (noop)",
+    fn label(self, downstream: bool) -> &'static str {
+        match (self, downstream) {
+            (Self::Raw, _) => "raw lapin loop + SET NX EX",
+            (Self::Worker, false) => "shardline worker (noop)",
+            (Self::Worker, true) => "shardline worker (http)",
         }
     }
+}
+
+/// One measured setting.
+#[derive(Debug, Clone, Copy)]
+struct Setting {
+    prefetch: u16,
+    concurrency: u16,
 }
 
 pub async fn run(
@@ -78,46 +104,114 @@ pub async fn run(
         !args.prefetch.contains(&0),
         "--prefetch values must be at least 1"
     );
-    eprintln!(
-        "bench: {} events of ~{} bytes over {} shards, prefetch {:?}, {} round(s)",
-        args.events, args.event_bytes, global.shards, args.prefetch, args.rounds
+    anyhow::ensure!(
+        !args.concurrency.contains(&0),
+        "--concurrency values must be at least 1"
     );
+    let stop_downstream = CancellationToken::new();
+    let _stop_downstream = stop_downstream.clone().drop_guard();
+    let downstream = match args.downstream_latency {
+        Some(latency) => Some(start_downstream(latency, stop_downstream).await?),
+        None => None,
+    };
+    eprintln!(
+        "bench: {} events of ~{} bytes over {} shards, prefetch {:?}, concurrency {:?}, {}, {} round(s)",
+        args.events,
+        args.event_bytes,
+        global.shards,
+        args.prefetch,
+        args.concurrency,
+        args.downstream_latency.map_or_else(
+            || "noop handler".to_owned(),
+            |l| format!("downstream latency {}", humantime::format_duration(l))
+        ),
+        args.rounds
+    );
+    let kinds: &[Kind] = if downstream.is_some() {
+        &[Kind::Worker]
+    } else {
+        &[Kind::Raw, Kind::Worker]
+    };
     let mut rows = Vec::new();
     for &prefetch in &args.prefetch {
-        let mut rates = [Vec::new(), Vec::new()];
-        for round in 0..args.rounds {
-            // Alternate the order so drift on a noisy machine hits both kinds alike.
-            let kinds = if round % 2 == 0 {
-                [Kind::Raw, Kind::Worker]
-            } else {
-                [Kind::Worker, Kind::Raw]
+        for &concurrency in &args.concurrency {
+            let setting = Setting {
+                prefetch,
+                concurrency,
             };
-            for kind in kinds {
-                if shutdown.is_cancelled() {
-                    anyhow::bail!("interrupted");
+            let mut rates = [Vec::new(), Vec::new()];
+            for round in 0..args.rounds {
+                // Alternate the order so drift on a noisy machine hits both kinds alike.
+                let mut order = kinds.to_vec();
+                if round % 2 == 1 {
+                    order.reverse();
                 }
-                let rate = measure(global, &args, kind, prefetch).await?;
-                eprintln!(
-                    "  prefetch {prefetch:>3}  {:<28} {rate:>9.0} events/s",
-                    kind.label()
-                );
-                rates[usize::from(kind == Kind::Worker)].push(rate);
+                for kind in order {
+                    if shutdown.is_cancelled() {
+                        anyhow::bail!("interrupted");
+                    }
+                    let rate = measure(global, &args, kind, setting, downstream).await?;
+                    eprintln!(
+                        "  prefetch {prefetch:>3}  concurrency {concurrency:>3}  {:<28} {rate:>9.0} events/s",
+                        kind.label(downstream.is_some())
+                    );
+                    rates[usize::from(kind == Kind::Worker)].push(rate);
+                }
             }
+            rows.push((setting, median(&mut rates[0]), median(&mut rates[1])));
         }
-        rows.push((prefetch, median(&mut rates[0]), median(&mut rates[1])));
     }
     println!();
-    println!(
-        "{:>8}  {:>14}  {:>14}  {:>12}",
-        "prefetch", "raw events/s", "worker events/s", "worker/raw"
-    );
-    for (prefetch, raw, worker) in rows {
+    if downstream.is_some() {
         println!(
-            "{prefetch:>8}  {raw:>14.0}  {worker:>15.0}  {:>12.2}",
-            worker / raw
+            "{:>8}  {:>11}  {:>15}  {:>12}",
+            "prefetch", "concurrency", "worker events/s", "vs first"
         );
+        let first = rows.first().map_or(0.0, |(_, _, worker)| *worker);
+        for (setting, _, worker) in rows {
+            println!(
+                "{:>8}  {:>11}  {worker:>15.0}  {:>11.2}x",
+                setting.prefetch,
+                setting.concurrency,
+                worker / first
+            );
+        }
+    } else {
+        println!(
+            "{:>8}  {:>11}  {:>14}  {:>15}  {:>12}",
+            "prefetch", "concurrency", "raw events/s", "worker events/s", "worker/raw"
+        );
+        for (setting, raw, worker) in rows {
+            println!(
+                "{:>8}  {:>11}  {raw:>14.0}  {worker:>15.0}  {:>12.2}",
+                setting.prefetch,
+                setting.concurrency,
+                worker / raw
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A downstream on a free local port that answers every request 200 after
+/// `latency`, until `stop`.
+async fn start_downstream(
+    latency: Duration,
+    stop: CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    let listener = shardline_worker::http::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(shardline_worker::http::serve_with(
+        listener,
+        stop,
+        move |_req| async move {
+            tokio::time::sleep(latency).await;
+            let mut ok = Response::new(Full::new(Bytes::from_static(b"{}")));
+            *ok.status_mut() = StatusCode::OK;
+            Ok::<_, Infallible>(ok)
+        },
+    ));
+    Ok(addr)
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -130,22 +224,28 @@ async fn measure(
     global: &GlobalArgs,
     args: &BenchArgs,
     kind: Kind,
-    prefetch: u16,
+    setting: Setting,
+    downstream: Option<SocketAddr>,
 ) -> anyhow::Result<f64> {
+    let handler: Arc<dyn Handler> = match downstream {
+        Some(addr) => Arc::new(Http::new(&format!("http://{addr}/events"))?),
+        None => Arc::new(Noop),
+    };
     let scratch = Scratch::create(global, "bench").await?;
     let result = async {
         prepublish(global, &scratch, args).await?;
         let started = Instant::now();
         match kind {
-            Kind::Raw => raw_drain(global, &scratch, prefetch, args.events).await?,
+            Kind::Raw => raw_drain(global, &scratch, setting.prefetch, args.events).await?,
             Kind::Worker => {
                 let config = Config {
-                    prefetch,
+                    prefetch: setting.prefetch,
+                    concurrency: setting.concurrency,
                     on_dead_letter: args.on_dead_letter.into(),
                     kinds_ttl: args.kinds_ttl,
                     ..scratch.worker_config("bench")
                 };
-                worker_drain(config, args.events).await?;
+                worker_drain(config, handler, args.events).await?;
             }
         }
         Ok::<_, anyhow::Error>(args.events as f64 / started.elapsed().as_secs_f64())
@@ -264,9 +364,9 @@ async fn raw_drain(
     })
 }
 
-async fn worker_drain(config: Config, total: u64) -> anyhow::Result<()> {
+async fn worker_drain(config: Config, handler: Arc<dyn Handler>, total: u64) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
-    let worker = Worker::new(config, Arc::new(Noop))?;
+    let worker = Worker::new(config, handler)?;
     let progress = worker.progress();
     let worker = tokio::spawn(worker.run(stop.clone()));
     let deadline = Instant::now() + drain_deadline(total);

@@ -27,9 +27,14 @@ pub struct WorkerArgs {
     /// `http(s)://…` (POST each event), `log` (JSON lines on stdout) or `noop`.
     #[arg(long, env = "SHARDLINE_HANDLER")]
     pub handler: String,
-    /// Events read ahead per shard; processing stays serial.
+    /// Events read ahead per shard.
     #[arg(long, env = "SHARDLINE_PREFETCH", default_value_t = Config::default().prefetch)]
     pub prefetch: u16,
+    /// Handler calls in flight per shard, never two of one order (1: serial).
+    /// More lifts a slow downstream's ceiling of one call per latency per shard;
+    /// a crash then repeats up to this many calls per shard.
+    #[arg(long, env = "SHARDLINE_CONCURRENCY", default_value_t = Config::default().concurrency)]
+    pub concurrency: u16,
     /// Handler attempts per event, the first included.
     #[arg(long, env = "SHARDLINE_MAX_ATTEMPTS", default_value_t = RetryPolicy::default().max_attempts, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_attempts: u32,
@@ -158,6 +163,7 @@ impl WorkerArgs {
             shards: global.shards,
             assign: assign.as_ref().map(Clone::clone).unwrap_or_default(),
             prefetch: self.prefetch,
+            concurrency: self.concurrency,
             exclusive,
             retry: RetryPolicy {
                 max_attempts: self.max_attempts,
@@ -288,6 +294,7 @@ mod tests {
         assert_eq!(parsed.dedup_ttl, library.dedup_ttl);
         assert_eq!(parsed.stuck_after, library.stuck_after);
         assert_eq!(parsed.backlog, library.backlog);
+        assert_eq!(parsed.concurrency, library.concurrency);
         assert_eq!(
             (parsed.gap_grace, parsed.start_grace, parsed.max_held),
             (library.gap_grace, library.start_grace, library.max_held)
@@ -306,6 +313,7 @@ mod tests {
                 "--retry-factor must be at least 1, got 0.5",
             ),
             (["--prefetch", "0"], "--prefetch must be at least 1"),
+            (["--concurrency", "0"], "--concurrency must be at least 1"),
             (
                 ["--backlog-warn", "5m"],
                 "--backlog-page must not be below --backlog-warn",

@@ -483,6 +483,7 @@ mod tests {
             backlog_age_seconds: backlog,
             inflight_age_seconds: Some(backlog),
             inflight_events: 1,
+            waiting_events: 0,
             held_events: 0,
             held: Vec::new(),
             updated_at_ms: at,

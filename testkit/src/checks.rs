@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use shardline_topology::headers::is_valid_traceparent;
 
 use crate::downstream::{Call, describe};
-use crate::env::{SHARDS, TestEnv};
+use crate::env::TestEnv;
 use crate::publish::Event;
 
 /// Keys answered 2xx (answer handed back).
@@ -77,6 +77,58 @@ pub fn assert_exactly_once(calls: &[Call], events: &[Event]) {
     assert_eq!(calls.len(), events.len(), "{}", describe(calls));
 }
 
+/// Two calls of one order never overlapped in time: each started after the
+/// one before it was answered. Calls never answered (the worker died during
+/// them) are left out.
+pub fn assert_orders_never_overlap(calls: &[Call]) {
+    let mut by_order: HashMap<&str, Vec<(&Call, std::time::Instant)>> = HashMap::new();
+    for c in calls {
+        if let (Some(order), Some(ended)) = (c.order_id.as_deref(), c.ended) {
+            by_order.entry(order).or_default().push((c, ended));
+        }
+    }
+    for (order, mut calls) in by_order {
+        calls.sort_by_key(|(c, _)| c.started);
+        for pair in calls.windows(2) {
+            let ((before, ended), (after, _)) = (pair[0], pair[1]);
+            assert!(
+                after.started >= ended,
+                "order {order}: call #{} (seq {:?}) started before #{} (seq {:?}) was answered",
+                after.index,
+                after.seq,
+                before.index,
+                before.seq
+            );
+        }
+    }
+}
+
+/// The most calls in flight at once on each shard (of the order).
+pub fn max_in_flight_per_shard(calls: &[Call], env: &TestEnv) -> BTreeMap<u16, usize> {
+    let mut edges: BTreeMap<u16, Vec<(std::time::Instant, i32)>> = BTreeMap::new();
+    for c in calls {
+        let shard = env.shard_of(c.order_id.as_deref().unwrap_or(""));
+        let edge = edges.entry(shard).or_default();
+        edge.push((c.started, 1));
+        if let Some(ended) = c.ended {
+            edge.push((ended, -1));
+        }
+    }
+    edges
+        .into_iter()
+        .map(|(shard, mut edge)| {
+            // An answer at the instant of a start counts first.
+            edge.sort();
+            let mut now = 0_i32;
+            let most = edge.iter().fold(0, |most, (_, d)| {
+                now += d;
+                most.max(now)
+            });
+            (shard, usize::try_from(most).unwrap_or(0))
+        })
+        .collect()
+}
+
 /// Calls beyond the first per key, by shard (of the order).
 pub fn repeats_per_shard(calls: &[Call], env: &TestEnv) -> BTreeMap<u16, usize> {
     let mut per_shard: BTreeMap<u16, (usize, HashSet<&str>)> = BTreeMap::new();
@@ -122,7 +174,7 @@ pub fn assert_request_shape(calls: &[Call], events: &[Event], env: &TestEnv) {
 
 /// Order ids `{prefix}-{i}` chosen so that every shard has exactly `per_shard` of them.
 pub fn orders_covering_shards(prefix: &str, per_shard: usize, env: &TestEnv) -> Vec<String> {
-    let mut count = [0usize; SHARDS as usize];
+    let mut count = vec![0usize; usize::from(env.shards.get())];
     let mut out = Vec::new();
     for i in 0.. {
         if count.iter().all(|n| *n == per_shard) {

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
@@ -37,6 +37,10 @@ pub struct Call {
     pub status: u16,
     /// Whether the answer was handed back (after the scripted delay).
     pub completed: bool,
+    /// When the request arrived (its body read).
+    pub started: Instant,
+    /// When the answer was handed back.
+    pub ended: Option<Instant>,
 }
 
 impl Call {
@@ -170,6 +174,11 @@ impl Downstream {
         .await
     }
 
+    /// Answers 200 to everything after `latency`.
+    pub async fn with_latency(latency: Duration) -> Self {
+        Self::scripted(move |_, _| Reply::ok().after(latency)).await
+    }
+
     /// The `--handler` URL of a worker calling this downstream.
     pub fn url(&self) -> String {
         format!("http://{}/events", self.addr)
@@ -278,6 +287,8 @@ async fn handle(
         body,
         status: 0,
         completed: false,
+        started: Instant::now(),
+        ended: None,
     };
     let (index, reply) = {
         let mut calls = state.calls.lock().unwrap();
@@ -291,7 +302,11 @@ async fn handle(
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
     }
-    state.calls.lock().unwrap()[index].completed = true;
+    {
+        let mut calls = state.calls.lock().unwrap();
+        calls[index].completed = true;
+        calls[index].ended = Some(Instant::now());
+    }
     state.changed.send_modify(|n| *n += 1);
     let response = Response::builder()
         .status(reply.status)

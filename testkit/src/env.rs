@@ -16,7 +16,7 @@ use shardline_worker::{Config, Handler, RetryPolicy};
 use crate::broker::{BrokerNode, Ctl};
 use crate::wait::wait_until;
 
-/// Every fleet test runs with this many shards.
+/// Fleet tests run with this many shards unless made with [`TestEnv::with_shards`].
 pub const SHARDS: u16 = 8;
 /// The machine's Redis, shared by the tests (each under its own prefix).
 pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
@@ -138,6 +138,13 @@ impl TestEnv {
         self.shards.shard_of(order_id).get()
     }
 
+    /// The same environment with `shards` shards instead of [`SHARDS`] (before
+    /// its topology is applied).
+    pub fn with_shards(mut self, shards: u16) -> Self {
+        self.shards = ShardCount::new(u32::from(shards)).unwrap();
+        self
+    }
+
     /// The Redis keys of this environment.
     pub fn keys(&self) -> Keys {
         Keys::new(&self.redis_prefix)
@@ -235,7 +242,7 @@ impl TestEnv {
             "--redis-prefix".into(),
             self.redis_prefix.clone(),
             "--shards".into(),
-            SHARDS.to_string(),
+            self.shards.get().to_string(),
         ]
     }
 
@@ -266,7 +273,7 @@ impl TestEnv {
     /// (on a single-active-consumer queue the count is of the active consumer only).
     pub async fn shard_statuses(&self, conn: &Connection) -> Vec<ShardStatus> {
         let mut out = Vec::new();
-        for shard in 0..SHARDS {
+        for shard in 0..self.shards.get() {
             out.push(
                 declare::queue_status(conn, &self.shard_queue(shard))
                     .await
@@ -323,7 +330,7 @@ impl TestEnv {
     /// Messages (ready + unacked) over all shard queues.
     pub async fn shard_backlog(&self) -> u64 {
         let depths = self.queue_depths().await;
-        (0..SHARDS)
+        (0..self.shards.get())
             .map(|s| depths.get(&self.shard_queue(s)).map_or(0, |d| d.0))
             .sum()
     }
@@ -342,7 +349,7 @@ impl TestEnv {
             timeout,
             || async {
                 let depths = self.queue_depths().await;
-                let busy: Vec<_> = (0..SHARDS)
+                let busy: Vec<_> = (0..self.shards.get())
                     .map(|s| self.shard_queue(s))
                     .filter(|q| depths.get(q).is_none_or(|d| d.0 > 0))
                     .collect();
@@ -400,7 +407,7 @@ impl TestEnv {
     pub async fn active_owner_mismatch(&self, owner: &str, consumers: u32) -> Option<String> {
         let all = self.shard_consumers().await;
         let mut wrong = Vec::new();
-        for shard in 0..SHARDS {
+        for shard in 0..self.shards.get() {
             let queue = self.shard_queue(shard);
             let rows = all.get(&queue).map(Vec::as_slice).unwrap_or_default();
             let active: Vec<&str> = rows

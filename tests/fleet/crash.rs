@@ -1,24 +1,31 @@
-//! kill -9 mid-stream: nothing lost, order kept, at most the in-flight event of
-//! each shard repeated.
+//! kill -9 mid-stream: nothing lost, order kept, at most the events in flight
+//! of each shard repeated (one, or K with `--concurrency K`).
 
 use std::time::Duration;
 
 use shardline_testkit::{
     ChildWorker, Downstream, PROCESSING, Publisher, QueueType, Reply, STARTUP, TestEnv, all_ok,
-    assert_in_order_and_complete, describe, interleaved, ok_keys, order_ids, repeats_per_shard,
+    assert_in_order_and_complete, assert_orders_never_overlap, describe, interleaved, ok_keys,
+    order_ids, repeats_per_shard,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_stream_loses_nothing() {
-    kill_9_mid_stream(QueueType::Classic).await;
+    kill_9_mid_stream(QueueType::Classic, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_at_concurrency_4_repeats_at_most_4_calls_per_shard() {
+    kill_9_mid_stream(QueueType::Classic, 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_stream_loses_nothing_on_quorum_queues() {
-    kill_9_mid_stream(QueueType::Quorum).await;
+    kill_9_mid_stream(QueueType::Quorum, 1).await;
 }
 
-async fn kill_9_mid_stream(queue_type: QueueType) {
+/// Both workers run with `--concurrency k`.
+async fn kill_9_mid_stream(queue_type: QueueType, k: u16) {
     let env = TestEnv::with_queue_type("crash", queue_type).await;
     env.apply_topology().await;
     let downstream =
@@ -27,7 +34,13 @@ async fn kill_9_mid_stream(queue_type: QueueType) {
     Publisher::connect(&env).await.publish(&events).await;
 
     // A process: the point is kill -9.
-    let mut first = ChildWorker::start(&env, "first", &downstream.url(), &[]);
+    let concurrency = k.to_string();
+    let mut first = ChildWorker::start(
+        &env,
+        "first",
+        &downstream.url(),
+        &["--concurrency", &concurrency],
+    );
     first.wait_consuming(&env).await;
     let third = events.len() / 3;
     downstream
@@ -44,7 +57,9 @@ async fn kill_9_mid_stream(queue_type: QueueType) {
         describe(&at_kill)
     );
 
-    let _second = env.start_worker("second", &downstream, |_| {}).await;
+    let _second = env
+        .start_worker("second", &downstream, |c| c.concurrency = k)
+        .await;
     downstream
         .wait_for("every event after the restart", PROCESSING, |calls| {
             all_ok(calls, &events)
@@ -54,10 +69,11 @@ async fn kill_9_mid_stream(queue_type: QueueType) {
 
     let calls = downstream.calls();
     assert_in_order_and_complete(&calls, &events);
+    assert_orders_never_overlap(&calls);
     let repeats = repeats_per_shard(&calls, &env);
     assert!(
-        repeats.values().all(|n| *n <= 1),
-        "more than the in-flight event repeated on a shard: {repeats:?}\n{}",
+        repeats.values().all(|n| *n <= usize::from(k)),
+        "more than the {k} event(s) in flight repeated on a shard: {repeats:?}\n{}",
         describe(&calls)
     );
 }

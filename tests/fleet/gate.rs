@@ -114,11 +114,20 @@ fn graces(gap: Duration, start: Duration) -> impl FnOnce(&mut Config) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_order_events_are_held_while_the_shard_keeps_flowing() {
-    let f = fleet(
-        "gate-ooo",
-        Downstream::start().await,
-        graces(Duration::from_secs(60), Duration::from_secs(30)),
-    )
+    out_of_order_events_are_held(1).await;
+}
+
+/// The same with 4 calls in flight per shard (`concurrency.rs` has the rest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_order_events_are_held_at_concurrency_4() {
+    out_of_order_events_are_held(4).await;
+}
+
+pub(crate) async fn out_of_order_events_are_held(concurrency: u16) {
+    let f = fleet("gate-ooo", Downstream::start().await, |c| {
+        graces(Duration::from_secs(60), Duration::from_secs(30))(c);
+        c.concurrency = concurrency;
+    })
     .await;
     let ids = same_shard_orders(&f.env, "ooo", 2);
     let (a, b) = (&ids[0], &ids[1]);
@@ -140,8 +149,9 @@ async fn out_of_order_events_are_held_while_the_shard_keeps_flowing() {
             all_ok(calls, &b_ev)
         })
         .await;
-    // The queue is FIFO and served serially: A's 3 was taken (and held) before
-    // B's 1, so its absence now is not a race.
+    // The queue is FIFO: A's 3 was taken (and held) before B's 1 (and, with
+    // concurrency, B's 1 started after A's 3 was admitted), so its absence now
+    // is not a race.
     assert_eq!(
         seqs(&calls, a),
         [1],

@@ -20,7 +20,8 @@
 //! - [`failures`]: in-place retries, permanent failures and poison bodies dead-lettered.
 //! - [`gate`]: the sequence gate: held events, gaps, late events, start grace, max held.
 //! - [`hostile`]: a corpus of malformed bodies and odd headers: defined outcomes, no panic, no blocked shard.
-//! - [`crash`]: kill -9 mid-stream loses nothing and repeats at most the in-flight event.
+//! - [`concurrency`]: `--concurrency K`: K calls in flight per shard, never two of one order.
+//! - [`crash`]: kill -9 mid-stream loses nothing and repeats at most the events in flight (K with `--concurrency K`).
 //! - [`standby`]: one consumer per shard; a standby takes over from a killed worker.
 //! - [`shutdown`]: SIGTERM drains the in-flight event, acks it and exits 0.
 //! - [`trace`]: the publisher's trace continues into the downstream call.
@@ -36,6 +37,7 @@
 //! test-support`), `tests/outages/` (a private RabbitMQ node and a private Redis).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod concurrency;
 mod crash;
 mod dlq;
 mod duplicates;

@@ -42,6 +42,16 @@ fn ok_seqs(calls: &[Call], order: &str) -> Vec<u64> {
 /// quarantine is lifted and X 7 flows as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quarantine_holds_an_order_until_its_replay_restores_the_sequence() {
+    quarantine_holds_an_order(1).await;
+}
+
+/// The same with 4 calls in flight per shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quarantine_holds_an_order_at_concurrency_4() {
+    quarantine_holds_an_order(4).await;
+}
+
+async fn quarantine_holds_an_order(concurrency: u16) {
     let env = TestEnv::new("quarantine").await;
     env.apply_topology().await;
     let conn = env.connect().await;
@@ -53,7 +63,8 @@ async fn quarantine_holds_an_order_until_its_replay_restores_the_sequence() {
     let downstream = Downstream::failing_until_fixed(xs[1].key(), Arc::clone(&fixed)).await;
     let mut worker = env
         .start_worker("w1", &downstream, |c| {
-            c.on_dead_letter = OnDeadLetter::Quarantine
+            c.on_dead_letter = OnDeadLetter::Quarantine;
+            c.concurrency = concurrency;
         })
         .await;
 

@@ -88,6 +88,11 @@ pub struct ShardReport {
     /// oldest's. Absent in documents of workers that predate it.
     #[serde(default)]
     pub inflight_events: u64,
+    /// Events taken from the queue that wait for an earlier event of their
+    /// order to finish (or for a free slot), with `--concurrency` > 1; they
+    /// count in the backlog age. Absent in documents of workers that predate it.
+    #[serde(default)]
+    pub waiting_events: u64,
     pub held_events: u64,
     /// The events held by the sequence gate (`shardline reconcile` treats
     /// them as on their way).
@@ -166,6 +171,7 @@ mod tests {
             backlog_age_seconds: 12.5,
             inflight_age_seconds: Some(1.25),
             inflight_events: 1,
+            waiting_events: 0,
             held_events: 2,
             held: Vec::new(),
             updated_at_ms: 1_700_000_000_000,
@@ -175,7 +181,8 @@ mod tests {
             json,
             serde_json::json!({
                 "shard": 3, "owner": "worker-a", "backlog_age_seconds": 12.5,
-                "inflight_age_seconds": 1.25, "inflight_events": 1, "held_events": 2,
+                "inflight_age_seconds": 1.25, "inflight_events": 1, "waiting_events": 0,
+                "held_events": 2,
                 "updated_at_ms": 1_700_000_000_000u64,
             })
         );
@@ -209,6 +216,7 @@ mod tests {
             backlog_age_seconds: 10.0,
             inflight_age_seconds: None,
             inflight_events: 0,
+            waiting_events: 0,
             held_events: 0,
             held: Vec::new(),
             updated_at_ms: 1_000_000,

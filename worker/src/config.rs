@@ -24,10 +24,16 @@ pub struct Config {
     pub shards: ShardCount,
     /// Shards this worker consumes (or stands by for). Default all.
     pub assign: Vec<ShardId>,
-    /// Events read ahead per shard (the consumer's prefetch window). Processing
-    /// stays serial whatever the value; more read-ahead hides broker round trips.
-    /// Default 1.
+    /// Events read ahead per shard (the consumer's prefetch window). More
+    /// read-ahead hides broker round trips. Default 1.
     pub prefetch: u16,
+    /// Handler calls in flight per shard, never two of one order: an order's
+    /// events run one at a time in delivery order while other orders go ahead.
+    /// 1 is strictly serial per shard (with the claim of the next event riding
+    /// on the commit); more lifts the shard's ceiling of one call per
+    /// downstream latency, at the price of up to this many repeated calls per
+    /// shard after a crash. Default 1.
+    pub concurrency: u16,
     /// Take each shard with an exclusive consumer (classic queues without
     /// single-active-consumer). When false the queue's single-active-consumer
     /// decides which consumer is active. Default true.
@@ -59,7 +65,8 @@ pub struct Config {
     pub start_grace: Duration,
     /// Events held per shard at most; at the bound the oldest gap times out
     /// early. Also the consumer's window reserve: the broker window is
-    /// `prefetch + max_held`. Default 64.
+    /// `prefetch + concurrency + max_held` (`prefetch + max_held` at
+    /// concurrency 1). Default 64.
     pub max_held: u16,
     /// What to do with held events whose gap never filled. Default dead-letter.
     pub on_gap: OnGap,
@@ -118,6 +125,7 @@ impl Default for Config {
             shards: ShardCount::default(),
             assign: ShardCount::default().ids().collect(),
             prefetch: 1,
+            concurrency: 1,
             exclusive: true,
             retry: RetryPolicy::default(),
             handler_timeout: Duration::from_secs(30),
@@ -160,6 +168,7 @@ impl Config {
             (retry.factor < 1.0).then(|| refuse("retry.factor", factor())),
             (retry.max_attempts == 0).then(|| refuse("retry.max_attempts", Problem::AT_LEAST_ONE)),
             (self.prefetch == 0).then(|| refuse("prefetch", Problem::AT_LEAST_ONE)),
+            (self.concurrency == 0).then(|| refuse("concurrency", Problem::AT_LEAST_ONE)),
             (self.backlog.page < self.backlog.warn)
                 .then(|| refuse("backlog.page", Problem::BelowField("backlog.warn"))),
             self.assign
@@ -187,9 +196,29 @@ impl Config {
             .unwrap_or_else(|| self.dedup_ttl.max(Duration::from_secs(24 * 3600)))
     }
 
-    /// The consumer's broker window: read-ahead plus the gate's hold reserve.
+    /// The consumer's broker window: read-ahead, the calls in flight beyond the
+    /// first, and the gate's hold reserve. At concurrency 1 it is
+    /// `prefetch + max_held`, as before concurrency existed.
     pub fn window(&self) -> u16 {
-        self.prefetch.saturating_add(self.max_held)
+        self.prefetch
+            .saturating_add(self.concurrent_calls())
+            .saturating_add(self.max_held)
+    }
+
+    /// The shard's share of the window for events taken and not held: in
+    /// flight, ready or waiting for their order (`prefetch + concurrency`).
+    /// At the bound the shard takes no delivery until one of them is settled.
+    pub(crate) fn max_taken(&self) -> usize {
+        usize::from(self.prefetch) + usize::from(self.concurrent_calls())
+    }
+
+    /// Calls in flight beyond the serial one: 0 at concurrency 1.
+    fn concurrent_calls(&self) -> u16 {
+        if self.concurrency > 1 {
+            self.concurrency
+        } else {
+            0
+        }
     }
 }
 
@@ -330,6 +359,20 @@ mod tests {
     }
 
     #[test]
+    fn the_window_adds_the_calls_in_flight_beyond_one() {
+        let serial = Config::default();
+        assert_eq!(serial.window(), 1 + 64, "concurrency 1: as before");
+        let concurrent = Config {
+            prefetch: 2,
+            concurrency: 16,
+            max_held: 10,
+            ..Config::default()
+        };
+        assert_eq!(concurrent.window(), 2 + 16 + 10);
+        assert_eq!(concurrent.max_taken(), 18);
+    }
+
+    #[test]
     fn lease_covers_one_attempt_plus_margin() {
         let c = Config::default();
         assert_eq!(c.lease(), Duration::from_secs(60));
@@ -363,6 +406,13 @@ mod tests {
                 ..Config::default()
             }),
             "prefetch must be at least 1"
+        );
+        assert_eq!(
+            refused(Config {
+                concurrency: 0,
+                ..Config::default()
+            }),
+            "concurrency must be at least 1"
         );
         let inverted = Config {
             backlog: Thresholds {

@@ -29,6 +29,8 @@
 //! - `shard`: one shard's consumer: exclusive consume or standby, drain and
 //!   close (no `basic.cancel`) on stop.
 //! - `lookahead`: the next delivery taken early, to claim it with the last commit.
+//! - `schedule`: with `--concurrency` > 1, which event starts next: never two
+//!   of one order, redelivered events alone, a bound on waiting events.
 //! - `gate`: the sequence gate's held events, per order, with their deadlines.
 //! - `process`: one delivery to an outcome: decode, admit, call the handler.
 //! - `dedup`: the Redis state: claims, `done` marks, each order's last seq.
@@ -56,6 +58,7 @@ pub mod metrics;
 mod process;
 mod progress;
 mod quarantine;
+mod schedule;
 mod settle;
 mod shard;
 mod signal;

@@ -44,8 +44,14 @@ pub(crate) struct ShardWatch {
     state: AtomicU8,
     /// Monotonic nanoseconds (see [`Clock`]) when the in-flight event was taken.
     inflight_since_ns: AtomicU64,
-    /// When the in-flight event was published.
+    /// When the in-flight event was published (the oldest of them).
     inflight_published_ms: AtomicU64,
+    /// Handler calls in flight (retry backoff included).
+    inflight: AtomicU64,
+    /// Events taken and not started: waiting for their order or a slot.
+    waiting: AtomicU64,
+    /// When the oldest waiting event was published.
+    waiting_oldest_ms: AtomicU64,
     held: AtomicU64,
     /// When the oldest held event was published.
     held_oldest_ms: AtomicU64,
@@ -60,6 +66,9 @@ impl ShardWatch {
             state: AtomicU8::new(ShardState::Idle as u8),
             inflight_since_ns: AtomicU64::new(0),
             inflight_published_ms: AtomicU64::new(0),
+            inflight: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            waiting_oldest_ms: AtomicU64::new(0),
             held: AtomicU64::new(0),
             held_oldest_ms: AtomicU64::new(0),
             held_refs: Mutex::default(),
@@ -70,6 +79,7 @@ impl ShardWatch {
         self.state.store(state as u8, Ordering::Relaxed);
         if !state.is_consuming() {
             self.clear_inflight();
+            self.set_waiting(0, None);
             self.set_held(0, None);
             self.set_held_refs(Vec::new());
         }
@@ -86,6 +96,13 @@ impl ShardWatch {
 
     /// The shard's task starts working on an event published at `published_ms`.
     pub(crate) fn start_inflight(&self, published_ms: u64) {
+        self.set_inflight(1, CLOCK.now_ns(), published_ms);
+    }
+
+    /// A started event ran at monotonic `since_ns` ([`ShardWatch::now_ns`]).
+    /// `count` calls are in flight, the oldest taken at `since_ns`, the oldest
+    /// published at `published_ms`.
+    pub(crate) fn set_inflight(&self, count: usize, since_ns: u64, published_ms: u64) {
         if self.state.load(Ordering::Relaxed) == ShardState::Registered as u8 {
             // Deliveries come only to the active consumer.
             let _ = self.state.compare_exchange(
@@ -95,15 +112,30 @@ impl ShardWatch {
                 Ordering::Relaxed,
             );
         }
+        self.inflight.store(count as u64, Ordering::Relaxed);
         self.inflight_since_ns
-            .store(CLOCK.now_ns().max(1), Ordering::Relaxed);
+            .store(since_ns.max(1), Ordering::Relaxed);
         self.inflight_published_ms
             .store(published_ms, Ordering::Relaxed);
     }
 
     pub(crate) fn clear_inflight(&self) {
+        self.inflight.store(0, Ordering::Relaxed);
         self.inflight_since_ns.store(0, Ordering::Relaxed);
         self.inflight_published_ms.store(0, Ordering::Relaxed);
+    }
+
+    /// Now on the watch's monotonic clock, for [`ShardWatch::set_inflight`].
+    pub(crate) fn now_ns() -> u64 {
+        CLOCK.now_ns()
+    }
+
+    /// `waiting` events are taken and not started, the oldest published at
+    /// `oldest_ms`.
+    pub(crate) fn set_waiting(&self, waiting: usize, oldest_ms: Option<u64>) {
+        self.waiting.store(waiting as u64, Ordering::Relaxed);
+        self.waiting_oldest_ms
+            .store(oldest_ms.unwrap_or(0), Ordering::Relaxed);
     }
 
     pub(crate) fn inflight_elapsed(&self) -> Option<Duration> {
@@ -144,7 +176,8 @@ impl ShardWatch {
     pub(crate) fn snapshot(&self, now_ms: u64) -> Snapshot {
         let inflight_published = self.inflight_published_ms.load(Ordering::Relaxed);
         let held_oldest = self.held_oldest_ms.load(Ordering::Relaxed);
-        let head = [inflight_published, held_oldest]
+        let waiting_oldest = self.waiting_oldest_ms.load(Ordering::Relaxed);
+        let head = [inflight_published, held_oldest, waiting_oldest]
             .into_iter()
             .filter(|ms| *ms > 0)
             .min();
@@ -154,6 +187,8 @@ impl ShardWatch {
                 Duration::from_millis(now_ms.saturating_sub(ms))
             }),
             inflight_age: self.inflight_elapsed(),
+            inflight: self.inflight.load(Ordering::Relaxed),
+            waiting: self.waiting.load(Ordering::Relaxed),
             held: self.held.load(Ordering::Relaxed),
         }
     }
@@ -163,10 +198,15 @@ impl ShardWatch {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Snapshot {
     pub(crate) state: ShardState,
-    /// Age of the oldest unprocessed event (in flight or held); zero when none.
+    /// Age of the oldest unprocessed event (in flight, waiting or held); zero
+    /// when none.
     pub(crate) backlog_age: Duration,
-    /// How long the in-flight event has been worked on, if there is one.
+    /// How long the (oldest) in-flight event has been worked on, if there is one.
     pub(crate) inflight_age: Option<Duration>,
+    /// Handler calls in flight.
+    pub(crate) inflight: u64,
+    /// Events waiting for their order (or a slot).
+    pub(crate) waiting: u64,
     pub(crate) held: u64,
 }
 
@@ -234,6 +274,13 @@ mod tests {
         assert!(snap.inflight_age.is_some());
         watch.set_held(0, None);
         assert_eq!(watch.snapshot(now).backlog_age, Duration::from_secs(5));
+        watch.set_waiting(3, Some(now - 7_000));
+        let snap = watch.snapshot(now);
+        assert_eq!(
+            (snap.backlog_age, snap.waiting),
+            (Duration::from_secs(7), 3)
+        );
+        watch.set_waiting(0, None);
         watch.clear_inflight();
         let snap = watch.snapshot(now);
         assert_eq!(snap.backlog_age, Duration::ZERO);

@@ -53,6 +53,12 @@ pub mod names {
     pub const DLQ_DEPTH: &str = "shardline_dlq_depth";
     /// Gauge `{shard}`: events the sequence gate holds.
     pub const HELD_EVENTS: &str = "shardline_held_events";
+    /// Gauge `{shard}`: handler calls in flight (claimed, not yet acked; retry
+    /// backoff included), at most `--concurrency`.
+    pub const INFLIGHT_EVENTS: &str = "shardline_inflight_events";
+    /// Gauge `{shard}`: events taken from the queue that wait for an earlier
+    /// event of their order to finish (or for a free slot).
+    pub const WAITING_EVENTS: &str = "shardline_waiting_events";
     /// Gauge `{shard}`: 1 while this worker consumes the shard (on
     /// single-active-consumer queues: from its first delivery, as the broker
     /// does not tell a consumer that it became the active one).
@@ -282,13 +288,10 @@ pub(crate) struct ShardMetrics {
 }
 
 impl ShardMetrics {
-    /// A processed event was acked; its processing time is taken from the
-    /// in-flight mark.
-    pub(crate) fn processed(&self) {
+    /// A processed event was acked, `took` after it was taken.
+    pub(crate) fn processed(&self, took: Duration) {
         self.processed.inc();
-        if let Some(started) = self.watch.inflight_elapsed() {
-            self.processing.observe(started.as_secs_f64());
-        }
+        self.processing.observe(took.as_secs_f64());
     }
 
     /// An event was acked as a duplicate (of a processed or a held one).
@@ -371,7 +374,7 @@ impl Collector for LiveCollector {
         Self::gauge_family(
             &mut encoder,
             names::BACKLOG_AGE_SECONDS,
-            "Age of the shard's oldest unprocessed event (in flight or held), 0 when none",
+            "Age of the shard's oldest unprocessed event (in flight, waiting or held), 0 when none",
             &each(&|s| s.backlog_age.as_secs_f64()),
         )?;
         Self::gauge_family(
@@ -385,6 +388,18 @@ impl Collector for LiveCollector {
             names::HELD_EVENTS,
             "Events the sequence gate holds",
             &each_int(&|s| i64::try_from(s.held).unwrap_or(i64::MAX)),
+        )?;
+        Self::gauge_family(
+            &mut encoder,
+            names::INFLIGHT_EVENTS,
+            "Handler calls in flight (claimed, not yet acked), at most --concurrency",
+            &each_int(&|s| i64::try_from(s.inflight).unwrap_or(i64::MAX)),
+        )?;
+        Self::gauge_family(
+            &mut encoder,
+            names::WAITING_EVENTS,
+            "Events taken that wait for an earlier event of their order (or a free slot)",
+            &each_int(&|s| i64::try_from(s.waiting).unwrap_or(i64::MAX)),
         )?;
         Self::gauge_family(
             &mut encoder,
@@ -472,7 +487,7 @@ mod tests {
         for _ in 0..3 {
             s1.attempt();
         }
-        s1.processed();
+        s1.processed(Duration::from_millis(5));
         s1.retried();
         s1.dead_lettered(FailReason::Handler);
         m.broker_reconnected();
@@ -488,6 +503,8 @@ mod tests {
             "shardline_broker_reconnects_total 1",
             "shardline_redis_outages_total 0",
             "shardline_seq_gaps_total 0",
+            "shardline_inflight_events{shard=\"1\"} 1",
+            "shardline_waiting_events{shard=\"1\"} 0",
             "shardline_dlq_depth 7",
             "shardline_queue_depth{shard=\"0\"} 0",
             "shardline_backlog_level{shard=\"1\"} 1",
@@ -505,8 +522,8 @@ mod tests {
     fn counts_read_the_same_counters_as_the_exposition() {
         let m = Metrics::new(&shards(2), Thresholds::default(), Duration::from_secs(60));
         let [s0, s1] = [m.shards()[0].clone(), m.shards()[1].clone()];
-        s0.processed();
-        s1.processed();
+        s0.processed(Duration::from_millis(5));
+        s1.processed(Duration::from_millis(5));
         s1.duplicate();
         s0.dead_lettered(FailReason::Decode);
         s1.dead_lettered(FailReason::Handler);

@@ -185,7 +185,10 @@ impl Processor {
     }
 
     /// Attempt number `attempt` (1-based): admit the event (or renew its
-    /// lease) and run the handler under its timeout. `admitted` is the first
+    /// lease) and run the handler under its timeout. Every handler attempt of
+    /// every shard, serial or concurrent, passes through here and nowhere else:
+    /// a wait for permission to start (a breaker, a rate limit) belongs at its
+    /// top, before the admit counts a start. `admitted` is the first
     /// attempt's verdict when it was already asked for (pipelined with the
     /// previous event's commit). The commit is the caller's, with the ack.
     /// Waits out Redis outages.

@@ -47,7 +47,8 @@ pub(crate) enum Settled {
 
 /// Processes `ready` until it is acked or held. `in_flight` holds the dedup
 /// key while a claim may be held, so that a caller who abandons this future can
-/// release it. Log lines about the event carry its trace and span ids (fields,
+/// release it. `lookahead` (serial shards only) lets the commit admit the next
+/// delivery in the same round trip. Log lines about the event carry its trace and span ids (fields,
 /// not a per-event `tracing` span: that would format both ids for every event).
 pub(crate) async fn settle(
     ctx: &ShardContext,
@@ -55,7 +56,7 @@ pub(crate) async fn settle(
     redis: &mut RedisSlot,
     ready: Ready,
     directive: Directive,
-    lookahead: &mut Lookahead,
+    lookahead: Option<&mut Lookahead>,
     in_flight: &mut Option<String>,
 ) -> Result<Settled, lapin::Error> {
     let trace = ctx
@@ -81,9 +82,10 @@ async fn settle_traced(
     dead_letters: &ConfirmChannel,
     redis: &mut RedisSlot,
     delivery: Delivery,
-    lookahead: &mut Lookahead,
+    mut lookahead: Option<&mut Lookahead>,
     in_flight: &mut Option<String>,
 ) -> Result<Settled, lapin::Error> {
+    let taken = std::time::Instant::now();
     let Delivery {
         mut ready,
         directive,
@@ -120,10 +122,10 @@ async fn settle_traced(
         match outcome {
             Outcome::Processed => {
                 if let Some(decoded) = decoded {
-                    commit(ctx, redis, lookahead, decoded, bypass).await;
+                    commit(ctx, redis, lookahead.as_deref_mut(), decoded, bypass).await;
                 }
                 ready.delivery.ack(BasicAckOptions::default()).await?;
-                ctx.metrics.processed();
+                ctx.metrics.processed(taken.elapsed());
                 trace.finish(outcome::PROCESSED, attempt);
                 break;
             }
@@ -183,7 +185,9 @@ async fn settle_traced(
                     ctx.processor
                         .dead_lettered(redis, decoded, &letter.id)
                         .await;
-                    if ctx.processor.quarantines() {
+                    if ctx.processor.quarantines()
+                        && let Some(lookahead) = lookahead.as_deref_mut()
+                    {
                         lookahead.forget_admission();
                     }
                 }
@@ -215,12 +219,12 @@ pub(crate) async fn ack_duplicate(ctx: &ShardContext, ready: &Ready) -> Result<(
     Ok(())
 }
 
-/// Commits the event (dedup and gate); when the next delivery is already here,
-/// admits it in the same round trip.
+/// Commits the event (dedup and gate); when the next delivery is already here
+/// (serial shards), admits it in the same round trip.
 async fn commit(
     ctx: &ShardContext,
     redis: &mut RedisSlot,
-    lookahead: &mut Lookahead,
+    lookahead: Option<&mut Lookahead>,
     done: &Decoded,
     bypassed: bool,
 ) {
@@ -233,7 +237,7 @@ async fn commit(
         replay_of: done.replay_of.as_deref(),
         bypassed: bypassed || done.replay_of.is_some(),
     };
-    match lookahead.peek(&ctx.processor) {
+    match lookahead.and_then(|lookahead| lookahead.peek(&ctx.processor)) {
         Some(Ready {
             delivery,
             decoded: Ok(next),

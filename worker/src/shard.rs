@@ -1,5 +1,7 @@
-//! One shard's consumer: take the shard (or stand by), process deliveries one at
-//! a time, and on stop finish the in-flight event under the drain deadline.
+//! One shard's consumer: take the shard (or stand by), process deliveries — one
+//! at a time, or up to `--concurrency` at once, never two of one order (the
+//! rules are `schedule.rs`'s) — and on stop finish the events in flight under
+//! the drain deadline.
 //!
 //! Stopping never sends `basic.cancel`: after a cancel the read-ahead stays
 //! checked out to this channel while the exclusive lock is already free, so
@@ -7,6 +9,10 @@
 //! finishes the in-flight one, then closes its channel: the broker requeues
 //! the read-ahead and the held events in order.
 
+use std::collections::HashMap;
+
+use futures_util::StreamExt as _;
+use futures_util::stream::FuturesUnordered;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::protocol::AMQPSoftError;
 use lapin::types::FieldTable;
@@ -21,6 +27,7 @@ use crate::config::Config;
 use crate::gate::{Directive, Expired, Gate, Holdable as _};
 use crate::live::{ShardState, ShardWatch, published_ms, unix_ms};
 use crate::lookahead::{Lookahead, Ready};
+use crate::schedule::{Entry, Schedule};
 use crate::settle::{Settled, ShardContext, ack_duplicate, settle};
 use crate::store::RedisSlot;
 
@@ -70,17 +77,33 @@ pub(crate) async fn consume_shard(
     });
     let mut lookahead = Lookahead::new(consumer);
     let mut gate = Gate::new(config);
-    let result = run_consumer(
-        config,
-        ctx,
-        &dead_letters,
-        redis,
-        &mut lookahead,
-        &mut gate,
+    let stops = Stops {
         shutdown,
         conn_lost,
-    )
-    .await;
+    };
+    let result = if config.concurrency > 1 {
+        run_concurrent(
+            config,
+            ctx,
+            &dead_letters,
+            redis,
+            &mut lookahead,
+            &mut gate,
+            stops,
+        )
+        .await
+    } else {
+        run_consumer(
+            config,
+            ctx,
+            &dead_letters,
+            redis,
+            &mut lookahead,
+            &mut gate,
+            stops,
+        )
+        .await
+    };
     watch.set_state(ShardState::Idle);
     lookahead.release(&ctx.processor, redis).await;
     if result.is_ok() {
@@ -150,9 +173,16 @@ async fn take_shard(
     }
 }
 
+/// What ends a shard's consumer: a stop, or the connection's loss.
+#[derive(Clone, Copy)]
+struct Stops<'a> {
+    shutdown: &'a CancellationToken,
+    conn_lost: &'a CancellationToken,
+}
+
 /// Settles deliveries one at a time — first those the gate released, then the
-/// broker's — until told to stop.
-#[allow(clippy::too_many_arguments)]
+/// broker's — until told to stop. Each commit admits the next delivery when it
+/// is already here (`lookahead.rs`).
 async fn run_consumer(
     config: &Config,
     ctx: &ShardContext,
@@ -160,13 +190,13 @@ async fn run_consumer(
     redis: &mut RedisSlot,
     lookahead: &mut Lookahead,
     gate: &mut Gate<Ready>,
-    shutdown: &CancellationToken,
-    conn_lost: &CancellationToken,
+    stops: Stops<'_>,
 ) -> Result<(), ShardError> {
-    let mut gauge = HeldGauge {
-        watch: &ctx.metrics.watch,
-        refs_of: 0,
-    };
+    let Stops {
+        shutdown,
+        conn_lost,
+    } = stops;
+    let mut gauge = HeldGauge::new(&ctx.metrics.watch);
     loop {
         gauge.sync(gate);
         let (ready, directive) = match gate.pop_runnable() {
@@ -200,7 +230,7 @@ async fn run_consumer(
                 redis,
                 ready,
                 directive,
-                lookahead,
+                Some(&mut *lookahead),
                 &mut in_flight,
             );
             tokio::pin!(work);
@@ -216,20 +246,7 @@ async fn run_consumer(
         };
         ctx.metrics.watch.clear_inflight();
         match finished {
-            Some(Ok(Settled::Done { order_key })) => {
-                if let Some(order_key) = order_key {
-                    gate.passed(&order_key);
-                }
-            }
-            Some(Ok(Settled::Hold {
-                ready,
-                order_key,
-                seq,
-                start,
-            })) => match gate.hold(ready, &order_key, seq, start, Instant::now()) {
-                Ok(expired) => report(ctx, expired),
-                Err(copy) => ack_duplicate(ctx, &copy).await?,
-            },
+            Some(Ok(settled)) => to_gate(ctx, gate, settled).await?,
             Some(Err(e)) => return Err(e.into()),
             None => {
                 abandon(ctx, redis, in_flight, shutdown.is_cancelled()).await;
@@ -240,6 +257,213 @@ async fn run_consumer(
                 };
             }
         }
+    }
+}
+
+/// Tells the gate how an event left `settle`: passed (its order's held
+/// successor may run) or to be held.
+async fn to_gate(
+    ctx: &ShardContext,
+    gate: &mut Gate<Ready>,
+    settled: Settled,
+) -> Result<(), ShardError> {
+    match settled {
+        Settled::Done { order_key } => {
+            if let Some(order_key) = order_key {
+                gate.passed(&order_key);
+            }
+        }
+        Settled::Hold {
+            ready,
+            order_key,
+            seq,
+            start,
+        } => match gate.hold(ready, &order_key, seq, start, Instant::now()) {
+            Ok(expired) => report(ctx, expired),
+            Err(copy) => ack_duplicate(ctx, &copy).await?,
+        },
+    }
+    Ok(())
+}
+
+/// A delivery on its way through a concurrent shard.
+struct Job {
+    ready: Ready,
+    directive: Directive,
+    published_ms: u64,
+}
+
+/// A started job, for the watch and for releasing its claim if abandoned.
+struct Started {
+    /// The dedup key when the job may hold a claim.
+    claim: Option<String>,
+    order: Option<String>,
+    alone: bool,
+    since_ns: u64,
+    published_ms: u64,
+}
+
+/// Settles up to `--concurrency` deliveries at once, never two of one order
+/// (`schedule.rs`), until told to stop. Each call has its own Redis slot on the
+/// shard's connection; claims are not pipelined with commits here.
+async fn run_concurrent(
+    config: &Config,
+    ctx: &ShardContext,
+    dead_letters: &ConfirmChannel,
+    redis: &mut RedisSlot,
+    lookahead: &mut Lookahead,
+    gate: &mut Gate<Ready>,
+    stops: Stops<'_>,
+) -> Result<(), ShardError> {
+    let slots = usize::from(config.concurrency);
+    let watch = &ctx.metrics.watch;
+    let mut schedule: Schedule<Job> = Schedule::new(slots, config.max_taken());
+    let mut spare: Vec<RedisSlot> = (0..slots).map(|_| redis.fork()).collect();
+    let mut running = FuturesUnordered::new();
+    let mut started: HashMap<u64, Started> = HashMap::new();
+    let mut next_id = 0_u64;
+    let mut gauge = HeldGauge::new(watch);
+    let _clear = WaitingGauge(watch);
+    loop {
+        while let Some((ready, directive)) = gate.pop_runnable() {
+            schedule.push_released(job_entry(ready, directive));
+        }
+        while let Some(Entry { order, alone, item }) = schedule.next() {
+            let id = next_id;
+            next_id += 1;
+            let claim = match (&item.ready.decoded, &item.directive) {
+                (Ok(decoded), Directive::Normal | Directive::Bypass) => {
+                    Some(decoded.dedup_key.clone())
+                }
+                _ => None,
+            };
+            started.insert(
+                id,
+                Started {
+                    claim,
+                    order,
+                    alone,
+                    since_ns: ShardWatch::now_ns(),
+                    published_ms: item.published_ms,
+                },
+            );
+            let slot = spare.pop().unwrap_or_else(|| redis.fork());
+            running.push(run_job(ctx, dead_letters, slot, item, id));
+        }
+        gauge.sync(gate);
+        sync_running(watch, &started, &schedule);
+        let deadline = gate.next_deadline();
+        let intake = schedule.accepts();
+        tokio::select! {
+            biased;
+            _ = stops.shutdown.cancelled() => {
+                let drain = async {
+                    while let Some((id, _, settled)) = running.next().await {
+                        started.remove(&id);
+                        settled?;
+                    }
+                    Ok::<(), lapin::Error>(())
+                };
+                let drained = tokio::time::timeout(config.drain_timeout, drain).await;
+                if !started.is_empty() {
+                    abandon(ctx, redis, started.into_values().filter_map(|s| s.claim), true).await;
+                }
+                return match drained {
+                    Ok(Err(e)) => Err(e.into()),
+                    _ => Ok(()),
+                };
+            }
+            _ = stops.conn_lost.cancelled() => {
+                drop(running);
+                abandon(ctx, redis, started.into_values().filter_map(|s| s.claim), false).await;
+                return Err(ShardError::ConnectionLost);
+            }
+            Some((id, slot, settled)) = running.next(), if !running.is_empty() => {
+                spare.push(slot);
+                let Some(done) = started.remove(&id) else { continue };
+                match settled {
+                    Ok(settled) => to_gate(ctx, gate, settled).await?,
+                    Err(e) => {
+                        drop(running);
+                        abandon(ctx, redis, started.into_values().filter_map(|s| s.claim), false).await;
+                        return Err(e.into());
+                    }
+                }
+                // Released successors go before the order's later arrivals.
+                while let Some((ready, directive)) = gate.pop_runnable() {
+                    schedule.push_released(job_entry(ready, directive));
+                }
+                schedule.finish(done.order.as_deref(), done.alone);
+            }
+            _ = sleep_until(deadline), if deadline.is_some() => {
+                report(ctx, gate.expire(Instant::now()));
+            }
+            next = lookahead.next(&ctx.processor), if intake => match next? {
+                Some(ready) => schedule.push(job_entry(ready, Directive::Normal)),
+                None => return Err(ShardError::ConsumerCancelled),
+            },
+        }
+    }
+}
+
+/// A delivery as the schedule sees it: its order, and whether it runs alone
+/// (redelivered: it may be the one that killed the last process).
+fn job_entry(ready: Ready, directive: Directive) -> Entry<Job> {
+    let order = ready.decoded.as_ref().ok().map(|d| d.order_key.clone());
+    let alone = ready.delivery.redelivered;
+    let published_ms = published_ms(&ready.delivery.properties, unix_ms());
+    Entry {
+        order,
+        alone,
+        item: Job {
+            ready,
+            directive,
+            published_ms,
+        },
+    }
+}
+
+async fn run_job(
+    ctx: &ShardContext,
+    dead_letters: &ConfirmChannel,
+    mut redis: RedisSlot,
+    job: Job,
+    id: u64,
+) -> (u64, RedisSlot, Result<Settled, lapin::Error>) {
+    let mut in_flight = None;
+    let settled = settle(
+        ctx,
+        dead_letters,
+        &mut redis,
+        job.ready,
+        job.directive,
+        None,
+        &mut in_flight,
+    )
+    .await;
+    (id, redis, settled)
+}
+
+/// The watch's calls in flight and waiting events, from a concurrent shard.
+fn sync_running(watch: &ShardWatch, started: &HashMap<u64, Started>, schedule: &Schedule<Job>) {
+    match started
+        .values()
+        .map(|s| (s.since_ns, s.published_ms))
+        .reduce(|a, b| (a.0.min(b.0), a.1.min(b.1)))
+    {
+        Some((since_ns, published_ms)) => watch.set_inflight(started.len(), since_ns, published_ms),
+        None => watch.clear_inflight(),
+    }
+    let oldest = schedule.pending().map(|job| job.published_ms).min();
+    watch.set_waiting(schedule.waiting(), oldest);
+}
+
+/// Clears the watch's waiting events when a concurrent shard's consumer ends.
+struct WaitingGauge<'a>(&'a ShardWatch);
+
+impl Drop for WaitingGauge<'_> {
+    fn drop(&mut self) {
+        self.0.set_waiting(0, None);
     }
 }
 
@@ -262,7 +486,11 @@ fn held_refs(gate: &Gate<Ready>) -> Vec<HeldRef> {
         .collect()
 }
 
-impl HeldGauge<'_> {
+impl<'a> HeldGauge<'a> {
+    fn new(watch: &'a ShardWatch) -> Self {
+        Self { watch, refs_of: 0 }
+    }
+
     fn sync(&mut self, gate: &Gate<Ready>) {
         let mut waiting = gate.waiting().peekable();
         // The clock is read only while the gate has something.
@@ -317,20 +545,21 @@ fn report(ctx: &ShardContext, expired: Vec<Expired>) {
     }
 }
 
-/// Leaves the in-flight event unacked (the broker redelivers it) and gives up
-/// its claim, so that whoever gets it next need not wait for the lease.
+/// Leaves the in-flight events unacked (the broker redelivers them) and gives
+/// up their claims, so that whoever gets them next need not wait for the lease.
 async fn abandon(
     ctx: &ShardContext,
     redis: &mut RedisSlot,
-    in_flight: Option<String>,
+    in_flight: impl IntoIterator<Item = String>,
     draining: bool,
 ) {
+    let claims: Vec<String> = in_flight.into_iter().collect();
     if draining {
-        tracing::warn!(shard = %ctx.shard, "drain timeout: in-flight event left unacked for redelivery");
+        tracing::warn!(shard = %ctx.shard, events = claims.len(), "drain timeout: in-flight events left unacked for redelivery");
     } else {
-        tracing::warn!(shard = %ctx.shard, "connection lost: in-flight handler call abandoned");
+        tracing::warn!(shard = %ctx.shard, events = claims.len(), "connection lost: in-flight handler calls abandoned");
     }
-    if let Some(key) = in_flight {
+    for key in claims {
         let release = ctx.processor.dedup().release(redis, &key);
         if tokio::time::timeout(std::time::Duration::from_secs(1), release)
             .await

@@ -34,7 +34,8 @@ fn reports(metrics: &Metrics, owner: &str) -> (Vec<Document>, WorkerReport) {
             owner: owner.to_owned(),
             backlog_age_seconds: round_ms(snap.backlog_age),
             inflight_age_seconds: snap.inflight_age.map(round_ms),
-            inflight_events: u64::from(snap.inflight_age.is_some()),
+            inflight_events: snap.inflight,
+            waiting_events: snap.waiting,
             held_events: snap.held,
             held: if snap.held > 0 {
                 watch.held_refs()

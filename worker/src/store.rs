@@ -1,12 +1,15 @@
 //! Redis access for one shard: a connection checked out once and kept, and
-//! outages waited out (no processing without dedup).
+//! outages waited out (no processing without dedup). A shard with several
+//! calls in flight gives each its own [`RedisSlot::fork`]; the forks share the
+//! shard's one multiplexed connection.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_redis::{Connection, Pool};
 use prometheus_client::metrics::counter::Counter;
+use redis::aio::MultiplexedConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, Script, ServerErrorKind};
 
 /// Backoff between reconnection attempts while Redis is down.
@@ -52,18 +55,42 @@ impl RedisHealth {
 pub(crate) struct RedisSlot {
     pool: Pool,
     /// Loaded again when Redis answers NOSCRIPT (after a restart or a flush).
-    scripts: Vec<Script>,
-    conn: Option<Connection>,
+    scripts: Arc<[Script]>,
+    conn: Option<Link>,
+    /// The connection the slot's forks share, by generation: a fork that
+    /// fails drops it only if it is still the one that failed.
+    shared: Arc<Mutex<Option<Link>>>,
     health: Arc<RedisHealth>,
+}
+
+/// A multiplexed connection (cloning it shares it) and its generation. The
+/// pooled object goes back to the pool when the last clone is dropped.
+#[derive(Clone)]
+struct Link {
+    generation: u64,
+    conn: MultiplexedConnection,
+    _pooled: Arc<Connection>,
 }
 
 impl RedisSlot {
     pub(crate) fn new(pool: Pool, scripts: Vec<Script>, health: Arc<RedisHealth>) -> Self {
         Self {
             pool,
-            scripts,
+            scripts: scripts.into(),
             conn: None,
+            shared: Arc::default(),
             health,
+        }
+    }
+
+    /// Another slot on the same connection, for a concurrent call of the shard.
+    pub(crate) fn fork(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            scripts: self.scripts.clone(),
+            conn: None,
+            shared: self.shared.clone(),
+            health: self.health.clone(),
         }
     }
 
@@ -88,13 +115,13 @@ impl RedisSlot {
                 }
                 Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     if let Err(error) = self.load_scripts().await {
-                        self.conn = None;
+                        self.drop_conn();
                         self.health.went_down(&error);
                         tokio::time::sleep(backoff).await;
                     }
                 }
                 Err(error) => {
-                    self.conn = None;
+                    self.drop_conn();
                     self.health.went_down(&error);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(RETRY_MAX);
@@ -104,28 +131,68 @@ impl RedisSlot {
     }
 
     async fn load_scripts(&mut self) -> Result<(), RedisError> {
-        let Some(conn) = &mut self.conn else {
+        let Some(link) = &mut self.conn else {
             return Ok(());
         };
-        for script in &self.scripts {
-            script
-                .load_async::<deadpool_redis::Connection>(conn)
-                .await?;
+        for script in self.scripts.iter() {
+            script.load_async(&mut link.conn).await?;
         }
         Ok(())
+    }
+
+    /// Forgets the connection that failed, here and (if still the same) for
+    /// the forks.
+    fn drop_conn(&mut self) {
+        if let Some(failed) = self.conn.take()
+            && let Ok(mut shared) = self.shared.lock()
+            && shared
+                .as_ref()
+                .is_some_and(|link| link.generation == failed.generation)
+        {
+            *shared = None;
+        }
+    }
+
+    /// The shared connection, or a new one from the pool.
+    async fn link(&mut self) -> Result<&mut Link, RedisError> {
+        if self.conn.is_none() {
+            let current = self.shared.lock().ok().and_then(|shared| shared.clone());
+            let link = match current {
+                Some(link) => link,
+                None => {
+                    let pooled = self.pool.get().await.map_err(pool_error)?;
+                    let mut shared = self
+                        .shared
+                        .lock()
+                        .map_err(|_| RedisError::from(std::io::Error::other("poisoned")))?;
+                    // A fork may have connected meanwhile: share its connection.
+                    match shared.as_ref() {
+                        Some(link) => link.clone(),
+                        None => {
+                            let generation = rand::random();
+                            let conn = (*pooled).clone();
+                            let link = Link {
+                                generation,
+                                conn,
+                                _pooled: Arc::new(pooled),
+                            };
+                            shared.insert(link).clone()
+                        }
+                    }
+                }
+            };
+            self.conn = Some(link);
+        }
+        self.conn
+            .as_mut()
+            .ok_or_else(|| RedisError::from(std::io::Error::other("no connection")))
     }
 
     async fn try_query<T: FromRedisValue>(
         &mut self,
         request: Request<'_>,
     ) -> Result<T, RedisError> {
-        let conn = match &mut self.conn {
-            Some(conn) => conn,
-            None => {
-                let fresh = self.pool.get().await.map_err(pool_error)?;
-                self.conn.insert(fresh)
-            }
-        };
+        let conn = &mut self.link().await?.conn;
         match request {
             Request::Cmd(cmd) => cmd.query_async(conn).await,
             Request::Pipeline(pipeline) => pipeline.query_async(conn).await,

@@ -152,6 +152,7 @@ fn pending_reasons_in_their_order() {
         backlog_age_seconds: backlog,
         inflight_age_seconds: None,
         inflight_events: 0,
+        waiting_events: 0,
         held_events: held.len() as u64,
         held,
         updated_at_ms: 1_000_000,

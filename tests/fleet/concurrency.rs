@@ -1,0 +1,56 @@
+//! Key-level concurrency inside a shard (`worker --concurrency K`): up to K
+//! calls in flight per shard, never two of one order, each order in seq order,
+//! exactly once. kill -9 at K = 4 is in `crash.rs`, the gate and the
+//! quarantine at K = 4 in `gate.rs` and `quarantine.rs`.
+
+use std::time::Duration;
+
+use shardline_testkit::{
+    Downstream, PROCESSING, Publisher, TestEnv, all_ok, assert_exactly_once,
+    assert_in_order_and_complete, assert_orders_never_overlap, interleaved,
+    max_in_flight_per_shard, order_ids,
+};
+
+const LATENCY: Duration = Duration::from_millis(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_run_concurrently_in_a_shard_but_one_event_at_a_time_each() {
+    const K: u16 = 16;
+    let env = TestEnv::new("concurrency").await.with_shards(16);
+    env.apply_topology().await;
+    let downstream = Downstream::with_latency(LATENCY).await;
+    let worker = env
+        .start_worker("w1", &downstream, |c| c.concurrency = K)
+        .await;
+
+    // Seq 1 of all 800 orders, then seq 2, …: each shard queue interleaves ~50 orders.
+    let events = interleaved(&order_ids("conc", 800), 5, env.shards);
+    Publisher::connect(&env).await.publish(&events).await;
+
+    downstream
+        .wait_for("all 4000 events answered", PROCESSING, |calls| {
+            all_ok(calls, &events)
+        })
+        .await;
+    env.wait_shard_queues_drained(PROCESSING).await;
+    let calls = downstream.calls();
+    assert_exactly_once(&calls, &events);
+    assert_in_order_and_complete(&calls, &events);
+    assert_orders_never_overlap(&calls);
+    let most = max_in_flight_per_shard(&calls, &env);
+    assert!(
+        most.values().all(|n| *n <= usize::from(K)),
+        "more than {K} calls in flight on a shard: {most:?}"
+    );
+    assert!(
+        most.values().any(|n| *n > 1),
+        "no shard ever had two calls in flight: the test proves nothing: {most:?}"
+    );
+    let counts = worker.wait_settled(events.len() as u64).await;
+    assert_eq!(
+        counts.processed,
+        events.len() as u64,
+        "{}",
+        worker.describe()
+    );
+}
