@@ -35,6 +35,10 @@ pub struct WorkerArgs {
     /// a crash then repeats up to this many calls per shard.
     #[arg(long, env = "SHARDLINE_CONCURRENCY", default_value_t = Config::default().concurrency)]
     pub concurrency: u16,
+    /// At most R handler calls per second for this worker process, shared by
+    /// its shards (off unless given). Waiting for a call's turn is not an attempt.
+    #[arg(long, env = "SHARDLINE_MAX_RATE", value_name = "R")]
+    pub max_rate: Option<f64>,
     /// Handler attempts per event, the first included.
     #[arg(long, env = "SHARDLINE_MAX_ATTEMPTS", default_value_t = RetryPolicy::default().max_attempts, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_attempts: u32,
@@ -164,6 +168,7 @@ impl WorkerArgs {
             assign: assign.as_ref().map(Clone::clone).unwrap_or_default(),
             prefetch: self.prefetch,
             concurrency: self.concurrency,
+            max_rate: self.max_rate,
             exclusive,
             retry: RetryPolicy {
                 max_attempts: self.max_attempts,
@@ -314,6 +319,7 @@ mod tests {
             ),
             (["--prefetch", "0"], "--prefetch must be at least 1"),
             (["--concurrency", "0"], "--concurrency must be at least 1"),
+            (["--max-rate", "0"], "--max-rate must be in (0, ∞), got 0"),
             (
                 ["--backlog-warn", "5m"],
                 "--backlog-page must not be below --backlog-warn",

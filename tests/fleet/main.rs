@@ -21,6 +21,7 @@
 //! - [`gate`]: the sequence gate: held events, gaps, late events, start grace, max held.
 //! - [`hostile`]: a corpus of malformed bodies and odd headers: defined outcomes, no panic, no blocked shard.
 //! - [`concurrency`]: `--concurrency K`: K calls in flight per shard, never two of one order.
+//! - [`rate`]: `--max-rate R`: the worker's calls never outrun R per second plus the burst.
 //! - [`crash`]: kill -9 mid-stream loses nothing and repeats at most the events in flight (K with `--concurrency K`).
 //! - [`standby`]: one consumer per shard; a standby takes over from a killed worker.
 //! - [`shutdown`]: SIGTERM drains the in-flight event, acks it and exits 0.
@@ -47,6 +48,7 @@ mod hostile;
 mod observability;
 mod ordering;
 mod quarantine;
+mod rate;
 mod reconcile;
 mod shutdown;
 mod standby;

@@ -34,6 +34,11 @@ pub struct Config {
     /// downstream latency, at the price of up to this many repeated calls per
     /// shard after a crash. Default 1.
     pub concurrency: u16,
+    /// At most this many handler calls per second for the whole worker
+    /// process, shared fairly by its shards (a token bucket whose burst is a
+    /// tenth of a second's worth, at least one call). Waiting for a token is
+    /// not an attempt. Default none (no limit).
+    pub max_rate: Option<f64>,
     /// Take each shard with an exclusive consumer (classic queues without
     /// single-active-consumer). When false the queue's single-active-consumer
     /// decides which consumer is active. Default true.
@@ -126,6 +131,7 @@ impl Default for Config {
             assign: ShardCount::default().ids().collect(),
             prefetch: 1,
             concurrency: 1,
+            max_rate: None,
             exclusive: true,
             retry: RetryPolicy::default(),
             handler_timeout: Duration::from_secs(30),
@@ -169,6 +175,17 @@ impl Config {
             (retry.max_attempts == 0).then(|| refuse("retry.max_attempts", Problem::AT_LEAST_ONE)),
             (self.prefetch == 0).then(|| refuse("prefetch", Problem::AT_LEAST_ONE)),
             (self.concurrency == 0).then(|| refuse("concurrency", Problem::AT_LEAST_ONE)),
+            self.max_rate
+                .filter(|r| !(r.is_finite() && *r > 0.0))
+                .map(|r| {
+                    refuse(
+                        "max_rate",
+                        Problem::NotIn {
+                            range: "(0, ∞)",
+                            got: r.to_string(),
+                        },
+                    )
+                }),
             (self.backlog.page < self.backlog.warn)
                 .then(|| refuse("backlog.page", Problem::BelowField("backlog.warn"))),
             self.assign

@@ -35,6 +35,7 @@
 //! - `process`: one delivery to an outcome: decode, admit, call the handler.
 //! - `dedup`: the Redis state: claims, `done` marks, each order's last seq.
 //! - `quarantine`: per-order quarantine behind a dead letter ([`OnDeadLetter::Quarantine`]).
+//! - `rate`: the worker-wide call rate limit ([`Config::max_rate`]), a token bucket.
 //! - `store`: one Redis connection per shard; outages pause the shard.
 //! - [`handler`]: the [`Handler`] trait, its errors and the built-in handlers.
 //! - `settle`: the one place an outcome becomes ack, or dead letter then ack.
@@ -58,6 +59,7 @@ pub mod metrics;
 mod process;
 mod progress;
 mod quarantine;
+mod rate;
 mod schedule;
 mod settle;
 mod shard;

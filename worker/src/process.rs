@@ -26,6 +26,7 @@ use crate::dedup::{Admission, Dedup, Verdict};
 use crate::handler::{Event, Handler, HandlerError};
 use crate::metrics::ShardMetrics;
 use crate::quarantine;
+use crate::rate::RateLimiter;
 use crate::store::RedisSlot;
 
 /// A delivery as processing sees it.
@@ -121,6 +122,8 @@ pub(crate) struct Processor {
     quarantine: bool,
     keys: Keys,
     metrics: Arc<ShardMetrics>,
+    /// The worker's call rate limit (`Config::max_rate`), shared by its shards.
+    rate: Option<Arc<RateLimiter>>,
     /// The global tracer as it was when the shard started (a no-op without
     /// a provider).
     tracer: BoxedTracer,
@@ -134,8 +137,10 @@ impl Processor {
         shard: ShardId,
         handler: Arc<dyn Handler>,
         metrics: Arc<ShardMetrics>,
+        rate: Option<Arc<RateLimiter>>,
     ) -> Self {
         Self {
+            rate,
             shard,
             handler,
             dedup: Dedup::new(config),
@@ -268,7 +273,10 @@ impl Processor {
                     };
                 }
             }
+            self.permit().await;
         } else {
+            // Before the renewal, so that the lease counts from the call.
+            self.permit().await;
             self.dedup.renew(redis, key).await;
         }
 
@@ -312,6 +320,14 @@ impl Processor {
                 error: error.to_string(),
                 attempts: attempt,
             },
+        }
+    }
+
+    /// Waits for a token of the worker's rate limit, if it has one: right
+    /// before a handler call, outside its timeout and not an attempt.
+    async fn permit(&self) {
+        if let Some(rate) = &self.rate {
+            rate.acquire().await;
         }
     }
 
@@ -533,7 +549,13 @@ mod tests {
         let config = Config::default();
         let shard = ShardId::new(3, ShardCount::default()).unwrap();
         let metrics = crate::metrics::Metrics::new(&[shard], config.backlog, config.stuck_after);
-        Processor::new(&config, shard, Arc::new(Noop), metrics.shards()[0].clone())
+        Processor::new(
+            &config,
+            shard,
+            Arc::new(Noop),
+            metrics.shards()[0].clone(),
+            None,
+        )
     }
 
     fn with_traceparent(value: Option<&[u8]>) -> BasicProperties {

@@ -26,6 +26,7 @@ use crate::http::{self, Readiness};
 use crate::metrics::Metrics;
 use crate::process::Processor;
 use crate::progress::Progress;
+use crate::rate::RateLimiter;
 use crate::settle::ShardContext;
 use crate::shard::{Connections, ShardError, consume_shard};
 use crate::status::{self, WriterHealth};
@@ -93,6 +94,9 @@ impl Worker {
         let pool = redis_pool(&config)?;
         warn_if_redis_may_evict(&pool).await;
         let health = Arc::new(RedisHealth::new(metrics.redis_outages()));
+        let rate = config
+            .max_rate
+            .map(|r| Arc::new(RateLimiter::new(r, RateLimiter::default_burst(r))));
         let contexts: Vec<Arc<ShardContext>> = metrics
             .shards()
             .iter()
@@ -104,6 +108,7 @@ impl Worker {
                         shard,
                         handler.clone(),
                         shard_metrics.clone(),
+                        rate.clone(),
                     ),
                     names: config.names.clone(),
                     shard,
