@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use shardline_topology::headers::is_valid_traceparent;
 
-use crate::downstream::{Call, describe};
+use crate::downstream::{Call, Downstream, describe};
 use crate::env::TestEnv;
 use crate::publish::Event;
 
@@ -188,4 +188,27 @@ pub fn orders_covering_shards(prefix: &str, per_shard: usize, env: &TestEnv) -> 
         }
     }
     out
+}
+
+/// Waits until the downstream answered every one of `events` 2xx and every
+/// shard queue is drained (everything acked: no redelivery can add calls
+/// after that), then checks that each event reached it exactly once and each
+/// order in seq order. Returns the calls for further checks.
+pub async fn assert_all_delivered_once_in_order(
+    env: &TestEnv,
+    downstream: &Downstream,
+    events: &[Event],
+) -> Vec<Call> {
+    downstream
+        .wait_for(
+            &format!("all {} events answered", events.len()),
+            crate::PROCESSING,
+            |calls| all_ok(calls, events),
+        )
+        .await;
+    env.wait_shard_queues_drained(crate::PROCESSING).await;
+    let calls = downstream.calls();
+    assert_exactly_once(&calls, events);
+    assert_in_order_and_complete(&calls, events);
+    calls
 }

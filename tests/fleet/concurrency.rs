@@ -6,9 +6,8 @@
 use std::time::Duration;
 
 use shardline_testkit::{
-    Downstream, PROCESSING, Publisher, TestEnv, all_ok, assert_exactly_once,
-    assert_in_order_and_complete, assert_orders_never_overlap, interleaved,
-    max_in_flight_per_shard, order_ids,
+    Downstream, Publisher, TestEnv, assert_all_delivered_once_in_order,
+    assert_orders_never_overlap, interleaved, max_in_flight_per_shard, order_ids,
 };
 
 const LATENCY: Duration = Duration::from_millis(20);
@@ -27,15 +26,7 @@ async fn orders_run_concurrently_in_a_shard_but_one_event_at_a_time_each() {
     let events = interleaved(&order_ids("conc", 800), 5, env.shards);
     Publisher::connect(&env).await.publish(&events).await;
 
-    downstream
-        .wait_for("all 4000 events answered", PROCESSING, |calls| {
-            all_ok(calls, &events)
-        })
-        .await;
-    env.wait_shard_queues_drained(PROCESSING).await;
-    let calls = downstream.calls();
-    assert_exactly_once(&calls, &events);
-    assert_in_order_and_complete(&calls, &events);
+    let calls = assert_all_delivered_once_in_order(&env, &downstream, &events).await;
     assert_orders_never_overlap(&calls);
     let most = max_in_flight_per_shard(&calls, &env);
     assert!(

@@ -2,8 +2,8 @@
 //! orders on different shards run in parallel.
 
 use shardline_testkit::{
-    Downstream, PROCESSING, Publisher, QueueType, TestEnv, all_ok, assert_exactly_once,
-    assert_in_order_and_complete, assert_request_shape, interleaved, order_ids,
+    Downstream, Publisher, QueueType, TestEnv, assert_all_delivered_once_in_order,
+    assert_request_shape, interleaved, order_ids,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -26,16 +26,7 @@ async fn in_sequence_exactly_once(queue_type: QueueType) {
     let events = interleaved(&order_ids("ord", 200), 5, env.shards);
     Publisher::connect(&env).await.publish(&events).await;
 
-    downstream
-        .wait_for("all 1000 events answered", PROCESSING, |calls| {
-            all_ok(calls, &events)
-        })
-        .await;
-    // Everything acked: no redelivery can add calls after this point.
-    env.wait_shard_queues_drained(PROCESSING).await;
-    let calls = downstream.calls();
-    assert_exactly_once(&calls, &events);
-    assert_in_order_and_complete(&calls, &events);
+    let calls = assert_all_delivered_once_in_order(&env, &downstream, &events).await;
     assert_request_shape(&calls, &events, &env);
     let counts = worker.wait_settled(events.len() as u64).await;
     assert_eq!(

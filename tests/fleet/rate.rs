@@ -4,8 +4,7 @@
 use std::time::Duration;
 
 use shardline_testkit::{
-    Downstream, PROCESSING, Publisher, TestEnv, all_ok, assert_exactly_once,
-    assert_in_order_and_complete, interleaved, order_ids,
+    Downstream, Publisher, TestEnv, assert_all_delivered_once_in_order, interleaved, order_ids,
 };
 
 /// Calls per second allowed.
@@ -35,15 +34,7 @@ async fn calls_never_exceed_the_rate_plus_the_burst() {
         })
         .await;
 
-    downstream
-        .wait_for("all 1000 events answered", PROCESSING, |calls| {
-            all_ok(calls, &events)
-        })
-        .await;
-    env.wait_shard_queues_drained(PROCESSING).await;
-    let calls = downstream.calls();
-    assert_exactly_once(&calls, &events);
-    assert_in_order_and_complete(&calls, &events);
+    let calls = assert_all_delivered_once_in_order(&env, &downstream, &events).await;
 
     let mut arrivals: Vec<Duration> = calls.iter().map(|c| c.started - calls[0].started).collect();
     arrivals.sort_unstable();

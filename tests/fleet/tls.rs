@@ -12,8 +12,8 @@ use std::process::Output;
 use shardline_testkit::redis::RedisServer;
 use shardline_testkit::tls::{BrokerUser, Pki, TlsTerminator, unique};
 use shardline_testkit::{
-    ChildWorker, Downstream, Event, PROCESSING, STARTUP, TestEnv, all_ok, assert_exactly_once,
-    assert_in_order_and_complete, assert_request_shape, describe, interleaved, order_ids,
+    ChildWorker, Downstream, Event, STARTUP, TestEnv, assert_all_delivered_once_in_order,
+    assert_request_shape, describe, interleaved, order_ids,
 };
 
 /// The worker verifies the TLS Redis against the system roots plus
@@ -67,15 +67,7 @@ async fn amqps_and_rediss_with_a_private_ca() {
         .await;
     assert_success("publish --file", &out, &secrets);
 
-    downstream
-        .wait_for("every event answered", PROCESSING, |calls| {
-            all_ok(calls, &events)
-        })
-        .await;
-    env.wait_shard_queues_drained(PROCESSING).await;
-    let calls = downstream.calls();
-    assert_exactly_once(&calls, &events);
-    assert_in_order_and_complete(&calls, &events);
+    let calls = assert_all_delivered_once_in_order(&env, &downstream, &events).await;
     assert_request_shape(&calls, &events, &env);
 
     // The dedup marks are in the TLS Redis, under this test's prefix, committed.
