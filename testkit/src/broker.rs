@@ -16,6 +16,7 @@ use std::process::Output;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use crate::process::assert_exited_ok;
 use crate::wait::wait_until;
 
 /// How long a private node may take to start, or to come back after `start_app`.
@@ -50,14 +51,7 @@ impl Ctl {
             .output()
             .await
             .expect("cannot run rabbitmqctl (is RabbitMQ installed?)");
-        assert!(
-            out.status.success(),
-            "rabbitmqctl {args:?} ({self:?}) failed with {}:\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        assert_exited_ok(&format!("rabbitmqctl {args:?} ({self:?})"), &out)
     }
 
     /// Runs `rabbitmqctl args` outside async code (for `Drop`), without failing.
@@ -165,12 +159,9 @@ impl BrokerNode {
             .output()
             .await
             .expect("cannot run scripts/rabbitmq-node");
-        assert!(
-            out.status.success(),
-            "private RabbitMQ node {} did not start:\n{}{}",
-            node.name,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        assert_exited_ok(
+            &format!("starting private RabbitMQ node {}", node.name),
+            &out,
         );
         eprintln!(
             "private RabbitMQ node {} on AMQP port {amqp_port} started in {:?}",

@@ -14,6 +14,7 @@ use shardline_topology::{Keys, Names, QueueType, ShardCount, ShardId, TopologyOp
 use shardline_worker::{Config, Handler, RetryPolicy};
 
 use crate::broker::{BrokerNode, Ctl};
+use crate::process::assert_exited_ok;
 use crate::wait::wait_until;
 
 /// Fleet tests run with this many shards unless made with [`TestEnv::with_shards`].
@@ -249,13 +250,7 @@ impl TestEnv {
     /// `shardline topology apply` with the defaults; fails the test unless it exits 0.
     pub async fn apply_topology(&self) {
         let out = self.cli(&["topology", "apply"]).await;
-        assert!(
-            out.status.success(),
-            "`shardline topology apply` failed with {}:\nstdout:\n{}\nstderr:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_exited_ok("`shardline topology apply`", &out);
     }
 
     /// This environment's broker address, parsed.

@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 pub struct Helper {
     what: String,
@@ -78,4 +78,17 @@ impl Drop for Helper {
         }
         self.kill9();
     }
+}
+
+/// Fails the test, naming `what` and showing its output, unless the command
+/// exited 0; its stdout otherwise.
+pub fn assert_exited_ok(what: &str, out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed with {}:\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

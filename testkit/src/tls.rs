@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::broker::{Ctl, free_port};
 use crate::env::TestEnv;
-use crate::process::Helper;
+use crate::process::{Helper, assert_exited_ok};
 use crate::wait::wait_until;
 
 /// A throwaway CA and a `localhost` server certificate it signed, made with the
@@ -45,16 +45,20 @@ impl Pki {
         .unwrap();
         let serial = format!("0x{:x}", unique());
         let ca_subject = format!("/CN=shardline test CA {id}");
-        let steps: [&[&str]; 5] = [
-            &[
+        let genkey = |out| {
+            [
                 "genpkey",
                 "-algorithm",
                 "EC",
                 "-pkeyopt",
                 "ec_paramgen_curve:P-256",
                 "-out",
-                "ca.key",
-            ],
+                out,
+            ]
+        };
+        let (ca_key, server_key) = (genkey("ca.key"), genkey("server.key"));
+        let steps: [&[&str]; 5] = [
+            &ca_key,
             &[
                 "req",
                 "-config",
@@ -72,15 +76,7 @@ impl Pki {
                 "-out",
                 "ca.pem",
             ],
-            &[
-                "genpkey",
-                "-algorithm",
-                "EC",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-out",
-                "server.key",
-            ],
+            &server_key,
             &[
                 "req",
                 "-config",
@@ -125,13 +121,7 @@ impl Pki {
                          (apt-get install openssl): cannot run it: {e}"
                     )
                 });
-            assert!(
-                out.status.success(),
-                "openssl {args:?} failed with {}:\n{}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            assert_exited_ok(&format!("openssl {args:?}"), &out);
         }
         Self {
             ca: dir.join("ca.pem"),

@@ -67,6 +67,13 @@ impl Worker {
         .await
     }
 
+    /// Waits until `n` events settled, then fails the test unless every one
+    /// of them was processed (none a duplicate or a dead letter).
+    pub async fn assert_all_processed(&self, n: u64) {
+        let counts = self.wait_settled(n).await;
+        assert_eq!(counts.processed, n, "{}", self.describe());
+    }
+
     /// Each assigned shard with its state, for failure messages.
     pub fn describe(&self) -> String {
         let states: Vec<String> = self

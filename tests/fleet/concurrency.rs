@@ -37,11 +37,5 @@ async fn orders_run_concurrently_in_a_shard_but_one_event_at_a_time_each() {
         most.values().any(|n| *n > 1),
         "no shard ever had two calls in flight: the test proves nothing: {most:?}"
     );
-    let counts = worker.wait_settled(events.len() as u64).await;
-    assert_eq!(
-        counts.processed,
-        events.len() as u64,
-        "{}",
-        worker.describe()
-    );
+    worker.assert_all_processed(events.len() as u64).await;
 }

@@ -28,11 +28,5 @@ async fn in_sequence_exactly_once(queue_type: QueueType) {
 
     let calls = assert_all_delivered_once_in_order(&env, &downstream, &events).await;
     assert_request_shape(&calls, &events, &env);
-    let counts = worker.wait_settled(events.len() as u64).await;
-    assert_eq!(
-        counts.processed,
-        events.len() as u64,
-        "{}",
-        worker.describe()
-    );
+    worker.assert_all_processed(events.len() as u64).await;
 }

@@ -59,6 +59,5 @@ async fn calls_never_exceed_the_rate_plus_the_burst() {
         span >= Duration::from_secs(18),
         "1000 calls in {span:?}: faster than {RATE}/s allows"
     );
-    let counts = worker.wait_settled(events.len() as u64).await;
-    assert_eq!(counts.processed, events.len() as u64);
+    worker.assert_all_processed(events.len() as u64).await;
 }

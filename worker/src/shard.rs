@@ -77,32 +77,20 @@ pub(crate) async fn consume_shard(
     });
     let mut lookahead = Lookahead::new(consumer);
     let mut gate = Gate::new(config);
-    let stops = Stops {
+    let inputs = Loop {
+        config,
+        ctx,
+        dead_letters: &dead_letters,
+        redis,
+        lookahead: &mut lookahead,
+        gate: &mut gate,
         shutdown,
         conn_lost,
     };
     let result = if config.concurrency > 1 {
-        run_concurrent(
-            config,
-            ctx,
-            &dead_letters,
-            redis,
-            &mut lookahead,
-            &mut gate,
-            stops,
-        )
-        .await
+        run_concurrent(inputs).await
     } else {
-        run_consumer(
-            config,
-            ctx,
-            &dead_letters,
-            redis,
-            &mut lookahead,
-            &mut gate,
-            stops,
-        )
-        .await
+        run_consumer(inputs).await
     };
     watch.set_state(ShardState::Idle);
     lookahead.release(&ctx.processor, redis).await;
@@ -173,9 +161,16 @@ async fn take_shard(
     }
 }
 
-/// What ends a shard's consumer: a stop, or the connection's loss.
-#[derive(Clone, Copy)]
-struct Stops<'a> {
+/// What a shard's consumer loop works with, serial or concurrent: the shard,
+/// its channels, Redis slot, consumer and gate, and what ends it (a stop, or
+/// the connection's loss).
+struct Loop<'a> {
+    config: &'a Config,
+    ctx: &'a ShardContext,
+    dead_letters: &'a ConfirmChannel,
+    redis: &'a mut RedisSlot,
+    lookahead: &'a mut Lookahead,
+    gate: &'a mut Gate<Ready>,
     shutdown: &'a CancellationToken,
     conn_lost: &'a CancellationToken,
 }
@@ -183,19 +178,17 @@ struct Stops<'a> {
 /// Settles deliveries one at a time — first those the gate released, then the
 /// broker's — until told to stop. Each commit admits the next delivery when it
 /// is already here (`lookahead.rs`).
-async fn run_consumer(
-    config: &Config,
-    ctx: &ShardContext,
-    dead_letters: &ConfirmChannel,
-    redis: &mut RedisSlot,
-    lookahead: &mut Lookahead,
-    gate: &mut Gate<Ready>,
-    stops: Stops<'_>,
-) -> Result<(), ShardError> {
-    let Stops {
+async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
+    let Loop {
+        config,
+        ctx,
+        dead_letters,
+        redis,
+        lookahead,
+        gate,
         shutdown,
         conn_lost,
-    } = stops;
+    } = inputs;
     let mut gauge = HeldGauge::new(&ctx.metrics.watch);
     loop {
         gauge.sync(gate);
@@ -306,15 +299,17 @@ struct Started {
 /// Settles up to `--concurrency` deliveries at once, never two of one order
 /// (`schedule.rs`), until told to stop. Each call has its own Redis slot on the
 /// shard's connection; claims are not pipelined with commits here.
-async fn run_concurrent(
-    config: &Config,
-    ctx: &ShardContext,
-    dead_letters: &ConfirmChannel,
-    redis: &mut RedisSlot,
-    lookahead: &mut Lookahead,
-    gate: &mut Gate<Ready>,
-    stops: Stops<'_>,
-) -> Result<(), ShardError> {
+async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
+    let Loop {
+        config,
+        ctx,
+        dead_letters,
+        redis,
+        lookahead,
+        gate,
+        shutdown,
+        conn_lost,
+    } = inputs;
     let slots = usize::from(config.concurrency);
     let watch = &ctx.metrics.watch;
     let mut schedule: Schedule<Job> = Schedule::new(slots, config.max_taken());
@@ -356,7 +351,7 @@ async fn run_concurrent(
         let intake = schedule.accepts();
         tokio::select! {
             biased;
-            _ = stops.shutdown.cancelled() => {
+            _ = shutdown.cancelled() => {
                 let drain = async {
                     while let Some((id, _, settled)) = running.next().await {
                         started.remove(&id);
@@ -373,7 +368,7 @@ async fn run_concurrent(
                     _ => Ok(()),
                 };
             }
-            _ = stops.conn_lost.cancelled() => {
+            _ = conn_lost.cancelled() => {
                 drop(running);
                 abandon(ctx, redis, started.into_values().filter_map(|s| s.claim), false).await;
                 return Err(ShardError::ConnectionLost);
