@@ -177,7 +177,7 @@ enum Command {
     /// Generate load: K orders with E events each, interleaved.
     Load(publish::LoadArgs),
     /// Consume shards: decode, deduplicate, call the handler, ack or dead-letter.
-    Worker(worker::WorkerArgs),
+    Worker(Box<worker::WorkerArgs>),
     /// Run the whole pipeline end to end on throwaway names, with a report.
     Demo(demo::DemoArgs),
     /// Measure the worker draining a fixed load against a raw consume loop.
@@ -212,7 +212,7 @@ fn main() -> ExitCode {
             Command::Topology(cmd) => topology::run(&global, cmd).await,
             Command::Publish(args) => publish::publish(&global, args, shutdown).await,
             Command::Load(args) => publish::load(&global, args, shutdown).await,
-            Command::Worker(args) => worker::run(&global, args, shutdown).await,
+            Command::Worker(args) => worker::run(&global, *args, shutdown).await,
             Command::Demo(args) => demo::run(&global, args, shutdown).await,
             Command::Bench(args) => bench::run(&global, args, shutdown).await,
             Command::Dlq(cmd) => dlq::run(&global, cmd, shutdown).await,

@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::Args;
 use shardline_topology::{QueueType, ShardSet};
 use shardline_worker::{
-    Config, ConfigError, HandlerSpecError, OnDeadLetter, OnGap, RetryPolicy, Thresholds,
-    WorkerError,
+    BreakerPolicy, Config, ConfigError, HandlerSpecError, OnDeadLetter, OnGap, RetryPolicy,
+    Thresholds, WorkerError,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -54,6 +54,33 @@ pub struct WorkerArgs {
     /// Random variation of each delay, as a fraction (0.3 = ±30%).
     #[arg(long, env = "SHARDLINE_RETRY_JITTER", default_value_t = RetryPolicy::default().jitter)]
     pub retry_jitter: f64,
+    /// Longest delay a downstream's `Retry-After` (on 429 and 503) may set
+    /// for that event's next attempt.
+    #[arg(long, env = "SHARDLINE_RETRY_AFTER_CAP", default_value = shown(RetryPolicy::default().retry_after_cap), value_parser = humantime::parse_duration)]
+    pub retry_after_cap: Duration,
+    /// The downstream breaker: `on` pauses every shard while the downstream
+    /// is out, so that an outage fills no DLQ; `off` counts every failure
+    /// toward --max-attempts.
+    #[arg(long, env = "SHARDLINE_BREAKER", value_enum, default_value_t = BreakerArg::On, help_heading = "Downstream breaker")]
+    pub breaker: BreakerArg,
+    /// Calls are judged over this much recent time (also how long an event
+    /// that used its attempts waits for evidence of an outage).
+    #[arg(long, env = "SHARDLINE_BREAKER_WINDOW", default_value = shown(BreakerPolicy::default().window), value_parser = humantime::parse_duration, help_heading = "Downstream breaker")]
+    pub breaker_window: Duration,
+    /// Retryable failures within the window before the breaker may open
+    /// (they must also come from at least 3 orders).
+    #[arg(long, env = "SHARDLINE_BREAKER_MIN_FAILURES", default_value_t = BreakerPolicy::default().min_failures, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Downstream breaker")]
+    pub breaker_min_failures: u32,
+    /// Share of the window's calls that must have failed for it to open.
+    #[arg(long, env = "SHARDLINE_BREAKER_FAILURE_RATIO", default_value_t = BreakerPolicy::default().failure_ratio, help_heading = "Downstream breaker")]
+    pub breaker_failure_ratio: f64,
+    /// Wait after opening before one probe call.
+    #[arg(long, env = "SHARDLINE_BREAKER_COOLDOWN", default_value = shown(BreakerPolicy::default().cooldown), value_parser = humantime::parse_duration, help_heading = "Downstream breaker")]
+    pub breaker_cooldown: Duration,
+    /// The cooldown doubles after each failed probe up to this: calls resume
+    /// at most this long after the downstream recovers.
+    #[arg(long, env = "SHARDLINE_BREAKER_COOLDOWN_MAX", default_value = shown(BreakerPolicy::default().cooldown_max), value_parser = humantime::parse_duration, help_heading = "Downstream breaker")]
+    pub breaker_cooldown_max: Duration,
     /// Longest one handler attempt may take (then it counts as a retryable failure).
     #[arg(long, env = "SHARDLINE_HANDLER_TIMEOUT", default_value = shown(Config::default().handler_timeout), value_parser = humantime::parse_duration)]
     pub handler_timeout: Duration,
@@ -123,6 +150,12 @@ pub struct WorkerArgs {
     pub worker_name: Option<String>,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BreakerArg {
+    On,
+    Off,
+}
+
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum OnGapArg {
     DeadLetter,
@@ -176,6 +209,15 @@ impl WorkerArgs {
                 factor: self.retry_factor,
                 cap: self.retry_cap,
                 jitter: self.retry_jitter,
+                retry_after_cap: self.retry_after_cap,
+            },
+            breaker: BreakerPolicy {
+                enabled: self.breaker == BreakerArg::On,
+                window: self.breaker_window,
+                min_failures: self.breaker_min_failures,
+                failure_ratio: self.breaker_failure_ratio,
+                cooldown: self.breaker_cooldown,
+                cooldown_max: self.breaker_cooldown_max,
             },
             handler_timeout: self.handler_timeout,
             drain_timeout: self.drain_timeout,
@@ -219,7 +261,7 @@ fn flag(field: &'static str) -> String {
         "retry.max_attempts" => "max-attempts",
         "backlog.warn" => "backlog-warn",
         "backlog.page" => "backlog-page",
-        other => return format!("--{}", other.replace('_', "-")),
+        other => return format!("--{}", other.replace(['_', '.'], "-")),
     };
     format!("--{name}")
 }

@@ -12,7 +12,9 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use shardline_topology::declare::{self, QueueType, TopologyOptions};
-use shardline_topology::status::{Level, ShardReport, Thresholds, WorkerReport, unix_ms};
+use shardline_topology::status::{
+    BreakerState, Level, ShardReport, Thresholds, WorkerReport, unix_ms,
+};
 use shardline_topology::{ApplyReport, Keys, Names, ShardId, ShardStatus};
 
 use crate::fleet::close;
@@ -179,6 +181,9 @@ pub struct StatusReport {
     pub thresholds: Thresholds,
     /// Why the workers' documents could not be read (Redis), when they could not.
     pub status_error: Option<String>,
+    /// Unix milliseconds when read: how long a breaker has been open is
+    /// counted to here.
+    pub read_at_ms: u64,
 }
 
 /// Reads the status: passive declares on the broker, the status documents
@@ -215,6 +220,7 @@ pub async fn status(fleet: &Fleet, config: &StatusConfig) -> Result<StatusReport
         workers,
         thresholds: t,
         status_error,
+        read_at_ms: now,
     })
 }
 
@@ -322,11 +328,24 @@ fn secs(d: Duration) -> f64 {
 }
 
 impl StatusReport {
-    /// A shard at PAGE, or events waiting with nobody consuming them.
+    /// A shard at PAGE, events waiting with nobody consuming them, or a
+    /// worker's downstream breaker open for the PAGE threshold or longer.
     pub fn needs_attention(&self) -> bool {
         self.shards
             .iter()
             .any(|s| s.level == Some(Level::Page) || s.unconsumed())
+            || self
+                .open_breakers()
+                .any(|(_, open)| open >= self.thresholds.page)
+    }
+
+    /// The workers whose downstream breaker is open or half-open, with how
+    /// long their calls have been paused.
+    pub fn open_breakers(&self) -> impl Iterator<Item = (&WorkerReport, Duration)> {
+        self.workers
+            .iter()
+            .filter(|w| w.breaker.state != BreakerState::Closed)
+            .map(|w| (w, w.breaker.paused_for(self.read_at_ms)))
     }
 
     /// As `topology status --json` prints it.
@@ -451,6 +470,17 @@ impl StatusReport {
                 humantime::format_duration(t.page)
             );
         }
+        for (worker, open) in self.open_breakers() {
+            let page = if open >= t.page { "PAGE: " } else { "" };
+            let _ = writeln!(
+                out,
+                "{page}worker {}: downstream breaker {} for {:.1}s, calls paused ({})",
+                worker.worker,
+                worker.breaker.state.as_str(),
+                open.as_secs_f64(),
+                worker.breaker.reason
+            );
+        }
         let unconsumed = shards.iter().filter(|s| s.queue.consumers == 0).count();
         if unconsumed > 0 {
             let _ = writeln!(
@@ -467,6 +497,7 @@ impl StatusReport {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use shardline_topology::status::BreakerReport;
 
     fn st(queue: &str, messages: u32, consumers: u32) -> ShardStatus {
         ShardStatus {
@@ -506,6 +537,7 @@ mod tests {
             workers: Vec::new(),
             thresholds: t,
             status_error: None,
+            read_at_ms: 1_000_000,
         }
     }
 
@@ -537,8 +569,13 @@ mod tests {
             assigned: vec![0, 1],
             consuming: vec![0],
             updated_at_ms: now,
+            breaker: BreakerReport::default(),
         });
-        assert_eq!(status.table(), table, "workers do not change the table");
+        assert_eq!(
+            status.table(),
+            table,
+            "workers with closed breakers do not change the table"
+        );
         let json = status.json();
         assert_eq!(json["shards"][1]["messages"], 4);
         assert_eq!(json["shards"][0]["owner"], "worker-a");
@@ -551,6 +588,39 @@ mod tests {
         assert_eq!(json["workers"][0]["consuming"], serde_json::json!([0]));
         // Shard 1 has events and no consumer.
         assert_eq!(json["needs_attention"], true);
+    }
+
+    #[test]
+    fn an_open_breaker_is_shown_and_pages_after_the_page_threshold() {
+        let t = Thresholds::default();
+        let mut status = status_of(Vec::new(), t);
+        let worker = |open_ms: u64| WorkerReport {
+            worker: "worker-b".into(),
+            assigned: vec![0],
+            consuming: vec![0],
+            updated_at_ms: status.read_at_ms,
+            breaker: BreakerReport {
+                state: BreakerState::Open,
+                since_ms: Some(status.read_at_ms - open_ms),
+                reason: "the probe call failed".into(),
+                trips: 1,
+            },
+        };
+        status.workers = vec![worker(30_000)];
+        let table = status.table();
+        assert!(
+            table.contains("worker worker-b: downstream breaker open for 30.0s, calls paused (the probe call failed)"),
+            "{table}"
+        );
+        assert!(!status.needs_attention());
+        status.workers = vec![worker(120_000)];
+        assert!(
+            status.table().contains("PAGE: worker worker-b"),
+            "{}",
+            status.table()
+        );
+        assert!(status.needs_attention());
+        assert_eq!(status.json()["workers"][0]["breaker"]["state"], "open");
     }
 
     #[test]

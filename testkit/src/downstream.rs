@@ -85,6 +85,8 @@ impl Call {
 pub struct Reply {
     pub status: u16,
     pub delay: Duration,
+    /// A `Retry-After` header, in seconds.
+    pub retry_after: Option<u64>,
 }
 
 impl Reply {
@@ -96,7 +98,14 @@ impl Reply {
         Self {
             status,
             delay: Duration::ZERO,
+            retry_after: None,
         }
+    }
+
+    /// With a `Retry-After: {seconds}` header.
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
     }
 
     pub fn after(mut self, delay: Duration) -> Self {
@@ -117,7 +126,8 @@ struct State {
 pub struct Downstream {
     pub addr: SocketAddr,
     state: Arc<State>,
-    server: JoinHandle<()>,
+    /// The accept loop; none while connections are refused.
+    server: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Downstream {
@@ -136,28 +146,28 @@ impl Downstream {
             script: Box::new(script),
             changed: watch::channel(0).0,
         });
-        let accept_state = Arc::clone(&state);
-        let server = tokio::spawn(async move {
-            // Dropped with the accept loop, which aborts every connection task.
-            let mut connections = JoinSet::new();
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                while connections.try_join_next().is_some() {}
-                let state = Arc::clone(&accept_state);
-                connections.spawn(async move {
-                    let service = service_fn(move |req| handle(Arc::clone(&state), req));
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
+        let server = serve(listener, Arc::clone(&state));
         Self {
             addr,
             state,
-            server,
+            server: Mutex::new(Some(server)),
+        }
+    }
+
+    /// Goes away: the listener closes (new connections are refused) and every
+    /// open connection is dropped, as when the service is down.
+    pub fn refuse_connections(&self) {
+        if let Some(server) = self.server.lock().unwrap().take() {
+            server.abort();
+        }
+    }
+
+    /// Comes back on the same address after [`Downstream::refuse_connections`].
+    pub async fn accept_connections(&self) {
+        let listener = TcpListener::bind(self.addr).await.unwrap();
+        let server = serve(listener, Arc::clone(&self.state));
+        if let Some(old) = self.server.lock().unwrap().replace(server) {
+            old.abort();
         }
     }
 
@@ -228,8 +238,28 @@ impl Downstream {
 
 impl Drop for Downstream {
     fn drop(&mut self) {
-        self.server.abort();
+        self.refuse_connections();
     }
+}
+
+/// The accept loop; aborting it drops the listener and every connection.
+fn serve(listener: TcpListener, state: Arc<State>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut connections = JoinSet::new();
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            while connections.try_join_next().is_some() {}
+            let state = Arc::clone(&state);
+            connections.spawn(async move {
+                let service = service_fn(move |req| handle(Arc::clone(&state), req));
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    })
 }
 
 /// A summary of `calls` for failure messages: counts and the last few calls.
@@ -308,9 +338,10 @@ async fn handle(
         calls[index].ended = Some(Instant::now());
     }
     state.changed.send_modify(|n| *n += 1);
-    let response = Response::builder()
-        .status(reply.status)
-        .body(Full::new(Bytes::from_static(b"{}")))
-        .unwrap();
+    let mut response = Response::builder().status(reply.status);
+    if let Some(seconds) = reply.retry_after {
+        response = response.header("retry-after", seconds.to_string());
+    }
+    let response = response.body(Full::new(Bytes::from_static(b"{}"))).unwrap();
     Ok(response)
 }

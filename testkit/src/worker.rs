@@ -67,6 +67,32 @@ impl Worker {
         .await
     }
 
+    /// Waits until the counts satisfy `done` (checked as they change), and
+    /// returns them.
+    pub async fn wait_counts(&self, what: &str, done: impl Fn(&Counts) -> bool) -> Counts {
+        wait_until(
+            &format!("worker {}: {what}", self.name),
+            crate::PROCESSING,
+            || async {
+                let counts = self.counts();
+                crate::wait::check(done(&counts), || self.describe()).map(|()| counts)
+            },
+        )
+        .await
+    }
+
+    /// Waits until the gate holds at least `n` events.
+    pub async fn wait_held(&self, n: u64) -> Counts {
+        self.wait_counts(&format!("{n} events held"), |c| c.held >= n)
+            .await
+    }
+
+    /// Waits until the downstream breaker opened (at least once).
+    pub async fn wait_breaker_open(&self) -> Counts {
+        self.wait_counts("the breaker opened", |c| c.breaker_trips >= 1)
+            .await
+    }
+
     /// Waits until `n` events settled, then fails the test unless every one
     /// of them was processed (none a duplicate or a dead letter).
     pub async fn assert_all_processed(&self, n: u64) {

@@ -21,6 +21,7 @@
 //! - [`gate`]: the sequence gate: held events, gaps, late events, start grace, max held.
 //! - [`hostile`]: a corpus of malformed bodies and odd headers: defined outcomes, no panic, no blocked shard.
 //! - [`concurrency`]: `--concurrency K`: K calls in flight per shard, never two of one order.
+//! - [`breaker`]: a downstream outage pauses the fleet and dead-letters nothing; a poison event still does.
 //! - [`rate`]: `--max-rate R`: the worker's calls never outrun R per second plus the burst.
 //! - [`crash`]: kill -9 mid-stream loses nothing and repeats at most the events in flight (K with `--concurrency K`).
 //! - [`standby`]: one consumer per shard; a standby takes over from a killed worker.
@@ -38,6 +39,7 @@
 //! test-support`), `tests/outages/` (a private RabbitMQ node and a private Redis).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod breaker;
 mod concurrency;
 mod crash;
 mod dlq;

@@ -129,3 +129,68 @@ async fn redis_outage_pauses_the_shards_and_they_resume() {
         paused.len()
     );
 }
+
+/// With `--concurrency` every shard's calls share one Redis connection
+/// through forks of its slot; after each outage — a server paused long enough
+/// for requests to time out on a live connection, then a kill — they must
+/// all move to the new connection and give the old one back, or a few outages
+/// exhaust the pool and a shard waits for a connection forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills a Redis server: scripts/test runs it alone"]
+async fn at_concurrency_every_shard_resumes_after_repeated_outages() {
+    let env = TestEnv::new("redis-outage-k").await;
+    env.apply_topology().await;
+    let mut redis = RedisServer::start(&env.id).await;
+    let downstream =
+        Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(10))).await;
+    let events = interleaved(&orders_covering_shards("redisk", 40, &env), 5, env.shards);
+    let redis_url = redis.url();
+    let worker = env
+        .start_worker("redis-k", &downstream, |c| {
+            c.redis = redis_url.parse().unwrap();
+            c.concurrency = 4;
+        })
+        .await;
+    Publisher::connect(&env).await.publish(&events).await;
+
+    let client = redis::Client::open(redis.url()).unwrap();
+    for outage in 1..=4_u64 {
+        let before = ok_keys(&downstream.calls()).len();
+        downstream
+            .wait_for("more events processed", PROCESSING, |calls| {
+                ok_keys(calls).len() >= before + 20
+            })
+            .await;
+        let killed = outage == 4;
+        if killed {
+            redis.kill9();
+        } else {
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let () = redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(3000)
+                .arg("ALL")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        wait_until("the worker to count the outage", PROCESSING, || async {
+            check(worker.counts().redis_outages >= outage, || {
+                worker.describe()
+            })
+        })
+        .await;
+        if killed {
+            redis.restart().await;
+        }
+    }
+    downstream
+        .wait_for("every event after the outages", PROCESSING, |calls| {
+            all_ok(calls, &events)
+        })
+        .await;
+    env.wait_shard_queues_drained(PROCESSING).await;
+    assert_nothing_dead_lettered(&env).await;
+    assert_in_order_and_complete(&downstream.calls(), &events);
+    worker.stop().await;
+}

@@ -81,6 +81,13 @@ impl Keys {
         format!("{}status:worker:*", glob_escape(&self.prefix))
     }
 
+    /// The fleet's downstream breaker while one of its workers has it open
+    /// (`status::FleetBreaker`, refreshed by that worker's status writer,
+    /// expiring soon after it closes): a worker that starts reads it.
+    pub fn fleet_breaker(&self) -> String {
+        format!("{}status:breaker", self.prefix)
+    }
+
     /// `shardline reconcile`'s record of a compensation it emitted.
     pub fn reconcile_emitted(&self, order_key: &str, kind: &str) -> String {
         format!("{}reconcile:{order_key}:{}", self.prefix, key_field(kind))

@@ -77,7 +77,11 @@ impl RedisTarget {
     /// A pool of at most `size` connections (opened when first asked for).
     pub fn pool(&self, size: usize) -> Result<deadpool_redis::Pool, RedisError> {
         let mut config = deadpool_redis::Config::from_url(self.url.as_str());
-        config.pool = Some(deadpool_redis::PoolConfig::new(size.max(1)));
+        let mut pool = deadpool_redis::PoolConfig::new(size.max(1));
+        // A checkout that cannot be served in time fails like an outage (and
+        // is retried) instead of waiting forever.
+        pool.timeouts.wait = Some(POOL_WAIT);
+        config.pool = Some(pool);
         config
             .create_pool(Some(deadpool_redis::Runtime::Tokio1))
             .map_err(|e| RedisError::Failed {
@@ -86,6 +90,9 @@ impl RedisTarget {
             })
     }
 }
+
+/// Longest wait for a free pooled connection.
+const POOL_WAIT: Duration = Duration::from_secs(5);
 
 impl Default for RedisTarget {
     fn default() -> Self {

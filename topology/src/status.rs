@@ -136,6 +136,68 @@ pub struct WorkerReport {
     pub consuming: Vec<u16>,
     /// Unix milliseconds when written.
     pub updated_at_ms: u64,
+    /// Its downstream breaker.
+    #[serde(default)]
+    pub breaker: BreakerReport,
+}
+
+/// Whether a worker's handler calls flow (closed) or are paused because the
+/// downstream looks out (open: waiting for the cooldown; half-open: one probe
+/// call runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BreakerState {
+    #[default]
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl BreakerState {
+    /// The gauge value: 0 closed, 1 open, 2 half-open.
+    pub fn value(self) -> u8 {
+        self as u8
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Closed => "closed",
+            Self::Open => "open",
+            Self::HalfOpen => "half-open",
+        }
+    }
+}
+
+/// A worker's downstream breaker as its status document carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct BreakerReport {
+    pub state: BreakerState,
+    /// Unix milliseconds since calls are paused (open or half-open); none when closed.
+    #[serde(default)]
+    pub since_ms: Option<u64>,
+    /// Why it last changed state.
+    #[serde(default)]
+    pub reason: String,
+    /// Times it opened since the worker started.
+    #[serde(default)]
+    pub trips: u64,
+}
+
+impl BreakerReport {
+    /// How long calls have been paused at `now_ms`; zero when closed.
+    pub fn paused_for(&self, now_ms: u64) -> Duration {
+        self.since_ms.map_or(Duration::ZERO, |since| {
+            Duration::from_millis(now_ms.saturating_sub(since))
+        })
+    }
+}
+
+/// The fleet's breaker document (`Keys::fleet_breaker`): which worker has it
+/// open, and its report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetBreaker {
+    pub worker: String,
+    pub breaker: BreakerReport,
 }
 
 #[cfg(test)]

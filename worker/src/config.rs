@@ -45,6 +45,9 @@ pub struct Config {
     pub exclusive: bool,
     /// In-place retries of a failed handler attempt.
     pub retry: RetryPolicy,
+    /// The downstream breaker: an outage pauses every shard instead of
+    /// spending the events' retries (`breaker.rs`).
+    pub breaker: BreakerPolicy,
     /// Longest one handler attempt may take; past it the attempt fails as
     /// retryable (`timeout`). Default 30 s.
     pub handler_timeout: Duration,
@@ -134,6 +137,7 @@ impl Default for Config {
             max_rate: None,
             exclusive: true,
             retry: RetryPolicy::default(),
+            breaker: BreakerPolicy::default(),
             handler_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(10),
             dedup_ttl: Duration::from_secs(7 * 24 * 3600),
@@ -175,6 +179,30 @@ impl Config {
             (retry.max_attempts == 0).then(|| refuse("retry.max_attempts", Problem::AT_LEAST_ONE)),
             (self.prefetch == 0).then(|| refuse("prefetch", Problem::AT_LEAST_ONE)),
             (self.concurrency == 0).then(|| refuse("concurrency", Problem::AT_LEAST_ONE)),
+            (!(self.breaker.failure_ratio > 0.0 && self.breaker.failure_ratio <= 1.0)).then(|| {
+                refuse(
+                    "breaker.failure_ratio",
+                    Problem::NotIn {
+                        range: "(0, 1]",
+                        got: self.breaker.failure_ratio.to_string(),
+                    },
+                )
+            }),
+            (self.breaker.window.is_zero()).then(|| {
+                refuse(
+                    "breaker.window",
+                    Problem::Below {
+                        min: "1ms",
+                        got: None,
+                    },
+                )
+            }),
+            (self.breaker.cooldown_max < self.breaker.cooldown).then(|| {
+                refuse(
+                    "breaker.cooldown_max",
+                    Problem::BelowField("breaker.cooldown"),
+                )
+            }),
             self.max_rate
                 .filter(|r| !(r.is_finite() && *r > 0.0))
                 .map(|r| {
@@ -317,6 +345,44 @@ pub struct RetryPolicy {
     pub cap: Duration,
     /// Each delay is varied by up to ± this fraction. Default 0.3.
     pub jitter: f64,
+    /// Longest delay a `Retry-After` answer (429, 503) may ask for; the
+    /// answer sets the next delay of that event only. Default 30 s.
+    pub retry_after_cap: Duration,
+}
+
+/// The downstream breaker's thresholds (`breaker.rs`). The defaults open it
+/// after 5 retryable failures across 3 orders within 10 s when they are at
+/// least half of the calls, and probe after 1 s, 2 s, 4 s, then every 5 s: calls
+/// resume within about 5 s of the downstream's recovery.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BreakerPolicy {
+    /// Off: every retryable failure counts toward `max_attempts`, as without
+    /// a breaker. Default on.
+    pub enabled: bool,
+    /// Attempts are judged over this much recent time; it is also how long
+    /// an event that used its attempts waits for evidence. Default 10 s.
+    pub window: Duration,
+    /// Retryable failures in the window before it may open. Default 5.
+    pub min_failures: u32,
+    /// Share of the window's calls that must have failed. Default 0.5.
+    pub failure_ratio: f64,
+    /// Wait before the first probe call. Default 1 s.
+    pub cooldown: Duration,
+    /// The cooldown doubles after each failed probe up to this. Default 5 s.
+    pub cooldown_max: Duration,
+}
+
+impl Default for BreakerPolicy {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            window: Duration::from_secs(10),
+            min_failures: 5,
+            failure_ratio: 0.5,
+            cooldown: Duration::from_secs(1),
+            cooldown_max: Duration::from_secs(5),
+        }
+    }
 }
 
 impl Default for RetryPolicy {
@@ -327,6 +393,7 @@ impl Default for RetryPolicy {
             factor: 2.0,
             cap: Duration::from_secs(5),
             jitter: 0.3,
+            retry_after_cap: Duration::from_secs(30),
         }
     }
 }

@@ -82,7 +82,8 @@ if ARGV[2] ~= '' then advance(KEYS[2], ARGV[2], ARGV[1]) end
 return 1
 ";
 
-/// KEYS: dedup. ARGV: lease ms, evidence ms.
+/// KEYS: dedup. ARGV: lease ms, evidence ms, change of the unfinished starts
+/// (+1 a call begins, -1 it ended, 0 the claim is only kept alive).
 const RENEW: &str = r"
 local v = redis.call('GET', KEYS[1])
 local n, token = 1, ''
@@ -91,6 +92,7 @@ if v then
   n = tonumber(c) or 1
   token = t or ''
 end
+n = math.max(n + tonumber(ARGV[3]), 0)
 redis.call('SET', KEYS[1], 'processing:' .. (now_ms() + tonumber(ARGV[1])) .. ':' .. n .. ':' .. token, 'PX', ARGV[2])
 return n
 ";
@@ -114,6 +116,17 @@ const EVIDENCE: Duration = Duration::from_secs(24 * 3600);
 
 /// The dedup mark of a processed event.
 const DONE: &str = "done";
+
+/// What a lease renewal says about the claim's handler start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// A handler call begins now.
+    Begins,
+    /// The call returned (it failed; the event waits for another attempt).
+    Ended,
+    /// Nothing runs; the claim is kept alive while the event waits.
+    Waits,
+}
 
 /// What `admit` decided.
 #[derive(Debug, Clone, PartialEq)]
@@ -463,12 +476,24 @@ impl Dedup {
         redis.query_pipeline::<()>(&pipe).await;
     }
 
-    /// Extends the lease before another attempt.
-    pub(crate) async fn renew(&self, redis: &mut RedisSlot, dedup_key: &str) {
+    /// Extends the claim's lease, counting a handler start that begins or
+    /// ended: the count is of calls that began and never returned, so a
+    /// worker that dies while an event waits (for its retry, the breaker or a
+    /// rate token) leaves no start behind for crash-loop protection.
+    pub(crate) async fn renew(&self, redis: &mut RedisSlot, dedup_key: &str, start: Start) {
+        let delta = match start {
+            Start::Begins => "1",
+            Start::Ended => "-1",
+            Start::Waits => "0",
+        };
         let cmd = Self::evalsha(
             &self.renew,
             &[self.keys.dedup(dedup_key)],
-            &[self.lease_ms.to_string(), EVIDENCE.as_millis().to_string()],
+            &[
+                self.lease_ms.to_string(),
+                EVIDENCE.as_millis().to_string(),
+                delta.to_owned(),
+            ],
         );
         redis.query::<i64>(&cmd).await;
     }

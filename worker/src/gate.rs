@@ -82,6 +82,26 @@ impl<T: Holdable> Gate<T> {
         self.held
     }
 
+    /// At `--max-held`: while calls are paused the shard takes no delivery
+    /// rather than give up a gap early.
+    pub(crate) fn is_full(&self) -> bool {
+        self.held >= self.max_held
+    }
+
+    /// Calls were paused for `by` (the downstream breaker): every hold's
+    /// grace is extended by as much, so no gap or start times out because
+    /// the shard could not run its events.
+    pub(crate) fn extend(&mut self, by: Duration) {
+        if by.is_zero() {
+            return;
+        }
+        for item in self.orders.values_mut().flat_map(BTreeMap::values_mut) {
+            if let Some(since) = item.item.held_since() {
+                item.item.set_held_since(since + by);
+            }
+        }
+    }
+
     /// Changes whenever the set of held events does.
     pub(crate) fn version(&self) -> u64 {
         self.version
@@ -323,6 +343,34 @@ mod tests {
             Some(t0 + Duration::from_secs(120)),
             "the gap grace counts from the arrival"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pause_extends_every_grace_by_its_length() {
+        let mut g = gate(Config::default());
+        let t0 = Instant::now();
+        g.hold(item(3), "A", 3, true, t0).unwrap();
+        g.hold(item(9), "B", 9, false, t0).unwrap();
+        let pause = Duration::from_secs(40);
+        g.extend(pause);
+        assert_eq!(g.next_deadline(), Some(t0 + Duration::from_secs(5) + pause));
+        assert!(after(&mut g, Duration::from_secs(45) - MS).await.is_empty());
+        assert_eq!(
+            after(&mut g, MS).await.len(),
+            1,
+            "the start, 5 s + 40 s later"
+        );
+        assert!(
+            after(&mut g, Duration::from_secs(115) - MS)
+                .await
+                .is_empty()
+        );
+        assert_eq!(
+            after(&mut g, MS).await.len(),
+            1,
+            "the gap, 120 s + 40 s later"
+        );
+        assert!(!g.is_full());
     }
 
     #[tokio::test(start_paused = true)]

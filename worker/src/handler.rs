@@ -42,10 +42,14 @@ pub struct Event<'a> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum HandlerError {
-    /// Worth another attempt (downstream busy, 5xx, connection refused…).
+    /// Worth another attempt (downstream busy, 5xx, connection refused…);
+    /// `retry_after` when the downstream said when (`Retry-After`).
     #[error("{message}")]
     #[non_exhaustive]
-    Retryable { message: String },
+    Retryable {
+        message: String,
+        retry_after: Option<Duration>,
+    },
     /// Will never succeed as is: dead-letter now.
     #[error("{message}")]
     #[non_exhaustive]
@@ -61,6 +65,25 @@ impl HandlerError {
     pub fn retryable(message: impl Into<String>) -> Self {
         Self::Retryable {
             message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// A failure worth another attempt no sooner than `after` (the
+    /// downstream's `Retry-After`): it sets this event's next delay (capped
+    /// by `RetryPolicy::retry_after_cap`), never the other events'.
+    pub fn retryable_after(message: impl Into<String>, after: Duration) -> Self {
+        Self::Retryable {
+            message: message.into(),
+            retry_after: Some(after),
+        }
+    }
+
+    /// The delay the downstream asked for, if it did.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Retryable { retry_after, .. } => *retry_after,
+            _ => None,
         }
     }
 
@@ -125,8 +148,9 @@ impl Handler for Log {
 
 /// Forwards each event to a URL (POST, original body).
 ///
-/// 2xx is success; 408, 429, 5xx and transport errors are retryable; any other
-/// status is permanent.
+/// 2xx is success; 408, 429, 5xx and transport errors are retryable (with
+/// the delay of a `Retry-After` header on 429 and 503, in seconds or as an
+/// HTTP date); any other status is permanent.
 #[derive(Debug, Clone)]
 pub struct Http {
     client: reqwest::Client,
@@ -171,8 +195,30 @@ impl Handler for Http {
             .send()
             .await
             .map_err(|e| HandlerError::retryable(format!("POST {}: {e}", self.url)))?;
-        classify(response.status().as_u16())
+        let status = response.status().as_u16();
+        let retry_after = matches!(status, 429 | 503)
+            .then(|| response.headers().get(reqwest::header::RETRY_AFTER))
+            .flatten()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()));
+        match (classify(status), retry_after) {
+            (Err(HandlerError::Retryable { message, .. }), Some(after)) => {
+                Err(HandlerError::retryable_after(message, after))
+            }
+            (result, _) => result,
+        }
     }
+}
+
+/// A `Retry-After` value: delay seconds, or an HTTP date (a date in the
+/// past is no delay). `None` when it is neither.
+fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 /// The status mapping of SPEC §3.
@@ -246,6 +292,26 @@ mod tests {
                 Err(HandlerError::Permanent { .. })
             ));
         }
+    }
+
+    #[test]
+    fn retry_after_takes_seconds_or_a_date() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+        assert_eq!(
+            parse_retry_after("120", now),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(parse_retry_after(" 0 ", now), Some(Duration::ZERO));
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:30 GMT", now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-5", now), None);
     }
 
     #[test]

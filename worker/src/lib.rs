@@ -35,6 +35,8 @@
 //! - `process`: one delivery to an outcome: decode, admit, call the handler.
 //! - `dedup`: the Redis state: claims, `done` marks, each order's last seq.
 //! - `quarantine`: per-order quarantine behind a dead letter ([`OnDeadLetter::Quarantine`]).
+//! - `breaker`: the worker-wide downstream breaker ([`Config::breaker`]):
+//!   an outage pauses every shard instead of filling the DLQ.
 //! - `rate`: the worker-wide call rate limit ([`Config::max_rate`]), a token bucket.
 //! - `store`: one Redis connection per shard; outages pause the shard.
 //! - [`handler`]: the [`Handler`] trait, its errors and the built-in handlers.
@@ -47,6 +49,7 @@
 //! - `signal`: SIGTERM and Ctrl-C to a stop token ([`cancel_on_signal`]).
 //! - `error`: [`WorkerError`].
 
+mod breaker;
 mod config;
 mod dedup;
 mod error;
@@ -68,7 +71,7 @@ mod status;
 mod store;
 mod supervisor;
 
-pub use config::{Config, ConfigError, OnDeadLetter, OnGap, Problem, RetryPolicy};
+pub use config::{BreakerPolicy, Config, ConfigError, OnDeadLetter, OnGap, Problem, RetryPolicy};
 pub use error::{BindError, WorkerError};
 pub use handler::{Event, Handler, HandlerError, HandlerSpecError, Http, Log, Noop, from_spec};
 pub use live::ShardState;

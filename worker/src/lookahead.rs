@@ -1,6 +1,14 @@
 //! A shard's next delivery, taken from the consumer early when the broker has
 //! already sent it, so that its dedup claim can ride along with the current
 //! event's commit: one Redis round trip per event instead of two.
+//!
+//! It also finds the breaker's evidence attempt for a serial shard
+//! ([`Lookahead::take_other`]): an event of another order, taken from further
+//! down the broker window; the deliveries passed over on the way wait here, in
+//! delivery order, and the evidence event's result is set aside for the
+//! shard's loop ([`Lookahead::take_aside`]).
+
+use std::collections::{HashSet, VecDeque};
 
 use futures_util::{FutureExt as _, StreamExt as _};
 use lapin::Consumer;
@@ -10,6 +18,7 @@ use tokio::time::Instant;
 use crate::dedup::Verdict;
 use crate::gate::Holdable;
 use crate::process::{Decoded, Message, Outcome, Processor};
+use crate::settle::Settled;
 use crate::store::RedisSlot;
 
 /// A delivery with what is known about it before processing starts.
@@ -64,17 +73,20 @@ enum Peeked {
     End(Option<lapin::Error>),
 }
 
-/// The shard's consumer with at most one delivery taken ahead.
+/// The shard's consumer with the deliveries taken ahead: one, or while the
+/// breaker looks for evidence, those passed over.
 pub(crate) struct Lookahead {
     consumer: Consumer,
-    peeked: Option<Peeked>,
+    parked: VecDeque<Peeked>,
+    aside: Vec<Settled>,
 }
 
 impl Lookahead {
     pub(crate) fn new(consumer: Consumer) -> Self {
         Self {
             consumer,
-            peeked: None,
+            parked: VecDeque::new(),
+            aside: Vec::new(),
         }
     }
 
@@ -84,7 +96,7 @@ impl Lookahead {
         &mut self,
         processor: &Processor,
     ) -> Result<Option<Ready>, lapin::Error> {
-        let peeked = match self.peeked.take() {
+        let peeked = match self.parked.pop_front() {
             Some(peeked) => peeked,
             None => Self::wrap(self.consumer.next().await, processor),
         };
@@ -97,21 +109,72 @@ impl Lookahead {
 
     /// The next delivery if the broker has already sent it; never waits.
     pub(crate) fn peek(&mut self, processor: &Processor) -> Option<&mut Ready> {
-        if self.peeked.is_none()
+        if self.parked.is_empty()
             && let Some(next) = self.consumer.next().now_or_never()
         {
-            self.peeked = Some(Self::wrap(next, processor));
+            self.parked.push_back(Self::wrap(next, processor));
         }
-        match &mut self.peeked {
+        match self.parked.front_mut() {
             Some(Peeked::Ready(ready)) => Some(ready),
             _ => None,
         }
     }
 
+    /// The evidence attempt's event: the first delivery here of an order
+    /// other than `order_key` (and than those of the deliveries passed over
+    /// that it may not overtake), never a redelivered one (it may be a
+    /// killer). Reads what the broker has sent without waiting; `None` when
+    /// nothing fits yet ([`Lookahead::arrival`] waits for more).
+    pub(crate) fn take_other(&mut self, order_key: &str, processor: &Processor) -> Option<Ready> {
+        while !matches!(self.parked.back(), Some(Peeked::End(_)))
+            && let Some(next) = self.consumer.next().now_or_never()
+        {
+            self.parked.push_back(Self::wrap(next, processor));
+        }
+        let mut passed: HashSet<&str> = HashSet::from([order_key]);
+        let mut found = None;
+        for (i, peeked) in self.parked.iter().enumerate() {
+            let Peeked::Ready(ready) = peeked else { break };
+            let Ok(decoded) = &ready.decoded else {
+                continue;
+            };
+            let order = decoded.order_key.as_str();
+            if !ready.delivery.redelivered && !passed.contains(order) {
+                found = Some(i);
+                break;
+            }
+            passed.insert(order);
+        }
+        match self.parked.remove(found?) {
+            Some(Peeked::Ready(ready)) => Some(ready),
+            _ => None,
+        }
+    }
+
+    /// Waits for the broker's next delivery and keeps it here (cancel-safe).
+    /// Never returns once the consumer ended.
+    pub(crate) async fn arrival(&mut self, processor: &Processor) {
+        if matches!(self.parked.back(), Some(Peeked::End(_))) {
+            return std::future::pending().await;
+        }
+        let next = self.consumer.next().await;
+        self.parked.push_back(Self::wrap(next, processor));
+    }
+
+    /// Keeps how an evidence event left `settle`, for the shard's loop.
+    pub(crate) fn set_aside(&mut self, settled: Settled) {
+        self.aside.push(settled);
+    }
+
+    /// The evidence events settled since last asked.
+    pub(crate) fn take_aside(&mut self) -> Vec<Settled> {
+        std::mem::take(&mut self.aside)
+    }
+
     /// Forgets the verdict asked for early (its claim stays; asking again
     /// recognises it): a dead letter made since may have quarantined its order.
     pub(crate) fn forget_admission(&mut self) {
-        if let Some(Peeked::Ready(ready)) = &mut self.peeked {
+        if let Some(Peeked::Ready(ready)) = self.parked.front_mut() {
             ready.admitted = None;
         }
     }
@@ -119,12 +182,13 @@ impl Lookahead {
     /// Gives up a claim made early for a delivery that will not be processed
     /// here (the worker is stopping; the broker redelivers it).
     pub(crate) async fn release(&mut self, processor: &Processor, redis: &mut RedisSlot) {
-        if let Some(Peeked::Ready(ready)) = &self.peeked
-            && let Some(key) = ready.held_key()
-        {
-            processor.dedup().release(redis, key).await;
+        for peeked in std::mem::take(&mut self.parked) {
+            if let Peeked::Ready(ready) = peeked
+                && let Some(key) = ready.held_key()
+            {
+                processor.dedup().release(redis, key).await;
+            }
         }
-        self.peeked = None;
     }
 
     fn wrap(next: Option<Result<Delivery, lapin::Error>>, processor: &Processor) -> Peeked {

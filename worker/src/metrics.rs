@@ -23,6 +23,7 @@ use shardline_topology::ShardId;
 use shardline_topology::headers::FailReason;
 use shardline_topology::status::{Level, Thresholds};
 
+use crate::breaker::BreakerMetrics;
 use crate::live::{ShardState, ShardWatch, Snapshot, unix_ms};
 
 /// Metric names, as registered. Counters get `_total` appended on exposition
@@ -67,6 +68,12 @@ pub mod names {
     pub const INFLIGHT_SECONDS: &str = "shardline_inflight_seconds";
     /// Gauge `{shard}`: 1 when the in-flight event is older than `Config::stuck_after`.
     pub const STUCK: &str = "shardline_stuck";
+    /// Gauge: the downstream breaker, 0 closed, 1 open, 2 half-open.
+    pub const BREAKER_STATE: &str = "shardline_breaker_state";
+    /// Counter: times the downstream breaker opened (calls paused).
+    pub const BREAKER_TRIPS: &str = "shardline_breaker_trips";
+    /// Counter: seconds handler calls were paused by the breaker (pauses that ended).
+    pub const BREAKER_PAUSED_SECONDS: &str = "shardline_breaker_paused_seconds";
 }
 
 /// What the HTTP endpoint serves `/metrics` as.
@@ -107,6 +114,7 @@ pub(crate) struct Metrics {
     worker: WorkerCounters,
     queue_depth: Family<ShardLabel, Gauge>,
     dlq_depth: Gauge,
+    breaker: BreakerMetrics,
 }
 
 impl Metrics {
@@ -202,6 +210,22 @@ impl Metrics {
             "Sequence gaps given up on (timed out, or accepted as an order's start)",
             worker.gaps.clone(),
         );
+        let breaker = BreakerMetrics::default();
+        registry.register(
+            names::BREAKER_STATE,
+            "The downstream breaker: 0 closed, 1 open (calls paused), 2 half-open (one probe call)",
+            breaker.state.clone(),
+        );
+        registry.register(
+            names::BREAKER_TRIPS,
+            "Times the downstream breaker opened",
+            breaker.trips.clone(),
+        );
+        registry.register(
+            names::BREAKER_PAUSED_SECONDS,
+            "Seconds handler calls were paused by the downstream breaker",
+            breaker.paused_seconds.clone(),
+        );
         registry.register_collector(Box::new(LiveCollector {
             shards: shard_metrics.iter().map(|m| m.watch.clone()).collect(),
             backlog,
@@ -213,7 +237,13 @@ impl Metrics {
             worker,
             queue_depth,
             dlq_depth,
+            breaker,
         }
+    }
+
+    /// The downstream breaker's handles.
+    pub(crate) fn breaker(&self) -> BreakerMetrics {
+        self.breaker.clone()
     }
 
     /// The handles of every shard, in the order given to [`Metrics::new`].
@@ -259,6 +289,8 @@ impl Metrics {
             broker_reconnects: self.worker.broker_reconnects.get(),
             held: sum(|m| m.watch.held()),
             gaps: self.worker.gaps.get(),
+            breaker_trips: self.breaker.trips.get(),
+            breaker_paused_ms: (self.breaker.paused_seconds.get() * 1000.0) as u64,
             dead_letters: std::array::from_fn(|i| {
                 self.shards.iter().map(|m| m.dead_letters[i].get()).sum()
             }),
@@ -445,6 +477,10 @@ pub struct Counts {
     pub held: u64,
     /// Sequence gaps given up on (timed out or accepted as a start).
     pub gaps: u64,
+    /// Times the downstream breaker opened.
+    pub breaker_trips: u64,
+    /// Milliseconds calls were paused by the breaker, over the pauses that ended.
+    pub breaker_paused_ms: u64,
     /// By reason, in the order of [`FailReason::ALL`].
     pub(crate) dead_letters: [u64; FailReason::ALL.len()],
 }

@@ -18,11 +18,13 @@ use opentelemetry::{Context, KeyValue};
 use shardline_topology::headers::{self, FailReason};
 use shardline_topology::telemetry::{self, attr, op, outcome};
 use shardline_topology::{Envelope, EnvelopeError, ShardId, w3c};
+use tokio::time::Instant;
 
 use shardline_topology::Keys;
 
+use crate::breaker::{self, Breaker, Permit};
 use crate::config::{Config, OnDeadLetter, RetryPolicy};
-use crate::dedup::{Admission, Dedup, Verdict};
+use crate::dedup::{Admission, Dedup, Start, Verdict};
 use crate::handler::{Event, Handler, HandlerError};
 use crate::metrics::ShardMetrics;
 use crate::quarantine;
@@ -59,12 +61,10 @@ pub(crate) enum Outcome {
     Processed,
     /// Processed before: ack without calling the handler.
     Duplicate,
-    /// The attempt failed but may succeed: try again after `after`, keeping
-    /// the claim (and so the shard's order).
-    Retry {
-        after: Duration,
-        error: HandlerError,
-    },
+    /// The attempt failed but may succeed (the claim is kept, and so the
+    /// order's place): `settle` decides, with the event's [`Budget`], whether
+    /// and when it is tried again.
+    Failed { error: HandlerError },
     /// A live claim of another consumer: look again after this long.
     Wait(Duration),
     /// Ahead of its order's sequence: hold it unacked. `start` when the order
@@ -77,6 +77,26 @@ pub(crate) enum Outcome {
         /// Handler attempts made.
         attempts: u32,
     },
+}
+
+/// An event's retry budget: the retryable failures that count toward
+/// `--max-attempts` (not those of a downstream outage).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Budget {
+    used: u32,
+    /// When its first counted failure happened: a success of another order
+    /// since then shows the downstream up.
+    pub(crate) since: Instant,
+    /// The breaker's epoch it was counted in.
+    pub(crate) epoch: u64,
+}
+
+/// What follows a retryable failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Next {
+    Retry(Duration),
+    /// The budget is used: dead-letter, unless the breaker calls it an outage.
+    Exhausted,
 }
 
 /// What survives between attempts at one delivery.
@@ -124,6 +144,10 @@ pub(crate) struct Processor {
     metrics: Arc<ShardMetrics>,
     /// The worker's call rate limit (`Config::max_rate`), shared by its shards.
     rate: Option<Arc<RateLimiter>>,
+    /// The worker's downstream breaker (`Config::breaker`), shared by its shards.
+    breaker: Option<Arc<Breaker>>,
+    /// How often a claim is kept alive while its event waits for the breaker.
+    keep_alive: Duration,
     /// The global tracer as it was when the shard started (a no-op without
     /// a provider).
     tracer: BoxedTracer,
@@ -138,9 +162,12 @@ impl Processor {
         handler: Arc<dyn Handler>,
         metrics: Arc<ShardMetrics>,
         rate: Option<Arc<RateLimiter>>,
+        breaker: Option<Arc<Breaker>>,
     ) -> Self {
         Self {
             rate,
+            breaker,
+            keep_alive: config.lease() / 3,
             shard,
             handler,
             dedup: Dedup::new(config),
@@ -159,6 +186,58 @@ impl Processor {
 
     pub(crate) fn dedup(&self) -> &Dedup {
         &self.dedup
+    }
+
+    /// The worker's breaker, when it has one (`Config::breaker` enabled).
+    pub(crate) fn breaker(&self) -> Option<&Breaker> {
+        self.breaker.as_deref()
+    }
+
+    /// Whether the next delivery may be claimed early, with the current
+    /// commit: not while calls are paused or rate-limited, so that an event
+    /// waiting for its turn never holds a counted handler start.
+    pub(crate) fn claims_early(&self) -> bool {
+        self.rate.is_none() && !self.breaker.as_ref().is_some_and(|b| b.is_paused())
+    }
+
+    /// A new retry budget for an event, in the breaker's current epoch.
+    pub(crate) fn budget(&self) -> Budget {
+        Budget {
+            used: 0,
+            since: Instant::now(),
+            epoch: self.breaker.as_ref().map_or(0, |b| b.epoch()),
+        }
+    }
+
+    /// After a retryable failure: counts it in `budget` — unless the breaker
+    /// is paused, or opened since the budget began (then the budget starts
+    /// again: its failures were the outage's) — and says what comes next.
+    pub(crate) fn after_failure(&self, budget: &mut Budget, error: &HandlerError) -> Next {
+        if let Some(breaker) = &self.breaker {
+            let epoch = breaker.epoch();
+            if epoch != budget.epoch {
+                *budget = Budget {
+                    used: 0,
+                    since: Instant::now(),
+                    epoch,
+                };
+            }
+            if breaker.is_paused() {
+                return Next::Retry(self.retry.next_delay(1));
+            }
+        }
+        if budget.used == 0 {
+            budget.since = Instant::now();
+        }
+        budget.used += 1;
+        if budget.used >= self.retry.max_attempts {
+            return Next::Exhausted;
+        }
+        let after = match error.retry_after() {
+            Some(asked) => asked.min(self.retry.retry_after_cap),
+            None => self.retry.next_delay(budget.used),
+        };
+        Next::Retry(after)
     }
 
     /// Parses the envelope; a body that is not one is dead-lettered at once.
@@ -192,8 +271,8 @@ impl Processor {
     /// Attempt number `attempt` (1-based): admit the event (or renew its
     /// lease) and run the handler under its timeout. Every handler attempt of
     /// every shard, serial or concurrent, passes through here and nowhere else:
-    /// a wait for permission to start (a breaker, a rate limit) belongs at its
-    /// top, before the admit counts a start. `admitted` is the first
+    /// the breaker's wait comes first, before the admit counts a start; the
+    /// rate limit's token right before the call. `admitted` is the first
     /// attempt's verdict when it was already asked for (pipelined with the
     /// previous event's commit). The commit is the caller's, with the ack.
     /// Waits out Redis outages.
@@ -212,7 +291,7 @@ impl Processor {
         trace: &ProcessTrace,
     ) -> Outcome {
         let key = decoded.dedup_key.as_str();
-        if attempt == 1 {
+        let permit = if attempt == 1 {
             if let (Some(limit), Some(count)) = (self.delivery_limit, decoded.delivery_count)
                 && count >= i64::from(limit.saturating_sub(1))
             {
@@ -224,15 +303,20 @@ impl Processor {
                     attempts: 0,
                 };
             }
-            let verdict = match admitted {
-                // A hold verdict asked for early may be stale: successors released
-                // by the gate may have passed since. Every other verdict stays true
-                // because an order's gate only moves forward.
-                Some(verdict) if !matches!(verdict, Verdict::Gap | Verdict::Start) => verdict,
-                _ => {
-                    self.dedup
-                        .admit(redis, &decoded.admission(msg.redelivered, bypass_gate))
-                        .await
+            // A hold verdict asked for early may be stale: successors released
+            // by the gate may have passed since. Every other verdict stays true
+            // because an order's gate only moves forward.
+            let early = admitted.filter(|v| !matches!(v, Verdict::Gap | Verdict::Start));
+            let (verdict, permit) = match early {
+                Some(v @ (Verdict::Claimed | Verdict::TakenOver)) => {
+                    let permit = self.wait_turn(redis, decoded, Some(true)).await;
+                    (v, permit)
+                }
+                Some(v) => (v, None),
+                None => {
+                    let permit = self.wait_turn(redis, decoded, None).await;
+                    let admission = decoded.admission(msg.redelivered, bypass_gate);
+                    (self.dedup.admit(redis, &admission).await, permit)
                 }
             };
             match verdict {
@@ -273,13 +357,17 @@ impl Processor {
                     };
                 }
             }
-            self.permit().await;
+            permit
         } else {
-            // Before the renewal, so that the lease counts from the call.
-            self.permit().await;
-            self.dedup.renew(redis, key).await;
-        }
+            // The claim is ours and its last start ended: kept alive while
+            // waiting, counted again when the call begins (the lease counts
+            // from the call).
+            let permit = self.wait_turn(redis, decoded, Some(false)).await;
+            self.dedup.renew(redis, key, Start::Begins).await;
+            permit
+        };
 
+        self.rate_token().await;
         let event = Event {
             envelope: &decoded.envelope,
             body: msg.body,
@@ -301,6 +389,16 @@ impl Processor {
             Ok(result) => result,
             Err(_) => Err(HandlerError::timeout(self.handler_timeout)),
         };
+        if let Some(permit) = permit {
+            permit.record(match &result {
+                Ok(()) => breaker::Verdict::Success,
+                Err(e) if e.is_retryable() => breaker::Verdict::Failure {
+                    first: attempt == 1,
+                    retry_after: e.retry_after(),
+                },
+                Err(_) => breaker::Verdict::Neutral,
+            });
+        }
         match result {
             Ok(()) => Outcome::Processed,
             Err(error) if !error.is_retryable() => Outcome::DeadLetter {
@@ -308,24 +406,67 @@ impl Processor {
                 error: error.to_string(),
                 attempts: attempt,
             },
-            Err(error) if attempt < self.retry.max_attempts => Outcome::Retry {
-                after: self.retry.next_delay(attempt),
-                error,
+            Err(error) => {
+                self.dedup.renew(redis, key, Start::Ended).await;
+                Outcome::Failed { error }
+            }
+        }
+    }
+
+    /// The dead letter of an event whose retryable attempts are used up.
+    pub(crate) fn exhausted(error: &HandlerError, attempts: u32) -> Outcome {
+        Outcome::DeadLetter {
+            reason: match error {
+                HandlerError::Timeout { .. } => FailReason::Timeout,
+                _ => FailReason::Handler,
             },
-            Err(error) => Outcome::DeadLetter {
-                reason: match error {
-                    HandlerError::Timeout { .. } => FailReason::Timeout,
-                    _ => FailReason::Handler,
-                },
-                error: error.to_string(),
-                attempts: attempt,
-            },
+            error: error.to_string(),
+            attempts,
+        }
+    }
+
+    /// Waits until the breaker lets a handler call start (at once when
+    /// closed) — before the admit counts a start, outside the call's timeout,
+    /// and not an attempt. `claim`: the event holds a claim
+    /// (`Some(true)` with its start counted, as a claim made early is), kept
+    /// alive while the breaker keeps it waiting, its start not counted meanwhile.
+    async fn wait_turn(
+        &self,
+        redis: &mut RedisSlot,
+        decoded: &Decoded,
+        claim: Option<bool>,
+    ) -> Option<Permit<'_>> {
+        match &self.breaker {
+            None => None,
+            Some(breaker) if !breaker.is_paused() => Some(breaker.admit(&decoded.order_key).await),
+            Some(breaker) => {
+                let key = decoded.dedup_key.as_str();
+                // A claim made early came with a counted start.
+                if claim == Some(true) {
+                    self.dedup.renew(redis, key, Start::Ended).await;
+                }
+                let admit = breaker.admit(&decoded.order_key);
+                tokio::pin!(admit);
+                let permit = loop {
+                    tokio::select! {
+                        permit = &mut admit => break permit,
+                        () = tokio::time::sleep(self.keep_alive), if claim.is_some() => {
+                            self.dedup.renew(redis, key, Start::Waits).await;
+                        }
+                    }
+                };
+                if claim == Some(true) {
+                    self.dedup.renew(redis, key, Start::Begins).await;
+                }
+                Some(permit)
+            }
         }
     }
 
     /// Waits for a token of the worker's rate limit, if it has one: right
-    /// before a handler call, outside its timeout and not an attempt.
-    async fn permit(&self) {
+    /// before the call (outside its timeout, not an attempt), so that calls,
+    /// not admits, keep to the rate.
+    async fn rate_token(&self) {
         if let Some(rate) = &self.rate {
             rate.acquire().await;
         }
@@ -554,6 +695,7 @@ mod tests {
             shard,
             Arc::new(Noop),
             metrics.shards()[0].clone(),
+            None,
             None,
         )
     }

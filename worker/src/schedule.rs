@@ -106,6 +106,19 @@ impl<T> Schedule<T> {
         Some(entry)
     }
 
+    /// An event to start beyond the slots: the breaker's evidence attempt,
+    /// while a slot's event waits for it. The first ready event that need
+    /// not run alone; [`Schedule::finish`] ends it like any other.
+    pub(crate) fn next_extra(&mut self) -> Option<Entry<T>> {
+        if self.alone_running {
+            return None;
+        }
+        let i = self.ready.iter().position(|e| !e.alone)?;
+        let entry = self.ready.remove(i)?;
+        self.running += 1;
+        Some(entry)
+    }
+
     /// A started event ended (acked, held or abandoned): its order's next
     /// event, if one waits, becomes ready.
     pub(crate) fn finish(&mut self, order: Option<&str>, alone: bool) {
@@ -199,6 +212,21 @@ mod tests {
         s.finish(Some("c"), false);
         assert_eq!((s.running(), s.waiting()), (0, 0));
         assert!(s.active.is_empty());
+    }
+
+    #[test]
+    fn the_evidence_event_runs_beyond_the_slots_but_never_beside_its_order() {
+        let mut s = Schedule::new(1, 100);
+        for e in [ev("a", 1), ev("a", 2), ev("b", 1)] {
+            s.push(e);
+        }
+        assert_eq!(started(&mut s), [pair("a", 1)]);
+        let extra = s.next_extra().map(|e| e.item);
+        assert_eq!(extra, Some(pair("b", 1)), "a 2 waits behind a 1");
+        assert_eq!((s.running(), s.next_extra().map(|e| e.item)), (2, None));
+        s.finish(Some("b"), false);
+        s.finish(Some("a"), false);
+        assert_eq!(started(&mut s), [pair("a", 2)]);
     }
 
     #[test]

@@ -11,12 +11,15 @@ use shardline_publisher::{ConfirmChannel, ConfirmError};
 use shardline_topology::headers::DeadLetter;
 use shardline_topology::telemetry::outcome;
 use shardline_topology::{Names, ShardId};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
+use crate::breaker::Judgement;
 use crate::dedup::Done;
 use crate::gate::Directive;
 use crate::lookahead::{Lookahead, Ready};
 use crate::metrics::ShardMetrics;
-use crate::process::{Decoded, Message, Outcome, ProcessTrace, Processor};
+use crate::process::{Budget, Decoded, Message, Next, Outcome, ProcessTrace, Processor};
 use crate::store::RedisSlot;
 
 /// While the dead-letter queue cannot take a message, how long to wait between
@@ -29,6 +32,9 @@ pub(crate) struct ShardContext {
     pub(crate) names: Names,
     pub(crate) shard: ShardId,
     pub(crate) metrics: Arc<ShardMetrics>,
+    /// A concurrent shard's event waits for the breaker's evidence: the
+    /// shard's loop starts one event of another order beyond its slots.
+    pub(crate) evidence: Notify,
 }
 
 /// How a delivery left [`settle`].
@@ -95,6 +101,7 @@ async fn settle_traced(
     let bypass = directive == Directive::Bypass;
     let mut attempt = 1;
     let mut first_failed_at = None;
+    let mut budget = ctx.processor.budget();
     loop {
         let outcome = match (&ready.decoded, &directive) {
             (_, Directive::DeadLetter(reason, error)) => Outcome::DeadLetter {
@@ -119,6 +126,37 @@ async fn settle_traced(
             (Err(outcome), _) => outcome.clone(),
         };
         let decoded = ready.decoded.as_ref().ok();
+        let outcome = match (outcome, decoded) {
+            (Outcome::Failed { error }, Some(decoded)) => {
+                first_failed_at.get_or_insert_with(SystemTime::now);
+                let after = match ctx.processor.after_failure(&mut budget, &error) {
+                    Next::Retry(after) => Some(after),
+                    Next::Exhausted => {
+                        let lookahead = lookahead.as_deref_mut();
+                        match judge(ctx, dead_letters, redis, decoded, &budget, lookahead).await? {
+                            Judgement::Poison => None,
+                            Judgement::Outage | Judgement::Pending => {
+                                budget = ctx.processor.budget();
+                                Some(Duration::ZERO)
+                            }
+                        }
+                    }
+                };
+                match after {
+                    Some(after) => {
+                        ctx.metrics.retried();
+                        trace.retry(attempt, after, &error);
+                        tracing::warn!(shard = %ctx.shard, attempt, retry_in = ?after, %error, trace_id = %trace.span_context().trace_id(), span_id = %trace.span_context().span_id(), "handler failed; retrying in place");
+                        tokio::time::sleep(after).await;
+                        attempt += 1;
+                        continue;
+                    }
+                    None => Processor::exhausted(&error, attempt),
+                }
+            }
+            (Outcome::Failed { error }, None) => Processor::exhausted(&error, attempt),
+            (outcome, _) => outcome,
+        };
         match outcome {
             Outcome::Processed => {
                 if let Some(decoded) = decoded {
@@ -138,14 +176,8 @@ async fn settle_traced(
                 trace.finish(outcome::DUPLICATE, 0);
                 break;
             }
-            Outcome::Retry { after, error } => {
-                ctx.metrics.retried();
-                first_failed_at.get_or_insert_with(SystemTime::now);
-                trace.retry(attempt, after, &error);
-                tracing::warn!(shard = %ctx.shard, attempt, retry_in = ?after, %error, trace_id = %trace.span_context().trace_id(), span_id = %trace.span_context().span_id(), "handler failed; retrying in place");
-                tokio::time::sleep(after).await;
-                attempt += 1;
-            }
+            // Resolved above: a failure without an event is dead-lettered.
+            Outcome::Failed { .. } => continue,
             Outcome::Wait(after) => {
                 trace.claim_wait(after);
                 tracing::warn!(shard = %ctx.shard, wait = ?after, trace_id = %trace.span_context().trace_id(), "event claimed by another consumer; waiting for its lease");
@@ -212,6 +244,88 @@ async fn settle_traced(
     Ok(Settled::Done { order_key })
 }
 
+/// Whether an event that used its retryable attempts met a poison event or an
+/// outage (`breaker.rs`): without a breaker, poison. While the verdict is
+/// pending, a serial shard tries an event of another order from its window
+/// here (set aside for its loop), a concurrent shard asks its loop for one
+/// (`ShardContext::evidence`); at most one window later without an answer
+/// the event is dead-lettered as without a breaker.
+async fn judge(
+    ctx: &ShardContext,
+    dead_letters: &ConfirmChannel,
+    redis: &mut RedisSlot,
+    decoded: &Decoded,
+    budget: &Budget,
+    mut lookahead: Option<&mut Lookahead>,
+) -> Result<Judgement, lapin::Error> {
+    let Some(breaker) = ctx.processor.breaker() else {
+        return Ok(Judgement::Poison);
+    };
+    let asked_at = Instant::now();
+    let deadline = asked_at + breaker.evidence_wait();
+    let mut changes = breaker.changes();
+    let _judging = breaker.judging();
+    let order = decoded.order_key.as_str();
+    loop {
+        changes.borrow_and_update();
+        let judgement = breaker.judge(order, budget, asked_at);
+        if judgement != Judgement::Pending {
+            return Ok(judgement);
+        }
+        if Instant::now() >= deadline {
+            tracing::warn!(shard = %ctx.shard, order = %decoded.envelope.order_id, wait = ?breaker.evidence_wait(), "no call of another order to tell an outage from a poison event: dead-lettered as without a breaker");
+            return Ok(Judgement::Poison);
+        }
+        match lookahead.as_deref_mut() {
+            Some(lookahead) => {
+                if let Some(other) = lookahead.take_other(order, &ctx.processor) {
+                    // Settled to its end (it cannot be dropped half-way), while
+                    // its first attempt's outcome may decide the verdict at once:
+                    // when it fails too, the breaker opens before its own retries.
+                    let mut in_flight = None;
+                    let evidence = Box::pin(settle(
+                        ctx,
+                        dead_letters,
+                        redis,
+                        other,
+                        Directive::Normal,
+                        None,
+                        &mut in_flight,
+                    ));
+                    tokio::pin!(evidence);
+                    let mut decided = None;
+                    let settled = loop {
+                        tokio::select! {
+                            settled = &mut evidence => break settled?,
+                            _ = changes.changed(), if decided.is_none() => {
+                                let judgement = breaker.judge(order, budget, asked_at);
+                                decided = (judgement != Judgement::Pending).then_some(judgement);
+                            }
+                        }
+                    };
+                    lookahead.set_aside(settled);
+                    if let Some(judgement) = decided {
+                        return Ok(judgement);
+                    }
+                    continue;
+                }
+                tokio::select! {
+                    _ = changes.changed() => {}
+                    () = lookahead.arrival(&ctx.processor) => {}
+                    () = tokio::time::sleep_until(deadline) => {}
+                }
+            }
+            None => {
+                ctx.evidence.notify_one();
+                tokio::select! {
+                    _ = changes.changed() => {}
+                    () = tokio::time::sleep_until(deadline) => {}
+                }
+            }
+        }
+    }
+}
+
 /// Acks a second copy of an event the gate already holds.
 pub(crate) async fn ack_duplicate(ctx: &ShardContext, ready: &Ready) -> Result<(), lapin::Error> {
     ready.delivery.ack(BasicAckOptions::default()).await?;
@@ -237,6 +351,7 @@ async fn commit(
         replay_of: done.replay_of.as_deref(),
         bypassed: bypassed || done.replay_of.is_some(),
     };
+    let lookahead = lookahead.filter(|_| ctx.processor.claims_early());
     match lookahead.and_then(|lookahead| lookahead.peek(&ctx.processor)) {
         Some(Ready {
             delivery,

@@ -20,13 +20,18 @@ use lapin::{Channel, Connection, Consumer};
 use shardline_publisher::ConfirmChannel;
 use shardline_topology::broker::soft_error;
 use shardline_topology::status::HeldRef;
+use std::time::Duration;
+
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::breaker::Breaker;
 use crate::config::Config;
 use crate::gate::{Directive, Expired, Gate, Holdable as _};
 use crate::live::{ShardState, ShardWatch, published_ms, unix_ms};
 use crate::lookahead::{Lookahead, Ready};
+use crate::process::Processor;
 use crate::schedule::{Entry, Schedule};
 use crate::settle::{Settled, ShardContext, ack_duplicate, settle};
 use crate::store::RedisSlot;
@@ -190,21 +195,27 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
         conn_lost,
     } = inputs;
     let mut gauge = HeldGauge::new(&ctx.metrics.watch);
+    let mut clock = PauseClock::new(&ctx.processor);
     loop {
         gauge.sync(gate);
+        let paused = clock.sync(gate);
         let (ready, directive) = match gate.pop_runnable() {
             Some(runnable) => runnable,
             None => {
-                let deadline = gate.next_deadline();
+                let deadline = gate.next_deadline().filter(|_| !paused);
+                let intake = !(paused && gate.is_full());
                 let next = tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => return Ok(()),
                     _ = conn_lost.cancelled() => return Err(ShardError::ConnectionLost),
+                    () = clock.changed() => continue,
                     _ = sleep_until(deadline), if deadline.is_some() => {
-                        report(ctx, gate.expire(Instant::now()));
+                        if !clock.sync(gate) {
+                            report(ctx, gate.expire(Instant::now()));
+                        }
                         continue;
                     }
-                    next = lookahead.next(&ctx.processor) => next,
+                    next = lookahead.next(&ctx.processor), if intake => next,
                 };
                 match next? {
                     Some(ready) => (ready, Directive::Normal),
@@ -238,6 +249,10 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
             }
         };
         ctx.metrics.watch.clear_inflight();
+        // Events of other orders the breaker's evidence attempt settled meanwhile.
+        for settled in lookahead.take_aside() {
+            to_gate(ctx, gate, settled).await?;
+        }
         match finished {
             Some(Ok(settled)) => to_gate(ctx, gate, settled).await?,
             Some(Err(e)) => return Err(e.into()),
@@ -292,6 +307,8 @@ struct Started {
     claim: Option<String>,
     order: Option<String>,
     alone: bool,
+    /// Started beyond the slots, as the breaker's evidence attempt.
+    extra: bool,
     since_ns: u64,
     published_ms: u64,
 }
@@ -319,11 +336,29 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
     let mut next_id = 0_u64;
     let mut gauge = HeldGauge::new(watch);
     let _clear = WaitingGauge(watch);
+    let mut clock = PauseClock::new(&ctx.processor);
+    // A call waits for the breaker's evidence; one event of another order
+    // runs beyond the slots (`extra`) to give it.
+    let mut evidence_wanted = false;
+    let mut extra_running = false;
     loop {
         while let Some((ready, directive)) = gate.pop_runnable() {
             schedule.push_released(job_entry(ready, directive));
         }
-        while let Some(Entry { order, alone, item }) = schedule.next() {
+        loop {
+            let (entry, extra) = match schedule.next() {
+                Some(entry) => (entry, false),
+                None if evidence_wanted && !extra_running => match schedule.next_extra() {
+                    Some(entry) => (entry, true),
+                    None => break,
+                },
+                None => break,
+            };
+            if extra {
+                evidence_wanted = false;
+                extra_running = true;
+            }
+            let Entry { order, alone, item } = entry;
             let id = next_id;
             next_id += 1;
             let claim = match (&item.ready.decoded, &item.directive) {
@@ -338,6 +373,7 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
                     claim,
                     order,
                     alone,
+                    extra,
                     since_ns: ShardWatch::now_ns(),
                     published_ms: item.published_ms,
                 },
@@ -347,8 +383,9 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
         }
         gauge.sync(gate);
         sync_running(watch, &started, &schedule);
-        let deadline = gate.next_deadline();
-        let intake = schedule.accepts();
+        let paused = clock.sync(gate);
+        let deadline = gate.next_deadline().filter(|_| !paused);
+        let intake = (schedule.accepts() || evidence_wanted) && !(paused && gate.is_full());
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => {
@@ -376,6 +413,7 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
             Some((id, slot, settled)) = running.next(), if !running.is_empty() => {
                 spare.push(slot);
                 let Some(done) = started.remove(&id) else { continue };
+                extra_running &= !done.extra;
                 match settled {
                     Ok(settled) => to_gate(ctx, gate, settled).await?,
                     Err(e) => {
@@ -390,8 +428,12 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
                 }
                 schedule.finish(done.order.as_deref(), done.alone);
             }
+            () = ctx.evidence.notified() => evidence_wanted = true,
+            () = clock.changed() => {}
             _ = sleep_until(deadline), if deadline.is_some() => {
-                report(ctx, gate.expire(Instant::now()));
+                if !clock.sync(gate) {
+                    report(ctx, gate.expire(Instant::now()));
+                }
             }
             next = lookahead.next(&ctx.processor), if intake => match next? {
                 Some(ready) => schedule.push(job_entry(ready, Directive::Normal)),
@@ -514,6 +556,51 @@ fn held_published_ms(ready: &Ready, now_ms: u64) -> u64 {
         now_ms.saturating_sub(u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX))
     });
     published_ms(&ready.delivery.properties, received)
+}
+
+/// A shard gate's view of the breaker's paused time: while calls are paused
+/// no hold times out (the loops skip the gate's deadline), and every hold's
+/// grace is extended by the time calls were paused.
+struct PauseClock<'a> {
+    breaker: Option<&'a Breaker>,
+    paused: Option<watch::Receiver<bool>>,
+    /// The breaker's paused time the gate was last extended to.
+    seen: Duration,
+}
+
+impl<'a> PauseClock<'a> {
+    fn new(processor: &'a Processor) -> Self {
+        let breaker = processor.breaker();
+        Self {
+            breaker,
+            paused: breaker.map(Breaker::paused),
+            seen: breaker.map_or(Duration::ZERO, Breaker::paused_total),
+        }
+    }
+
+    /// Extends the gate's holds by the pause since last time; whether calls
+    /// are paused now.
+    fn sync(&mut self, gate: &mut Gate<Ready>) -> bool {
+        let Some(breaker) = self.breaker else {
+            return false;
+        };
+        let total = breaker.paused_total();
+        gate.extend(total.saturating_sub(self.seen));
+        self.seen = total;
+        breaker.is_paused()
+    }
+
+    /// Returns when calls are paused or resume.
+    async fn changed(&mut self) {
+        match &mut self.paused {
+            Some(paused) => {
+                if paused.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -9,14 +9,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use shardline_topology::Keys;
-use shardline_topology::status::{ShardReport as Document, TTL, WRITE_EVERY, WorkerReport};
+use shardline_topology::status::{
+    BreakerState, FleetBreaker, ShardReport as Document, TTL, WRITE_EVERY, WorkerReport,
+};
 use tokio_util::sync::CancellationToken;
 
+use crate::breaker::Breaker;
 use crate::live::{ShardState, unix_ms};
 use crate::metrics::Metrics;
 
 /// The shard documents of the consuming shards, and the worker's own, now.
-fn reports(metrics: &Metrics, owner: &str) -> (Vec<Document>, WorkerReport) {
+fn reports(
+    metrics: &Metrics,
+    owner: &str,
+    breaker: Option<&Breaker>,
+) -> (Vec<Document>, WorkerReport) {
     let now = unix_ms();
     let mut assigned = Vec::new();
     let mut consuming = Vec::new();
@@ -50,6 +57,7 @@ fn reports(metrics: &Metrics, owner: &str) -> (Vec<Document>, WorkerReport) {
         assigned,
         consuming,
         updated_at_ms: now,
+        breaker: breaker.map(Breaker::report).unwrap_or_default(),
     };
     (shards, worker)
 }
@@ -81,6 +89,7 @@ pub(crate) async fn run_writer(
     metrics: Arc<Metrics>,
     keys: Keys,
     owner: String,
+    breaker: Option<Arc<Breaker>>,
     health: Arc<WriterHealth>,
     shutdown: CancellationToken,
 ) {
@@ -91,7 +100,7 @@ pub(crate) async fn run_writer(
             _ = tick.tick() => {}
             _ = shutdown.cancelled() => return,
         }
-        let (shards, worker) = reports(&metrics, &owner);
+        let (shards, worker) = reports(&metrics, &owner, breaker.as_deref());
         let written =
             tokio::time::timeout(WRITE_EVERY, write(&pool, &keys, &shards, &worker)).await;
         let result = written.unwrap_or_else(|_| Err("timed out".into()));
@@ -130,9 +139,30 @@ async fn write(
         set(keys.shard_status_of(report.shard), json(report)?);
     }
     set(keys.worker_status(&worker.worker), json(worker)?);
+    if worker.breaker.state != BreakerState::Closed {
+        let fleet = FleetBreaker {
+            worker: worker.worker.clone(),
+            breaker: worker.breaker.clone(),
+        };
+        set(keys.fleet_breaker(), json(&fleet)?);
+    }
     pipe.query_async::<()>(&mut *conn)
         .await
         .map_err(|e| e.to_string())
+}
+
+/// The fleet's breaker when another worker has it open (read at start).
+pub(crate) async fn fleet_breaker(
+    pool: &deadpool_redis::Pool,
+    keys: &Keys,
+) -> Result<Option<FleetBreaker>, String> {
+    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+    let doc: Option<String> = redis::cmd("GET")
+        .arg(keys.fleet_breaker())
+        .query_async(&mut *conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(doc.and_then(|d| serde_json::from_str(&d).ok()))
 }
 
 fn json(document: &impl serde::Serialize) -> Result<String, String> {
@@ -153,7 +183,7 @@ mod tests {
         watch.set_state(ShardState::Consuming);
         watch.start_inflight(unix_ms() - 5_000);
         metrics.shards()[2].watch.set_state(ShardState::StandingBy);
-        let (docs, worker) = reports(&metrics, "w1");
+        let (docs, worker) = reports(&metrics, "w1", None);
         assert_eq!(docs.len(), 1);
         assert_eq!((docs[0].shard, docs[0].owner.as_str()), (1, "w1"));
         assert_eq!(docs[0].inflight_events, 1);

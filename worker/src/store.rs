@@ -111,6 +111,10 @@ impl RedisSlot {
             match self.try_query(request).await {
                 Ok(value) => {
                     self.health.came_back();
+                    // Not kept while idle: an idle fork holding a connection
+                    // that another fork replaced would keep its pooled object
+                    // checked out, and enough of them exhaust the pool.
+                    self.conn = None;
                     return value;
                 }
                 Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {

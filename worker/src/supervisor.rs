@@ -16,9 +16,11 @@ use futures_util::StreamExt;
 use lapin::Connection;
 use shardline_topology::broker::{self, BrokerError};
 use shardline_topology::{ShardId, declare};
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::breaker::Breaker;
 use crate::config::Config;
 use crate::error::WorkerError;
 use crate::handler::Handler;
@@ -97,6 +99,27 @@ impl Worker {
         let rate = config
             .max_rate
             .map(|r| Arc::new(RateLimiter::new(r, RateLimiter::default_burst(r))));
+        let breaker = config
+            .breaker
+            .enabled
+            .then(|| Breaker::new(config.breaker.clone(), metrics.breaker()));
+        if let Some(breaker) = &breaker {
+            let keys = config.keys();
+            let read = status::fleet_breaker(&pool, &keys);
+            let read = tokio::time::timeout(Duration::from_secs(2), read).await;
+            match read.unwrap_or_else(|_| Err("timed out".into())) {
+                Ok(Some(fleet)) if fleet.worker != config.worker_name => {
+                    breaker.open_from_fleet(format!(
+                        "the fleet's breaker is open (worker {}: {})",
+                        fleet.worker, fleet.breaker.reason
+                    ))
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot read the fleet's breaker; starting closed")
+                }
+            }
+        }
         let contexts: Vec<Arc<ShardContext>> = metrics
             .shards()
             .iter()
@@ -109,10 +132,12 @@ impl Worker {
                         handler.clone(),
                         shard_metrics.clone(),
                         rate.clone(),
+                        breaker.clone(),
                     ),
                     names: config.names.clone(),
                     shard,
                     metrics: shard_metrics.clone(),
+                    evidence: Notify::new(),
                 })
             })
             .collect();
@@ -138,6 +163,7 @@ impl Worker {
             metrics.clone(),
             config.keys(),
             config.worker_name.clone(),
+            breaker.clone(),
             writer_health,
             background.clone(),
         ));
