@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::Args;
 use shardline_topology::{QueueType, ShardSet};
 use shardline_worker::{
-    BreakerPolicy, Config, ConfigError, HandlerSpecError, OnDeadLetter, OnGap, RetryPolicy,
-    Thresholds, WorkerError,
+    BreakerPolicy, Config, ConfigError, FleetPolicy, HandlerSpecError, OnDeadLetter, OnGap,
+    RetryPolicy, Thresholds, WorkerError,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -20,10 +20,32 @@ fn shown(d: Duration) -> String {
 
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
-    /// Shards to consume: `all`, or ids and ranges such as `0-3,7`. Shards held by
-    /// another worker are waited for (standby).
+    /// Shards to consume: `all`, or ids and ranges such as `0-3,7` (shards held
+    /// by another worker are waited for: standby); or `auto`: join the elastic
+    /// fleet, which balances the shards over its members.
     #[arg(long, env = "SHARDLINE_ASSIGN", default_value = "all")]
-    pub assign: ShardSet,
+    pub assign: AssignArg,
+    /// `--assign auto`: this member's id, stable across restarts (on
+    /// Kubernetes the pod name). Default the worker name.
+    #[arg(
+        long,
+        env = "SHARDLINE_MEMBER_ID",
+        help_heading = "Elastic fleet (--assign auto)"
+    )]
+    pub member_id: Option<String>,
+    /// A member whose lease lapsed is gone: its shards are reassigned at once.
+    #[arg(long, env = "SHARDLINE_MEMBER_LEASE", default_value = shown(FleetPolicy::new("").lease), value_parser = humantime::parse_duration, help_heading = "Elastic fleet (--assign auto)")]
+    pub member_lease: Duration,
+    /// How often the lease is renewed and a rebalance step runs.
+    #[arg(long, env = "SHARDLINE_MEMBER_HEARTBEAT", default_value = shown(FleetPolicy::new("").heartbeat), value_parser = humantime::parse_duration, help_heading = "Elastic fleet (--assign auto)")]
+    pub member_heartbeat: Duration,
+    /// How long a new member holds its lease before it is given shards (a
+    /// crash-looping member does not reshuffle the fleet).
+    #[arg(long, env = "SHARDLINE_MEMBER_SETTLE", default_value = shown(FleetPolicy::new("").settle), value_parser = humantime::parse_duration, help_heading = "Elastic fleet (--assign auto)")]
+    pub member_settle: Duration,
+    /// Shards moved away from live members per rebalance step.
+    #[arg(long, env = "SHARDLINE_REBALANCE_MAX_MOVES", default_value_t = FleetPolicy::new("").max_moves, help_heading = "Elastic fleet (--assign auto)")]
+    pub rebalance_max_moves: usize,
     /// `http(s)://…` (POST each event), `log` (JSON lines on stdout) or `noop`.
     #[arg(long, env = "SHARDLINE_HANDLER")]
     pub handler: String,
@@ -150,6 +172,25 @@ pub struct WorkerArgs {
     pub worker_name: Option<String>,
 }
 
+/// `--assign`: a fixed shard set, or `auto`.
+#[derive(Debug, Clone)]
+pub enum AssignArg {
+    Auto,
+    Fixed(ShardSet),
+}
+
+impl std::str::FromStr for AssignArg {
+    type Err = shardline_topology::shard::ShardError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.trim().eq_ignore_ascii_case("auto") {
+            Ok(Self::Auto)
+        } else {
+            s.parse().map(Self::Fixed)
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BreakerArg {
     On,
@@ -181,10 +222,24 @@ impl WorkerArgs {
     /// The library configuration these flags describe, checked by the
     /// library ([`Config::validate`]) and reported in flag names.
     pub fn config(&self, global: &GlobalArgs) -> anyhow::Result<Config> {
-        let assign = self
-            .assign
+        let shards = match &self.assign {
+            AssignArg::Auto => &ShardSet::All,
+            AssignArg::Fixed(set) => set,
+        };
+        let assign = shards
             .resolve(global.shards)
             .map_err(|e| anyhow::anyhow!("--assign: {e}"));
+        let worker_name = self.worker_name.clone().unwrap_or_else(default_worker_name);
+        let fleet = matches!(self.assign, AssignArg::Auto).then(|| FleetPolicy {
+            member_id: self
+                .member_id
+                .clone()
+                .unwrap_or_else(|| worker_name.clone()),
+            lease: self.member_lease,
+            heartbeat: self.member_heartbeat,
+            settle: self.member_settle,
+            max_moves: self.rebalance_max_moves,
+        });
         let exclusive = shardline_topology::TopologyOptions {
             shards: global.shards,
             single_active_consumer: self.single_active_consumer,
@@ -224,7 +279,8 @@ impl WorkerArgs {
             dedup_ttl: self.dedup_ttl,
             max_body_bytes: self.max_body_bytes,
             standby_retry: self.standby_retry,
-            worker_name: self.worker_name.clone().unwrap_or_else(default_worker_name),
+            worker_name,
+            fleet,
             gap_grace: self.gap_grace,
             start_grace: self.start_grace,
             max_held: self.max_held,
@@ -261,6 +317,8 @@ fn flag(field: &'static str) -> String {
         "retry.max_attempts" => "max-attempts",
         "backlog.warn" => "backlog-warn",
         "backlog.page" => "backlog-page",
+        "fleet.lease" => "member-lease",
+        "fleet.member_id" => "member-id",
         other => return format!("--{}", other.replace(['_', '.'], "-")),
     };
     format!("--{name}")

@@ -396,6 +396,20 @@ impl TestEnv {
         out
     }
 
+    /// Each shard's active consumer, by worker name (from its consumer tag
+    /// `{worker}/shard-{n}`); shards nobody consumes are absent.
+    pub async fn consuming_workers(&self) -> BTreeMap<u16, String> {
+        let all = self.shard_consumers().await;
+        (0..self.shards.get())
+            .filter_map(|shard| {
+                let rows = all.get(&self.shard_queue(shard))?;
+                let active = rows.iter().find(|r| r.active)?;
+                let worker = active.tag.split('/').next()?;
+                Some((shard, worker.to_owned()))
+            })
+            .collect()
+    }
+
     /// `None` when every shard queue has exactly one active consumer and it is
     /// worker `owner`'s, and the queue has `consumers` consumers in all;
     /// otherwise what differs (for a failure message).

@@ -24,6 +24,7 @@
 //! - [`breaker`]: a downstream outage pauses the fleet and dead-letters nothing; a poison event still does.
 //! - [`rate`]: `--max-rate R`: the worker's calls never outrun R per second plus the burst.
 //! - [`crash`]: kill -9 mid-stream loses nothing and repeats at most the events in flight (K with `--concurrency K`).
+//! - [`elastic`]: `--assign auto`: members join, stop and die; shards spread and move without loss.
 //! - [`standby`]: one consumer per shard; a standby takes over from a killed worker.
 //! - [`shutdown`]: SIGTERM drains the in-flight event, acks it and exits 0.
 //! - [`trace`]: the publisher's trace continues into the downstream call.
@@ -44,6 +45,7 @@ mod concurrency;
 mod crash;
 mod dlq;
 mod duplicates;
+mod elastic;
 mod failures;
 mod gate;
 mod hostile;

@@ -88,6 +88,23 @@ impl Keys {
         format!("{}status:breaker", self.prefix)
     }
 
+    /// The elastic fleet's members (`--assign auto`): a hash, member id →
+    /// `fleet::MemberRecord` (JSON).
+    pub fn fleet_members(&self) -> String {
+        format!("{}fleet:members", self.prefix)
+    }
+
+    /// The elastic fleet's assignment (`fleet::FleetAssignment`, JSON).
+    pub fn fleet_assignment(&self) -> String {
+        format!("{}fleet:assignment", self.prefix)
+    }
+
+    /// Shards consumed by workers with a fixed `--assign`: a hash, worker
+    /// name → `fleet::StaticRecord` (JSON). `auto` members leave them alone.
+    pub fn fleet_static(&self) -> String {
+        format!("{}fleet:static", self.prefix)
+    }
+
     /// `shardline reconcile`'s record of a compensation it emitted.
     pub fn reconcile_emitted(&self, order_key: &str, kind: &str) -> String {
         format!("{}reconcile:{order_key}:{}", self.prefix, key_field(kind))

@@ -14,11 +14,15 @@
 //! - [`redis_target`]: Redis addresses, connections and pools.
 //! - [`keys`]: the Redis keyspace.
 //! - [`status`]: the shard and worker status documents in Redis, and backlog levels.
+//! - [`assignment`]: the elastic fleet's rule: who should own each shard, one rebalance step at a time.
+//! - [`fleet`]: the elastic fleet's membership and assignment documents in Redis.
 //! - [`telemetry`]: span names and attribute keys.
 
+pub mod assignment;
 pub mod broker;
 pub mod declare;
 pub mod envelope;
+pub mod fleet;
 pub mod headers;
 pub mod keys;
 pub mod names;

@@ -22,8 +22,13 @@ pub struct Config {
     pub names: Names,
     /// How many shards the topology has. Default 16.
     pub shards: ShardCount,
-    /// Shards this worker consumes (or stands by for). Default all.
+    /// Shards this worker consumes (or stands by for). Default all. With
+    /// [`Config::fleet`] set, the shards the elastic fleet may give it.
     pub assign: Vec<ShardId>,
+    /// `--assign auto`: this worker is a member of an elastic fleet that
+    /// balances the shards over its members (`membership.rs`). None: it
+    /// consumes (or stands by for) all of `assign`.
+    pub fleet: Option<FleetPolicy>,
     /// Events read ahead per shard (the consumer's prefetch window). More
     /// read-ahead hides broker round trips. Default 1.
     pub prefetch: u16,
@@ -132,6 +137,7 @@ impl Default for Config {
             names: Names::default(),
             shards: ShardCount::default(),
             assign: ShardCount::default().ids().collect(),
+            fleet: None,
             prefetch: 1,
             concurrency: 1,
             max_rate: None,
@@ -219,6 +225,30 @@ impl Config {
             self.assign
                 .is_empty()
                 .then(|| refuse("assign", Problem::NoShards)),
+            self.fleet
+                .as_ref()
+                .filter(|f| f.heartbeat.saturating_mul(2) > f.lease)
+                .map(|_| {
+                    refuse(
+                        "fleet.lease",
+                        Problem::Below {
+                            min: "twice the heartbeat",
+                            got: None,
+                        },
+                    )
+                }),
+            self.fleet
+                .as_ref()
+                .filter(|f| f.member_id.trim().is_empty())
+                .map(|_| {
+                    refuse(
+                        "fleet.member_id",
+                        Problem::Below {
+                            min: "one character",
+                            got: None,
+                        },
+                    )
+                }),
         ];
         problems.into_iter().flatten().next().map_or(Ok(()), Err)
     }
@@ -348,6 +378,40 @@ pub struct RetryPolicy {
     /// Longest delay a `Retry-After` answer (429, 503) may ask for; the
     /// answer sets the next delay of that event only. Default 30 s.
     pub retry_after_cap: Duration,
+}
+
+/// Membership of an elastic fleet (`--assign auto`): every member renews a
+/// lease in Redis each heartbeat and runs one rebalance step
+/// (`shardline_topology::assignment::rebalance`) against the shared
+/// assignment; the exclusive consumer keeps the broker the judge of who may
+/// consume a shard. Defaults: a 5 s lease renewed every second, 3 s of
+/// settling before a new member gets shards, 2 shards moved per step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetPolicy {
+    /// The member's id: stable across restarts of one pod or host (a member
+    /// back within its lease gets its shards back). Default host name and pid.
+    pub member_id: String,
+    /// A member whose lease lapsed is gone: its shards are reassigned at once.
+    pub lease: Duration,
+    /// How often the lease is renewed and a rebalance step runs.
+    pub heartbeat: Duration,
+    /// How long a new member holds its lease before it is given shards.
+    pub settle: Duration,
+    /// Shards moved away from live members per rebalance step.
+    pub max_moves: usize,
+}
+
+impl FleetPolicy {
+    /// The defaults, for member `member_id`.
+    pub fn new(member_id: impl Into<String>) -> Self {
+        Self {
+            member_id: member_id.into(),
+            lease: Duration::from_secs(5),
+            heartbeat: Duration::from_secs(1),
+            settle: Duration::from_secs(3),
+            max_moves: 2,
+        }
+    }
 }
 
 /// The downstream breaker's thresholds (`breaker.rs`). The defaults open it

@@ -39,7 +39,8 @@ impl Readiness {
         let broker = self.broker.load(Ordering::Relaxed);
         let redis = self.redis.is_up() && self.status_writer.redis_ok();
         let (mut consuming, mut standing_by, mut starting) = (Vec::new(), Vec::new(), Vec::new());
-        for watch in self.metrics.watches() {
+        // With `--assign auto`, the shards the fleet gave this worker.
+        for watch in self.metrics.watches().filter(|w| w.is_assigned()) {
             let shard = watch.shard.get();
             match watch.state() {
                 ShardState::Consuming => consuming.push(shard),

@@ -26,6 +26,8 @@
 //! - `config`: the settings, their defaults and their one validation.
 //! - `supervisor`: the two broker connections (deliveries and acks; dead
 //!   letters), their one reconnect loop, one task per shard.
+//! - `membership`: `--assign auto` ([`Config::fleet`]): the member's lease
+//!   and one rebalance step per heartbeat; which shards its consumers take.
 //! - `shard`: one shard's consumer: exclusive consume or standby, drain and
 //!   close (no `basic.cancel`) on stop.
 //! - `lookahead`: the next delivery taken early, to claim it with the last commit.
@@ -58,6 +60,7 @@ pub mod handler;
 pub mod http;
 mod live;
 mod lookahead;
+mod membership;
 pub mod metrics;
 mod process;
 mod progress;
@@ -71,7 +74,9 @@ mod status;
 mod store;
 mod supervisor;
 
-pub use config::{BreakerPolicy, Config, ConfigError, OnDeadLetter, OnGap, Problem, RetryPolicy};
+pub use config::{
+    BreakerPolicy, Config, ConfigError, FleetPolicy, OnDeadLetter, OnGap, Problem, RetryPolicy,
+};
 pub use error::{BindError, WorkerError};
 pub use handler::{Event, Handler, HandlerError, HandlerSpecError, Http, Log, Noop, from_spec};
 pub use live::ShardState;

@@ -4,7 +4,7 @@
 //! [`crate::Progress`]. Ages come from one monotonic clock anchored to the wall
 //! clock once.
 
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -42,6 +42,9 @@ impl ShardState {
 pub(crate) struct ShardWatch {
     pub(crate) shard: ShardId,
     state: AtomicU8,
+    /// This worker should consume the shard (always, with a fixed `--assign`;
+    /// as the elastic fleet's assignment says, with `--assign auto`).
+    assigned: AtomicBool,
     /// Monotonic nanoseconds (see [`Clock`]) when the in-flight event was taken.
     inflight_since_ns: AtomicU64,
     /// When the in-flight event was published (the oldest of them).
@@ -64,6 +67,7 @@ impl ShardWatch {
         Arc::new(Self {
             shard,
             state: AtomicU8::new(ShardState::Idle as u8),
+            assigned: AtomicBool::new(true),
             inflight_since_ns: AtomicU64::new(0),
             inflight_published_ms: AtomicU64::new(0),
             inflight: AtomicU64::new(0),
@@ -83,6 +87,15 @@ impl ShardWatch {
             self.set_held(0, None);
             self.set_held_refs(Vec::new());
         }
+    }
+
+    /// Whether this worker should consume the shard now.
+    pub(crate) fn is_assigned(&self) -> bool {
+        self.assigned.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_assigned(&self, assigned: bool) {
+        self.assigned.store(assigned, Ordering::Relaxed);
     }
 
     pub(crate) fn state(&self) -> ShardState {

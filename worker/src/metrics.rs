@@ -25,6 +25,7 @@ use shardline_topology::status::{Level, Thresholds};
 
 use crate::breaker::BreakerMetrics;
 use crate::live::{ShardState, ShardWatch, Snapshot, unix_ms};
+use crate::membership::FleetMetrics;
 
 /// Metric names, as registered. Counters get `_total` appended on exposition
 /// (OpenMetrics), so `EVENTS` is scraped as `shardline_events_total`.
@@ -74,6 +75,13 @@ pub mod names {
     pub const BREAKER_TRIPS: &str = "shardline_breaker_trips";
     /// Counter: seconds handler calls were paused by the breaker (pauses that ended).
     pub const BREAKER_PAUSED_SECONDS: &str = "shardline_breaker_paused_seconds";
+    /// Gauge: shards the elastic fleet's assignment gives this member (`--assign auto`).
+    pub const FLEET_OWNED_SHARDS: &str = "shardline_fleet_owned_shards";
+    /// Gauge: live members of the elastic fleet, as this member sees them.
+    pub const FLEET_MEMBERS: &str = "shardline_fleet_members";
+    /// Counter `{kind}`: shard handovers: `graceful` (this member handed a shard
+    /// over while alive), `crash` (it took one from a member that was gone).
+    pub const FLEET_HANDOVERS: &str = "shardline_fleet_handovers";
 }
 
 /// What the HTTP endpoint serves `/metrics` as.
@@ -82,6 +90,11 @@ pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ShardLabel {
     shard: u16,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -115,6 +128,7 @@ pub(crate) struct Metrics {
     queue_depth: Family<ShardLabel, Gauge>,
     dlq_depth: Gauge,
     breaker: BreakerMetrics,
+    fleet: FleetMetrics,
 }
 
 impl Metrics {
@@ -226,6 +240,36 @@ impl Metrics {
             "Seconds handler calls were paused by the downstream breaker",
             breaker.paused_seconds.clone(),
         );
+        let fleet = FleetMetrics::default();
+        registry.register(
+            names::FLEET_OWNED_SHARDS,
+            "Shards the elastic fleet's assignment gives this member (--assign auto)",
+            fleet.owned.clone(),
+        );
+        registry.register(
+            names::FLEET_MEMBERS,
+            "Live members of the elastic fleet, as this member sees them",
+            fleet.members.clone(),
+        );
+        let handovers = Family::<KindLabel, Counter>::default();
+        // One statement each: a handle's read guard lives to the end of its
+        // statement, and creating the next series needs the write lock.
+        let graceful = handovers
+            .get_or_create(&KindLabel { kind: "graceful" })
+            .clone();
+        let crash = handovers
+            .get_or_create(&KindLabel { kind: "crash" })
+            .clone();
+        registry.register(
+            names::FLEET_HANDOVERS,
+            "Shard handovers: graceful (handed over while alive) or crash (taken from a gone member)",
+            handovers.clone(),
+        );
+        let fleet = FleetMetrics {
+            graceful,
+            crash,
+            ..fleet
+        };
         registry.register_collector(Box::new(LiveCollector {
             shards: shard_metrics.iter().map(|m| m.watch.clone()).collect(),
             backlog,
@@ -238,7 +282,13 @@ impl Metrics {
             queue_depth,
             dlq_depth,
             breaker,
+            fleet,
         }
+    }
+
+    /// The elastic fleet's handles.
+    pub(crate) fn fleet(&self) -> FleetMetrics {
+        self.fleet.clone()
     }
 
     /// The downstream breaker's handles.

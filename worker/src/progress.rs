@@ -37,7 +37,10 @@ impl Progress {
     /// single-active-consumer queues: registered, as the broker does not say
     /// which consumer is active).
     pub fn all_consuming(&self) -> bool {
-        self.metrics.watches().all(|w| w.state().is_consuming())
+        self.metrics
+            .watches()
+            .filter(|w| w.is_assigned())
+            .all(|w| w.state().is_consuming())
     }
 
     /// Whether every assigned shard waits for another consumer to let go.

@@ -36,6 +36,10 @@ use crate::schedule::{Entry, Schedule};
 use crate::settle::{Settled, ShardContext, ack_duplicate, settle};
 use crate::store::RedisSlot;
 
+/// How often a member of an elastic fleet tries a shard it was given while
+/// the previous owner still holds it.
+const HANDOVER_RETRY: Duration = Duration::from_millis(200);
+
 /// The supervisor's two broker connections: deliveries and acks on one, dead
 /// letters on the other (a publishing connection the broker may block under a
 /// memory alarm must not hold up the acks).
@@ -155,8 +159,14 @@ async fn take_shard(
                     tracing::info!(shard = %ctx.shard, %queue, "standing by: another consumer holds the shard");
                     standing_by = true;
                 }
+                // A member given the shard by the fleet waits only for the
+                // previous owner's drain: it tries more often.
+                let retry = match config.fleet {
+                    Some(_) => config.standby_retry.min(HANDOVER_RETRY),
+                    None => config.standby_retry,
+                };
                 tokio::select! {
-                    _ = tokio::time::sleep(config.standby_retry) => {}
+                    _ = tokio::time::sleep(retry) => {}
                     _ = shutdown.cancelled() => return Ok(None),
                     _ = conn_lost.cancelled() => return Err(ShardError::ConnectionLost),
                 }

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use shardline_topology::Keys;
+use shardline_topology::fleet::StaticRecord;
 use shardline_topology::status::{
     BreakerState, FleetBreaker, ShardReport as Document, TTL, WRITE_EVERY, WorkerReport,
 };
@@ -30,7 +31,9 @@ fn reports(
     let mut shards = Vec::new();
     for watch in metrics.watches() {
         let shard = watch.shard.get();
-        assigned.push(shard);
+        if watch.is_assigned() {
+            assigned.push(shard);
+        }
         if watch.state() != ShardState::Consuming {
             continue;
         }
@@ -82,35 +85,51 @@ impl WriterHealth {
     }
 }
 
-/// Writes the status documents every [`WRITE_EVERY`] until `shutdown`. A
-/// failed write is logged once per outage and retried next time.
-pub(crate) async fn run_writer(
-    pool: deadpool_redis::Pool,
-    metrics: Arc<Metrics>,
-    keys: Keys,
-    owner: String,
-    breaker: Option<Arc<Breaker>>,
-    health: Arc<WriterHealth>,
-    shutdown: CancellationToken,
-) {
-    let mut tick = tokio::time::interval(WRITE_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.cancelled() => return,
-        }
-        let (shards, worker) = reports(&metrics, &owner, breaker.as_deref());
-        let written =
-            tokio::time::timeout(WRITE_EVERY, write(&pool, &keys, &shards, &worker)).await;
-        let result = written.unwrap_or_else(|_| Err("timed out".into()));
-        match result {
-            Ok(()) => health.set(true),
-            Err(e) => {
-                if health.redis_ok() {
-                    tracing::warn!(error = %e, "cannot write shard status to Redis");
+/// The status writer: what it writes and where.
+pub(crate) struct Writer {
+    pub(crate) pool: deadpool_redis::Pool,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) keys: Keys,
+    pub(crate) owner: String,
+    pub(crate) breaker: Option<Arc<Breaker>>,
+    /// A fixed `--assign` (not a member of an elastic fleet).
+    pub(crate) fixed: bool,
+    pub(crate) health: Arc<WriterHealth>,
+}
+
+impl Writer {
+    /// Writes the status documents every [`WRITE_EVERY`] until `shutdown`. A
+    /// failed write is logged once per outage and retried next time.
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
+        let Self {
+            pool,
+            metrics,
+            keys,
+            owner,
+            breaker,
+            fixed,
+            health,
+        } = self;
+        let mut tick = tokio::time::interval(WRITE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            let (shards, worker) = reports(&metrics, &owner, breaker.as_deref());
+            let written =
+                tokio::time::timeout(WRITE_EVERY, write(&pool, &keys, &shards, &worker, fixed))
+                    .await;
+            let result = written.unwrap_or_else(|_| Err("timed out".into()));
+            match result {
+                Ok(()) => health.set(true),
+                Err(e) => {
+                    if health.redis_ok() {
+                        tracing::warn!(error = %e, "cannot write shard status to Redis");
+                    }
+                    health.set(false);
                 }
-                health.set(false);
             }
         }
     }
@@ -121,6 +140,7 @@ async fn write(
     keys: &Keys,
     shards: &[Document],
     worker: &WorkerReport,
+    fixed: bool,
 ) -> Result<(), String> {
     let mut conn = pool.get().await.map_err(|e| e.to_string())?;
     let mut pipe = redis::pipe();
@@ -145,6 +165,18 @@ async fn write(
             breaker: worker.breaker.clone(),
         };
         set(keys.fleet_breaker(), json(&fleet)?);
+    }
+    // A fixed `--assign`: the shards it consumes, which `auto` members leave alone.
+    if fixed && !worker.consuming.is_empty() {
+        let record = StaticRecord {
+            shards: worker.consuming.clone(),
+            until_ms: worker.updated_at_ms + ttl_ms,
+        };
+        pipe.cmd("HSET")
+            .arg(keys.fleet_static())
+            .arg(&worker.worker)
+            .arg(json(&record)?)
+            .ignore();
     }
     pipe.query_async::<()>(&mut *conn)
         .await

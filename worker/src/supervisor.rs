@@ -16,7 +16,7 @@ use futures_util::StreamExt;
 use lapin::Connection;
 use shardline_topology::broker::{self, BrokerError};
 use shardline_topology::{ShardId, declare};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -25,6 +25,7 @@ use crate::config::Config;
 use crate::error::WorkerError;
 use crate::handler::Handler;
 use crate::http::{self, Readiness};
+use crate::membership::{self, Membership};
 use crate::metrics::Metrics;
 use crate::process::Processor;
 use crate::progress::Progress;
@@ -142,9 +143,31 @@ impl Worker {
             })
             .collect();
 
-        // Endpoint and status writer live as long as this function.
+        // Endpoint, status writer and membership live as long as this function.
         let background = shutdown.child_token();
         let _stop_background = background.clone().drop_guard();
+        let (slots, mut wanted) = membership::slots(metrics.watches().cloned());
+        // Each shard's context with what its consumer follows: whether this
+        // worker should own the shard.
+        let shards: Vec<(Arc<ShardContext>, watch::Receiver<bool>)> = contexts
+            .iter()
+            .filter_map(|ctx| Some((ctx.clone(), wanted.remove(&ctx.shard)?)))
+            .collect();
+        // With a fixed `--assign` every shard stays wanted (the senders live here).
+        let _fixed = match &config.fleet {
+            Some(policy) => {
+                let member = Membership::new(
+                    policy.clone(),
+                    config.worker_name.clone(),
+                    config.keys(),
+                    slots,
+                    metrics.fleet(),
+                );
+                tokio::spawn(member.run(pool.clone(), background.clone()));
+                Vec::new()
+            }
+            None => slots,
+        };
         let writer_health = Arc::new(WriterHealth::default());
         let readiness = Arc::new(Readiness {
             metrics: metrics.clone(),
@@ -158,15 +181,16 @@ impl Worker {
             }
             tokio::spawn(http::serve(listener, readiness.clone(), background.clone()));
         }
-        tokio::spawn(status::run_writer(
-            pool.clone(),
-            metrics.clone(),
-            config.keys(),
-            config.worker_name.clone(),
-            breaker.clone(),
-            writer_health,
-            background.clone(),
-        ));
+        let writer = status::Writer {
+            pool: pool.clone(),
+            metrics: metrics.clone(),
+            keys: config.keys(),
+            owner: config.worker_name.clone(),
+            breaker: breaker.clone(),
+            fixed: config.fleet.is_none(),
+            health: writer_health,
+        };
+        tokio::spawn(writer.run(background.clone()));
 
         let mut conns = Broker::connect(&config).await?;
         check_queues(&conns.consume, &config).await?;
@@ -186,7 +210,7 @@ impl Worker {
                 &consume,
                 &Arc::new(conns.dead_letters),
                 &config,
-                &contexts,
+                &shards,
                 &pool,
                 &health,
                 &shutdown,
@@ -302,7 +326,7 @@ async fn run_shards(
     consume: &Arc<Connection>,
     dead_letters: &Arc<Connection>,
     config: &Arc<Config>,
-    contexts: &[Arc<ShardContext>],
+    shards: &[(Arc<ShardContext>, watch::Receiver<bool>)],
     pool: &deadpool_redis::Pool,
     health: &Arc<RedisHealth>,
     shutdown: &CancellationToken,
@@ -313,7 +337,8 @@ async fn run_shards(
         watch_connection(dead_letters, "dead-letter connection failed", &conn_lost),
     ];
     let mut tasks = JoinSet::new();
-    for ctx in contexts {
+    for (ctx, wanted) in shards {
+        let mut wanted = wanted.clone();
         let (consume, dead_letters) = (consume.clone(), dead_letters.clone());
         let (config, ctx) = (config.clone(), ctx.clone());
         let (shutdown, conn_lost) = (shutdown.clone(), conn_lost.clone());
@@ -327,9 +352,31 @@ async fn run_shards(
                 consume: &consume,
                 dead_letters: &dead_letters,
             };
-            let result =
-                consume_shard(conns, &config, &ctx, &mut redis, &shutdown, &conn_lost).await;
-            (ctx.shard, result)
+            // Consumes while this worker should own the shard; hands it over
+            // (drain, close) when the fleet's assignment moves it away.
+            loop {
+                if !until_wanted(&mut wanted, &shutdown).await {
+                    return (ctx.shard, Ok(()));
+                }
+                let stop = shutdown.child_token();
+                let handover = async {
+                    while *wanted.borrow_and_update() {
+                        if wanted.changed().await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    stop.cancel();
+                    std::future::pending::<()>().await
+                };
+                let result = tokio::select! {
+                    result = consume_shard(conns, &config, &ctx, &mut redis, &stop, &conn_lost) => result,
+                    () = handover => Ok(()),
+                };
+                if shutdown.is_cancelled() || result.is_err() {
+                    return (ctx.shard, result);
+                }
+                tracing::info!(shard = %ctx.shard, "shard handed over");
+            }
         });
     }
     let mut lost = false;
@@ -357,6 +404,26 @@ async fn run_shards(
     close_connection(consume).await;
     close_connection(dead_letters).await;
     lost
+}
+
+/// Waits until this worker should consume the shard; false when told to stop first.
+async fn until_wanted(wanted: &mut watch::Receiver<bool>, shutdown: &CancellationToken) -> bool {
+    loop {
+        if shutdown.is_cancelled() {
+            return false;
+        }
+        if *wanted.borrow_and_update() {
+            return true;
+        }
+        tokio::select! {
+            changed = wanted.changed() => {
+                if changed.is_err() {
+                    return !shutdown.is_cancelled() && *wanted.borrow();
+                }
+            }
+            () = shutdown.cancelled() => return false,
+        }
+    }
 }
 
 /// Cancels `conn_lost` when `conn` fails. Channel errors (a standby's refused

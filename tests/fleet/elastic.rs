@@ -1,0 +1,155 @@
+//! The elastic fleet (`worker --assign auto`): members join and leave under a
+//! steady publish; shards spread evenly, move without loss or repeats on a
+//! graceful stop, and are consumed again within seconds of a kill -9.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use shardline_testkit::{
+    ChildWorker, Downstream, Event, PROCESSING, Publisher, TestEnv, all_ok,
+    assert_in_order_and_complete, max_in_flight_per_shard, order_ids, repeats_per_shard,
+    wait::check, wait_until,
+};
+
+/// How many shards each worker consumes, as the broker sees it.
+async fn spread(env: &TestEnv) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for worker in env.consuming_workers().await.into_values() {
+        *counts.entry(worker).or_default() += 1;
+    }
+    counts
+}
+
+/// Waits until the shards are consumed `expected` (worker → shard count).
+async fn wait_spread(env: &TestEnv, expected: &[(&str, usize)], timeout: Duration) -> Duration {
+    let started = Instant::now();
+    let want: BTreeMap<String, usize> = expected
+        .iter()
+        .map(|(w, n)| ((*w).to_owned(), *n))
+        .collect();
+    wait_until(&format!("shards spread as {want:?}"), timeout, || async {
+        let got = spread(env).await;
+        check(got == want, || format!("{got:?}"))
+    })
+    .await;
+    started.elapsed()
+}
+
+fn member(env: &TestEnv, name: &str) -> ChildWorker {
+    ChildWorker::start(
+        env,
+        name,
+        "http://127.0.0.1:1/unused",
+        &["--assign", "auto", "--member-id", name],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_join_leave_and_die_under_a_steady_publish() {
+    let env = TestEnv::new("elastic").await.with_shards(12);
+    env.apply_topology().await;
+    let downstream = Downstream::with_latency(Duration::from_millis(2)).await;
+    let start = |name: &str| {
+        ChildWorker::start(
+            &env,
+            name,
+            &downstream.url(),
+            &["--assign", "auto", "--member-id", name],
+        )
+    };
+
+    // A steady publish of ordered events throughout.
+    let orders = order_ids("elastic", 48);
+    let events: Vec<Event> = (1..=30)
+        .flat_map(|seq| orders.iter().map(move |o| (o.clone(), seq)))
+        .map(|(order, seq)| Event::new(&order, seq, env.shards))
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let publisher = {
+        let (events, stop) = (events.clone(), stop.clone());
+        let publisher = Publisher::connect(&env).await;
+        tokio::spawn(async move {
+            for batch in events.chunks(12) {
+                publisher.publish(batch).await;
+                if !stop.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(60)).await;
+                }
+            }
+        })
+    };
+
+    let mut a = start("a");
+    wait_spread(&env, &[("a", 12)], Duration::from_secs(30)).await;
+    let mut b = start("b");
+    let balanced_b = wait_spread(&env, &[("a", 6), ("b", 6)], Duration::from_secs(30)).await;
+    let mut c = start("c");
+    let balanced_c = wait_spread(
+        &env,
+        &[("a", 4), ("b", 4), ("c", 4)],
+        Duration::from_secs(30),
+    )
+    .await;
+
+    b.sigterm();
+    let status = b.wait_exit(Duration::from_secs(30)).await;
+    assert!(status.success(), "b: {status}\n{}", b.log_tail(30));
+    let moved_b = wait_spread(&env, &[("a", 6), ("c", 6)], Duration::from_secs(30)).await;
+
+    c.kill9();
+    let killed = Instant::now();
+    wait_spread(&env, &[("a", 12)], Duration::from_secs(30)).await;
+    let consumed_again = killed.elapsed();
+
+    stop.store(true, Ordering::SeqCst);
+    publisher.await.unwrap();
+    downstream
+        .wait_for("every event answered", PROCESSING, |calls| {
+            all_ok(calls, &events)
+        })
+        .await;
+    env.wait_shard_queues_drained(PROCESSING).await;
+    let calls = downstream.calls();
+    assert_in_order_and_complete(&calls, &events);
+    let repeats = repeats_per_shard(&calls, &env);
+    assert!(
+        repeats.values().all(|n| *n <= 1),
+        "more than one repeated call on a shard (one kill -9): {repeats:?}"
+    );
+    let in_flight = max_in_flight_per_shard(&calls, &env);
+    assert!(
+        in_flight.values().all(|n| *n <= 1),
+        "two calls of one shard overlapped at --concurrency 1: {in_flight:?}"
+    );
+    assert!(
+        consumed_again <= Duration::from_secs(12),
+        "c's shards consumed again {consumed_again:?} after its kill -9"
+    );
+    eprintln!(
+        "elastic: b joined → balanced {balanced_b:?}; c joined → balanced {balanced_c:?}; \
+         b stopped → its shards consumed {moved_b:?}; c killed → consumed again {consumed_again:?}"
+    );
+    a.sigterm();
+    a.wait_exit(Duration::from_secs(30)).await;
+}
+
+/// A member restarted with the same id within its lease gets its shards back;
+/// nobody else takes them meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_restarted_within_its_lease_keeps_its_shards() {
+    let env = TestEnv::new("elastic-restart").await.with_shards(6);
+    env.apply_topology().await;
+    let mut a = member(&env, "a");
+    wait_spread(&env, &[("a", 6)], Duration::from_secs(30)).await;
+    let mut b = member(&env, "b");
+    wait_spread(&env, &[("a", 3), ("b", 3)], Duration::from_secs(30)).await;
+    let before = env.consuming_workers().await;
+
+    b.kill9();
+    wait_spread(&env, &[("a", 3)], Duration::from_secs(30)).await;
+    let _b = member(&env, "b");
+    wait_spread(&env, &[("a", 3), ("b", 3)], Duration::from_secs(30)).await;
+    assert_eq!(env.consuming_workers().await, before, "a shard moved");
+    a.assert_running("the end");
+}
