@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use shardline_topology::declare::{self, QueueType, TopologyOptions};
+use shardline_topology::fleet::{FleetAssignment, MemberRecord};
 use shardline_topology::status::{
     BreakerState, Level, ShardReport, Thresholds, WorkerReport, unix_ms,
 };
@@ -184,6 +185,26 @@ pub struct StatusReport {
     /// Unix milliseconds when read: how long a breaker has been open is
     /// counted to here.
     pub read_at_ms: u64,
+    /// The elastic fleet (`--assign auto`), when it has members or an assignment.
+    pub fleet: Option<FleetView>,
+}
+
+/// The elastic fleet as Redis has it: its members and the assignment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetView {
+    pub members: Vec<MemberRecord>,
+    pub assignment: FleetAssignment,
+}
+
+impl FleetView {
+    /// The member a shard is assigned to, and that member's record.
+    fn assigned(&self, shard: u16) -> Option<(&str, Option<&MemberRecord>)> {
+        let member = self.assignment.assignment.owners.get(&shard)?;
+        Some((
+            member.as_str(),
+            self.members.iter().find(|m| &m.member == member),
+        ))
+    }
 }
 
 /// Reads the status: passive declares on the broker, the status documents
@@ -203,9 +224,9 @@ pub async fn status(fleet: &Fleet, config: &StatusConfig) -> Result<StatusReport
     let (queues, dlq) = read?;
 
     let shard_ids: Vec<ShardId> = fleet.shards.ids().collect();
-    let (reports, workers, status_error) = match read_documents(fleet, &shard_ids).await {
-        Ok((reports, workers)) => (reports, workers, None),
-        Err(e) => (vec![None; shard_ids.len()], Vec::new(), Some(e)),
+    let (reports, workers, elastic, status_error) = match read_documents(fleet, &shard_ids).await {
+        Ok((reports, workers, elastic)) => (reports, workers, elastic, None),
+        Err(e) => (vec![None; shard_ids.len()], Vec::new(), None, Some(e)),
     };
     let now = unix_ms();
     let shards = queues
@@ -221,6 +242,7 @@ pub async fn status(fleet: &Fleet, config: &StatusConfig) -> Result<StatusReport
         thresholds: t,
         status_error,
         read_at_ms: now,
+        fleet: elastic,
     })
 }
 
@@ -270,7 +292,14 @@ async fn read_queues(
 async fn read_documents(
     fleet: &Fleet,
     shards: &[ShardId],
-) -> Result<(Vec<Option<ShardReport>>, Vec<WorkerReport>), String> {
+) -> Result<
+    (
+        Vec<Option<ShardReport>>,
+        Vec<WorkerReport>,
+        Option<FleetView>,
+    ),
+    String,
+> {
     let read = async {
         let mut conn = fleet.redis.connect().await.map_err(|e| e.to_string())?;
         let scrub = |e: redis::RedisError| fleet.redis.scrub(&e.to_string());
@@ -280,7 +309,8 @@ async fn read_documents(
         let workers = worker_reports(&mut conn, &fleet.keys)
             .await
             .map_err(scrub)?;
-        Ok((reports, workers))
+        let elastic = fleet_view(&mut conn, &fleet.keys).await.map_err(scrub)?;
+        Ok((reports, workers, elastic))
     };
     match tokio::time::timeout(REDIS_TIMEOUT, read).await {
         Ok(result) => result,
@@ -303,6 +333,32 @@ pub(crate) async fn shard_reports(
         .into_iter()
         .map(|v| v.and_then(|json| serde_json::from_str(&json).ok()))
         .collect())
+}
+
+/// The elastic fleet's members and assignment; none when it has neither.
+async fn fleet_view(
+    conn: &mut impl redis::aio::ConnectionLike,
+    keys: &Keys,
+) -> Result<Option<FleetView>, redis::RedisError> {
+    let (members, doc): (Vec<String>, Option<String>) = redis::pipe()
+        .cmd("HVALS")
+        .arg(keys.fleet_members())
+        .cmd("GET")
+        .arg(keys.fleet_assignment())
+        .query_async(conn)
+        .await?;
+    let mut members: Vec<MemberRecord> = members
+        .iter()
+        .filter_map(|json| serde_json::from_str(json).ok())
+        .collect();
+    members.sort_by(|a, b| a.member.cmp(&b.member));
+    let assignment: Option<FleetAssignment> = doc.and_then(|d| serde_json::from_str(&d).ok());
+    Ok(
+        (!members.is_empty() || assignment.is_some()).then(|| FleetView {
+            members,
+            assignment: assignment.unwrap_or_default(),
+        }),
+    )
 }
 
 /// Every fresh worker document, by worker name.
@@ -337,6 +393,28 @@ impl StatusReport {
             || self
                 .open_breakers()
                 .any(|(_, open)| open >= self.thresholds.page)
+            || !self.unconsumed_assignments().is_empty()
+    }
+
+    /// Shards the elastic fleet assigned longer than the assignee's lease
+    /// ago that the assignee does not consume: (shard, member, consumer).
+    pub fn unconsumed_assignments(&self) -> Vec<(u16, &str, Option<&str>)> {
+        let Some(fleet) = &self.fleet else {
+            return Vec::new();
+        };
+        let decided = fleet.assignment.decided_at_ms;
+        self.shards
+            .iter()
+            .filter_map(|s| {
+                let (member, record) = fleet.assigned(s.shard)?;
+                let consumer = s.report.as_ref().map(|r| r.owner.as_str());
+                let worker = record.map(|r| r.worker.as_str());
+                let lease = record.map_or(0, |r| r.lease_ms);
+                let overdue = self.read_at_ms.saturating_sub(decided) > lease;
+                (overdue && (worker.is_none() || consumer != worker))
+                    .then_some((s.shard, member, consumer))
+            })
+            .collect()
     }
 
     /// The workers whose downstream breaker is open or half-open, with how
@@ -378,6 +456,22 @@ impl StatusReport {
                 "page_seconds": t.page.as_secs_f64(),
             },
             "status_error": self.status_error,
+            "fleet": self.fleet.as_ref().map(|f| serde_json::json!({
+                "generation": f.assignment.assignment.generation,
+                "decided_at_ms": f.assignment.decided_at_ms,
+                "members": f.members.iter().map(|m| serde_json::json!({
+                    "member": m.member,
+                    "worker": m.worker,
+                    "joined_at_ms": m.joined_at_ms,
+                    "lease_left_seconds": secs(Duration::from_millis(m.lease_until_ms.saturating_sub(self.read_at_ms))),
+                    "lease_lapsed": m.lease_until_ms <= self.read_at_ms,
+                    "assigned_shards": f.assignment.assignment.shards_of(&m.member).count(),
+                })).collect::<Vec<_>>(),
+                "assigned": f.assignment.assignment.owners,
+                "unconsumed": self.unconsumed_assignments().iter().map(|(shard, member, consumer)| serde_json::json!({
+                    "shard": shard, "assigned": member, "consumed_by": consumer,
+                })).collect::<Vec<_>>(),
+            })),
             "needs_attention": self.needs_attention(),
         })
     }
@@ -470,6 +564,39 @@ impl StatusReport {
                 humantime::format_duration(t.page)
             );
         }
+        if let Some(fleet) = &self.fleet {
+            let _ = writeln!(
+                out,
+                "fleet (--assign auto): assignment generation {}, {} member(s)",
+                fleet.assignment.assignment.generation,
+                fleet.members.len()
+            );
+            for m in &fleet.members {
+                let left = m.lease_until_ms.saturating_sub(self.read_at_ms);
+                let lease = if left == 0 {
+                    "lease lapsed".to_owned()
+                } else {
+                    format!(
+                        "lease {:.1}s left",
+                        Duration::from_millis(left).as_secs_f64()
+                    )
+                };
+                let _ = writeln!(
+                    out,
+                    "  member {} (worker {}): {} shard(s) assigned, {lease}",
+                    m.member,
+                    m.worker,
+                    fleet.assignment.assignment.shards_of(&m.member).count()
+                );
+            }
+            for (shard, member, consumer) in self.unconsumed_assignments() {
+                let _ = writeln!(
+                    out,
+                    "shard {shard} assigned to member {member} but consumed by {} for longer than its lease",
+                    consumer.unwrap_or("nobody")
+                );
+            }
+        }
         for (worker, open) in self.open_breakers() {
             let page = if open >= t.page { "PAGE: " } else { "" };
             let _ = writeln!(
@@ -538,6 +665,7 @@ mod tests {
             thresholds: t,
             status_error: None,
             read_at_ms: 1_000_000,
+            fleet: None,
         }
     }
 
@@ -588,6 +716,75 @@ mod tests {
         assert_eq!(json["workers"][0]["consuming"], serde_json::json!([0]));
         // Shard 1 has events and no consumer.
         assert_eq!(json["needs_attention"], true);
+    }
+
+    #[test]
+    fn the_fleet_is_listed_and_a_shard_its_assignee_does_not_consume_is_attention() {
+        let t = Thresholds::default();
+        let now = 1_000_000;
+        let shards = vec![
+            ShardLine::new(
+                0,
+                st("order.events.shard.0", 0, 1),
+                Some(report(0, 0.0, now)),
+                now,
+                &t,
+            ),
+            ShardLine::new(
+                1,
+                st("order.events.shard.1", 0, 1),
+                Some(report(1, 0.0, now)),
+                now,
+                &t,
+            ),
+        ];
+        let mut status = status_of(shards, t);
+        let member = |id: &str, worker: &str| MemberRecord {
+            member: id.into(),
+            worker: worker.into(),
+            joined_at_ms: 0,
+            lease_until_ms: now + 4_000,
+            lease_ms: 5_000,
+            owns: Vec::new(),
+        };
+        let assigned = |decided_at_ms| FleetView {
+            members: vec![member("m-a", "worker-a"), member("m-b", "worker-b")],
+            assignment: FleetAssignment {
+                assignment: shardline_topology::assignment::Assignment {
+                    generation: 4,
+                    owners: [(0, "m-a".to_owned()), (1, "m-b".to_owned())].into(),
+                },
+                decided_at_ms,
+            },
+        };
+        // Both shards are consumed by worker-a (the report's owner): shard 1 is
+        // assigned to m-b, which is not consuming it.
+        status.fleet = Some(assigned(now - 1_000));
+        assert!(
+            status.unconsumed_assignments().is_empty(),
+            "within the lease"
+        );
+        assert!(
+            status
+                .table()
+                .contains("member m-b (worker worker-b): 1 shard(s) assigned, lease 4.0s left"),
+            "{}",
+            status.table()
+        );
+        status.fleet = Some(assigned(now - 6_000));
+        assert_eq!(
+            status.unconsumed_assignments(),
+            [(1, "m-b", Some("worker-a"))]
+        );
+        assert!(status.needs_attention());
+        assert!(
+            status
+                .table()
+                .contains("shard 1 assigned to member m-b but consumed by worker-a"),
+            "{}",
+            status.table()
+        );
+        assert_eq!(status.json()["fleet"]["members"][1]["assigned_shards"], 1);
     }
 
     #[test]

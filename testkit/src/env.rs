@@ -410,6 +410,31 @@ impl TestEnv {
             .collect()
     }
 
+    /// How many shards each worker consumes, as the broker sees it.
+    pub async fn spread(&self) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for worker in self.consuming_workers().await.into_values() {
+            *counts.entry(worker).or_default() += 1;
+        }
+        counts
+    }
+
+    /// Waits until the shards are consumed as `expected` (worker → shard
+    /// count); returns how long that took.
+    pub async fn wait_spread(&self, expected: &[(&str, usize)], timeout: Duration) -> Duration {
+        let started = std::time::Instant::now();
+        let want: BTreeMap<String, usize> = expected
+            .iter()
+            .map(|(w, n)| ((*w).to_owned(), *n))
+            .collect();
+        crate::wait_until(&format!("shards spread as {want:?}"), timeout, || async {
+            let got = self.spread().await;
+            crate::wait::check(got == want, || format!("{got:?}"))
+        })
+        .await;
+        started.elapsed()
+    }
+
     /// `None` when every shard queue has exactly one active consumer and it is
     /// worker `owner`'s, and the queue has `consumers` consumers in all;
     /// otherwise what differs (for a failure message).

@@ -2,7 +2,6 @@
 //! steady publish; shards spread evenly, move without loss or repeats on a
 //! graceful stop, and are consumed again within seconds of a kill -9.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -10,32 +9,7 @@ use std::time::{Duration, Instant};
 use shardline_testkit::{
     ChildWorker, Downstream, Event, PROCESSING, Publisher, TestEnv, all_ok,
     assert_in_order_and_complete, max_in_flight_per_shard, order_ids, repeats_per_shard,
-    wait::check, wait_until,
 };
-
-/// How many shards each worker consumes, as the broker sees it.
-async fn spread(env: &TestEnv) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for worker in env.consuming_workers().await.into_values() {
-        *counts.entry(worker).or_default() += 1;
-    }
-    counts
-}
-
-/// Waits until the shards are consumed `expected` (worker → shard count).
-async fn wait_spread(env: &TestEnv, expected: &[(&str, usize)], timeout: Duration) -> Duration {
-    let started = Instant::now();
-    let want: BTreeMap<String, usize> = expected
-        .iter()
-        .map(|(w, n)| ((*w).to_owned(), *n))
-        .collect();
-    wait_until(&format!("shards spread as {want:?}"), timeout, || async {
-        let got = spread(env).await;
-        check(got == want, || format!("{got:?}"))
-    })
-    .await;
-    started.elapsed()
-}
 
 fn member(env: &TestEnv, name: &str) -> ChildWorker {
     ChildWorker::start(
@@ -81,25 +55,26 @@ async fn members_join_leave_and_die_under_a_steady_publish() {
     };
 
     let mut a = start("a");
-    wait_spread(&env, &[("a", 12)], Duration::from_secs(30)).await;
+    env.wait_spread(&[("a", 12)], Duration::from_secs(30)).await;
     let mut b = start("b");
-    let balanced_b = wait_spread(&env, &[("a", 6), ("b", 6)], Duration::from_secs(30)).await;
+    let balanced_b = env
+        .wait_spread(&[("a", 6), ("b", 6)], Duration::from_secs(30))
+        .await;
     let mut c = start("c");
-    let balanced_c = wait_spread(
-        &env,
-        &[("a", 4), ("b", 4), ("c", 4)],
-        Duration::from_secs(30),
-    )
-    .await;
+    let balanced_c = env
+        .wait_spread(&[("a", 4), ("b", 4), ("c", 4)], Duration::from_secs(30))
+        .await;
 
     b.sigterm();
     let status = b.wait_exit(Duration::from_secs(30)).await;
     assert!(status.success(), "b: {status}\n{}", b.log_tail(30));
-    let moved_b = wait_spread(&env, &[("a", 6), ("c", 6)], Duration::from_secs(30)).await;
+    let moved_b = env
+        .wait_spread(&[("a", 6), ("c", 6)], Duration::from_secs(30))
+        .await;
 
     c.kill9();
     let killed = Instant::now();
-    wait_spread(&env, &[("a", 12)], Duration::from_secs(30)).await;
+    env.wait_spread(&[("a", 12)], Duration::from_secs(30)).await;
     let consumed_again = killed.elapsed();
 
     stop.store(true, Ordering::SeqCst);
@@ -141,15 +116,91 @@ async fn a_member_restarted_within_its_lease_keeps_its_shards() {
     let env = TestEnv::new("elastic-restart").await.with_shards(6);
     env.apply_topology().await;
     let mut a = member(&env, "a");
-    wait_spread(&env, &[("a", 6)], Duration::from_secs(30)).await;
+    env.wait_spread(&[("a", 6)], Duration::from_secs(30)).await;
     let mut b = member(&env, "b");
-    wait_spread(&env, &[("a", 3), ("b", 3)], Duration::from_secs(30)).await;
+    env.wait_spread(&[("a", 3), ("b", 3)], Duration::from_secs(30))
+        .await;
     let before = env.consuming_workers().await;
 
     b.kill9();
-    wait_spread(&env, &[("a", 3)], Duration::from_secs(30)).await;
+    env.wait_spread(&[("a", 3)], Duration::from_secs(30)).await;
     let _b = member(&env, "b");
-    wait_spread(&env, &[("a", 3), ("b", 3)], Duration::from_secs(30)).await;
+    env.wait_spread(&[("a", 3), ("b", 3)], Duration::from_secs(30))
+        .await;
     assert_eq!(env.consuming_workers().await, before, "a shard moved");
     a.assert_running("the end");
+}
+
+/// A worker with a fixed `--assign` next to `auto` members: they leave the
+/// shards it consumes alone and share the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_members_leave_a_fixed_workers_shards_alone() {
+    let env = TestEnv::new("elastic-static").await.with_shards(6);
+    env.apply_topology().await;
+    let mut fixed = ChildWorker::start(&env, "s", "noop", &["--assign", "0-1"]);
+    env.wait_spread(&[("s", 2)], Duration::from_secs(30)).await;
+    let _a = member(&env, "a");
+    let _b = member(&env, "b");
+    env.wait_spread(&[("s", 2), ("a", 2), ("b", 2)], Duration::from_secs(30))
+        .await;
+    let owners = env.consuming_workers().await;
+    assert_eq!((owners[&0].as_str(), owners[&1].as_str()), ("s", "s"));
+    fixed.assert_running("the end");
+}
+
+/// A rolling restart of three members, one at a time, each waiting for the
+/// fleet to be balanced again: nothing lost, order kept, no repeated call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_loses_and_repeats_nothing() {
+    let env = TestEnv::new("elastic-rolling").await.with_shards(6);
+    env.apply_topology().await;
+    let downstream = Downstream::with_latency(Duration::from_millis(2)).await;
+    let start = |name: &str| {
+        ChildWorker::start(
+            &env,
+            name,
+            &downstream.url(),
+            &["--assign", "auto", "--member-id", name],
+        )
+    };
+    let orders = order_ids("rolling", 24);
+    let events: Vec<Event> = (1..=40)
+        .flat_map(|seq| orders.iter().map(move |o| (o.clone(), seq)))
+        .map(|(order, seq)| Event::new(&order, seq, env.shards))
+        .collect();
+    let mut members = vec![start("a"), start("b"), start("c")];
+    let balanced = [("a", 2), ("b", 2), ("c", 2)];
+    env.wait_spread(&balanced, Duration::from_secs(30)).await;
+    let publisher = {
+        let events = events.clone();
+        let publisher = Publisher::connect(&env).await;
+        tokio::spawn(async move {
+            for batch in events.chunks(8) {
+                publisher.publish(batch).await;
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+        })
+    };
+    for i in 0..members.len() {
+        let name = members[i].name.clone();
+        members[i].sigterm();
+        let status = members[i].wait_exit(Duration::from_secs(30)).await;
+        assert!(status.success(), "{name}: {status}");
+        members[i] = start(&name);
+        env.wait_spread(&balanced, Duration::from_secs(30)).await;
+    }
+    publisher.await.unwrap();
+    downstream
+        .wait_for("every event answered", PROCESSING, |calls| {
+            all_ok(calls, &events)
+        })
+        .await;
+    env.wait_shard_queues_drained(PROCESSING).await;
+    let calls = downstream.calls();
+    assert_in_order_and_complete(&calls, &events);
+    let repeats = repeats_per_shard(&calls, &env);
+    assert!(
+        repeats.values().all(|n| *n == 0),
+        "a graceful restart repeated calls: {repeats:?}"
+    );
 }

@@ -20,7 +20,8 @@
 //! - [`broker`]: the worker survives `close_connection` and a broker restart, on
 //!   classic and on quorum shard queues.
 //! - [`publisher`]: the publisher re-sends, in order, across the same outages.
-//! - [`redis_outage`]: a Redis outage pauses the shards, counted once; they resume by themselves.
+//! - [`redis_outage`]: a Redis outage pauses the shards, counted once; they resume by themselves;
+//!   at `--concurrency` too; and an elastic fleet moves no shard across it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod broker;

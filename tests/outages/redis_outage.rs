@@ -194,3 +194,40 @@ async fn at_concurrency_every_shard_resumes_after_repeated_outages() {
     assert_in_order_and_complete(&downstream.calls(), &events);
     worker.stop().await;
 }
+
+/// Redis unreachable for longer than a lease under three `--assign auto`
+/// members, then back empty: the leases count as renewed, the assignment is
+/// rebuilt from what the members own, and no shard moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills a Redis server: scripts/test runs it alone"]
+async fn a_redis_outage_moves_no_shard_of_an_elastic_fleet() {
+    let env = TestEnv::new("redis-fleet").await.with_shards(6);
+    env.apply_topology().await;
+    let mut redis = RedisServer::start(&env.id).await;
+    let member = |name: &str| {
+        let mut cmd = env.shardline_command();
+        cmd.arg("worker")
+            .args(env.global_args_with(&env.amqp_url, &redis.url()))
+            .args(["--handler", "noop", "--worker-name", name])
+            .args(["--assign", "auto", "--member-id", name]);
+        shardline_testkit::ChildWorker::spawn(&env, name, cmd)
+    };
+    let mut members = [member("a"), member("b"), member("c")];
+    env.wait_spread(&[("a", 2), ("b", 2), ("c", 2)], STARTUP)
+        .await;
+    let before = env.consuming_workers().await;
+
+    redis.kill9();
+    // Longer than the 5 s lease: every lease lapses while Redis is away.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    redis.restart().await;
+    // For two leases after Redis returns, nothing moves.
+    let watched = std::time::Instant::now();
+    while watched.elapsed() < Duration::from_secs(10) {
+        assert_eq!(env.consuming_workers().await, before, "a shard moved");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for m in &mut members {
+        m.assert_running("the end");
+    }
+}

@@ -112,7 +112,7 @@ pub async fn connect(target: &AmqpTarget, name: &str) -> Result<Connection, Brok
     for url in &target.addresses {
         let props = ConnectionProperties::default()
             .with_connection_name(LongString::from(name.as_bytes().to_vec()));
-        match Connection::connect(url, props).await {
+        match Connection::connect(&with_default_heartbeat(url), props).await {
             Ok(conn) => return Ok(conn),
             Err(e) => failures.push((redact_url(url), scrub(&e.to_string(), url))),
         }
@@ -131,6 +131,22 @@ pub async fn connect(target: &AmqpTarget, name: &str) -> Result<Connection, Brok
                 .join("; "),
         },
     })
+}
+
+/// The AMQP heartbeat asked for when the URL names none, in seconds: a peer
+/// that vanishes without closing its TCP connection (a machine lost) is
+/// noticed within about two of these, so that its exclusive consumers are
+/// released in time for another member to take its shards (RabbitMQ would
+/// otherwise negotiate 60 s).
+pub const DEFAULT_HEARTBEAT_SECS: u16 = 5;
+
+/// `url` with `heartbeat=` [`DEFAULT_HEARTBEAT_SECS`] unless it has one.
+fn with_default_heartbeat(url: &str) -> String {
+    if url.contains("heartbeat=") {
+        return url.to_owned();
+    }
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}heartbeat={DEFAULT_HEARTBEAT_SECS}")
 }
 
 /// A comma-separated list with the password of anything URL-like redacted.
@@ -185,6 +201,22 @@ pub fn soft_error(error: &lapin::Error, kind: AMQPSoftError) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_heartbeat_is_asked_for_unless_the_url_names_one() {
+        assert_eq!(
+            with_default_heartbeat("amqp://h:5672/%2f"),
+            "amqp://h:5672/%2f?heartbeat=5"
+        );
+        assert_eq!(
+            with_default_heartbeat("amqps://h/v?frame_max=8192"),
+            "amqps://h/v?frame_max=8192&heartbeat=5"
+        );
+        assert_eq!(
+            with_default_heartbeat("amqp://h/?heartbeat=30"),
+            "amqp://h/?heartbeat=30"
+        );
+    }
 
     #[test]
     fn redacts_passwords_only() {

@@ -21,6 +21,9 @@ pub struct MemberRecord {
     pub joined_at_ms: u64,
     /// Unix milliseconds (Redis's clock) when the lease lapses unless renewed.
     pub lease_until_ms: u64,
+    /// The lease's length (`--member-lease`).
+    #[serde(default)]
+    pub lease_ms: u64,
     /// The shards it was assigned and works on: the assignment is rebuilt
     /// from these if its document is lost (Redis restarted empty).
     #[serde(default)]

@@ -56,6 +56,7 @@ end
 local record = '{"member":' .. cjson.encode(ARGV[1]) .. ',"worker":' .. cjson.encode(ARGV[2])
   .. ',"joined_at_ms":' .. string.format('%d', joined)
   .. ',"lease_until_ms":' .. string.format('%d', now + tonumber(ARGV[3]))
+  .. ',"lease_ms":' .. string.format('%d', tonumber(ARGV[3]))
   .. ',"owns":' .. ARGV[4] .. '}'
 redis.call('HSET', KEYS[1], ARGV[1], record)
 local all = redis.call('HGETALL', KEYS[1])
