@@ -168,7 +168,7 @@ async fn a_rolling_restart_loses_and_repeats_nothing() {
         .flat_map(|seq| orders.iter().map(move |o| (o.clone(), seq)))
         .map(|(order, seq)| Event::new(&order, seq, env.shards))
         .collect();
-    let mut members = vec![start("a"), start("b"), start("c")];
+    let mut members = [start("a"), start("b"), start("c")];
     let balanced = [("a", 2), ("b", 2), ("c", 2)];
     env.wait_spread(&balanced, Duration::from_secs(30)).await;
     let publisher = {
@@ -181,12 +181,12 @@ async fn a_rolling_restart_loses_and_repeats_nothing() {
             }
         })
     };
-    for i in 0..members.len() {
-        let name = members[i].name.clone();
-        members[i].sigterm();
-        let status = members[i].wait_exit(Duration::from_secs(30)).await;
+    for member in &mut members {
+        let name = member.name.clone();
+        member.sigterm();
+        let status = member.wait_exit(Duration::from_secs(30)).await;
         assert!(status.success(), "{name}: {status}");
-        members[i] = start(&name);
+        *member = start(&name);
         env.wait_spread(&balanced, Duration::from_secs(30)).await;
     }
     publisher.await.unwrap();
