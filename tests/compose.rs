@@ -5,27 +5,17 @@
 //! needed); every command they give shardline is then run through the real CLI with
 //! `--help` appended, which parses each flag and value and connects to nothing.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+#[path = "support/manifests.rs"]
+mod manifests;
 
+use std::collections::{BTreeMap, BTreeSet};
+
+use manifests::{ENTRYPOINT, SUBCOMMANDS, cli_accepts, flag_value, read, repo_file, setting};
 use serde::Deserialize;
 use serde_yaml::Value;
 
-/// Subcommands a container may run (the long-running and one-shot ones).
-const SUBCOMMANDS: &[&str] = &["topology", "worker", "load", "publish"];
 /// The binary's default shard count (`--shards` / `SHARDLINE_SHARDS`).
 const DEFAULT_SHARDS: u32 = 16;
-const ENTRYPOINT: &str = "/usr/local/bin/shardline";
-
-fn repo_file(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(name)
-}
-
-fn read(name: &str) -> String {
-    let path = repo_file(name);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-}
 
 // ---------------------------------------------------------------- docker-compose.yml
 
@@ -132,10 +122,7 @@ impl Service {
     }
 
     fn shards(&self) -> u32 {
-        let from_flag = flag_value(&self.command(), "--shards");
-        let from_env = self.env().get("SHARDLINE_SHARDS").cloned();
-        from_flag
-            .or(from_env)
+        setting(&self.command(), &self.env(), "--shards")
             .map_or(DEFAULT_SHARDS, |n| n.parse().expect("shard count"))
     }
 }
@@ -159,53 +146,6 @@ fn service<'a>(compose: &'a Compose, name: &str) -> &'a Service {
         .unwrap_or_else(|| panic!("docker-compose.yml has no service `{name}`"))
 }
 
-/// The value of `--flag V` or `--flag=V`.
-fn flag_value(args: &[String], flag: &str) -> Option<String> {
-    let prefix = format!("{flag}=");
-    args.iter().enumerate().find_map(|(i, arg)| {
-        if arg == flag {
-            args.get(i + 1).cloned()
-        } else {
-            arg.strip_prefix(&prefix).map(str::to_owned)
-        }
-    })
-}
-
-/// `all`, or a comma list of shards `n` and inclusive ranges `a-b`.
-fn parse_assign(spec: &str, shards: u32) -> Result<BTreeSet<u32>, String> {
-    if spec == "all" {
-        return Ok((0..shards).collect());
-    }
-    let mut set = BTreeSet::new();
-    for item in spec.split(',') {
-        let (lo, hi) = item.split_once('-').unwrap_or((item, item));
-        let lo: u32 = lo.trim().parse().map_err(|e| format!("`{item}`: {e}"))?;
-        let hi: u32 = hi.trim().parse().map_err(|e| format!("`{item}`: {e}"))?;
-        if lo > hi || hi >= shards {
-            return Err(format!("`{item}` is not a range within 0..{shards}"));
-        }
-        for shard in lo..=hi {
-            if !set.insert(shard) {
-                return Err(format!("shard {shard} listed twice in `{spec}`"));
-            }
-        }
-    }
-    Ok(set)
-}
-
-fn assigned(compose: &Compose, name: &str) -> BTreeSet<u32> {
-    let worker = service(compose, name);
-    let command = worker.command();
-    assert_eq!(
-        command.first().map(String::as_str),
-        Some("worker"),
-        "{name}"
-    );
-    let spec = flag_value(&command, "--assign")
-        .unwrap_or_else(|| panic!("{name} has no --assign: {command:?}"));
-    parse_assign(&spec, worker.shards()).unwrap_or_else(|e| panic!("{name} --assign: {e}"))
-}
-
 #[test]
 fn compose_has_the_fleet() {
     let compose = compose();
@@ -215,7 +155,6 @@ fn compose_has_the_fleet() {
         "topology",
         "worker-a",
         "worker-b",
-        "worker-standby",
         "publisher",
         "prometheus",
         "grafana",
@@ -225,35 +164,30 @@ fn compose_has_the_fleet() {
 }
 
 #[test]
-fn workers_split_the_shards_and_the_standby_covers_all() {
+fn workers_join_the_elastic_fleet_with_distinct_member_ids() {
     let compose = compose();
-    let shards = service(&compose, "worker-a").shards();
-    for name in ["worker-b", "worker-standby", "topology", "publisher"] {
-        assert_eq!(
-            service(&compose, name).shards(),
-            shards,
-            "{name} must agree on the shard count"
-        );
+    let shards = service(&compose, "topology").shards();
+    for (name, s) in compose.services.iter().filter(|(_, s)| s.is_shardline()) {
+        assert_eq!(s.shards(), shards, "{name} must agree on the shard count");
     }
-    let a = assigned(&compose, "worker-a");
-    let b = assigned(&compose, "worker-b");
-    assert!(
-        a.is_disjoint(&b),
-        "worker-a and worker-b overlap: {:?}",
-        a.intersection(&b).collect::<Vec<_>>()
-    );
-    let union: BTreeSet<u32> = a.union(&b).copied().collect();
-    assert_eq!(
-        union,
-        (0..shards).collect(),
-        "worker-a and worker-b must cover 0..{shards}"
-    );
-    let standby = service(&compose, "worker-standby").command();
-    assert_eq!(
-        flag_value(&standby, "--assign").as_deref(),
-        Some("all"),
-        "{standby:?}"
-    );
+    let workers = worker_services(&compose);
+    assert!(workers.len() >= 2, "a fleet of one: {workers:?}");
+    let mut members = BTreeMap::new();
+    for (name, worker) in workers {
+        let (command, env) = (worker.command(), worker.env());
+        assert_eq!(
+            setting(&command, &env, "--assign").as_deref(),
+            Some("auto"),
+            "{name}: {command:?}"
+        );
+        // Restarting keeps the id, so the member keeps its lease and its shards.
+        let member = setting(&command, &env, "--member-id")
+            .filter(|id| !id.trim().is_empty())
+            .unwrap_or_else(|| panic!("{name} has no --member-id: {command:?}"));
+        if let Some(other) = members.insert(member.clone(), name) {
+            panic!("{other} and {name} are one member, {member}");
+        }
+    }
 }
 
 #[test]
@@ -264,7 +198,7 @@ fn shardline_services_run_a_real_subcommand_of_one_image() {
         .iter()
         .filter(|(_, s)| s.is_shardline())
         .collect();
-    assert!(shardline.len() >= 5, "{:?}", compose.services.keys());
+    assert!(shardline.len() >= 4, "{:?}", compose.services.keys());
     for (name, s) in shardline {
         match &s.build {
             Some(Build::Context(c) | Build::Full { context: c }) => {
@@ -316,7 +250,7 @@ fn services_start_in_order() {
         topology.get("rabbitmq").map(String::as_str),
         Some("service_healthy")
     );
-    for name in ["worker-a", "worker-b", "worker-standby", "publisher"] {
+    for name in ["worker-a", "worker-b", "publisher"] {
         let deps = service(&compose, name).depends_on();
         assert_eq!(
             deps.get("topology").map(String::as_str),
@@ -329,8 +263,8 @@ fn services_start_in_order() {
             "{name}: {deps:?}"
         );
     }
-    for name in ["worker-a", "worker-b", "worker-standby"] {
-        let deps = service(&compose, name).depends_on();
+    for (name, worker) in worker_services(&compose) {
+        let deps = worker.depends_on();
         assert_eq!(
             deps.get("redis").map(String::as_str),
             Some("service_healthy"),
@@ -426,7 +360,7 @@ fn every_worker_serves_metrics_and_prometheus_scrapes_each() {
         .filter_map(|t| t.as_str().map(str::to_owned))
         .collect();
     let workers = worker_services(&compose);
-    assert!(workers.len() >= 3, "{workers:?}");
+    assert!(workers.len() >= 2, "{workers:?}");
     for (name, worker) in workers {
         let addr = flag_value(&worker.command(), "--metrics-addr")
             .unwrap_or_else(|| panic!("{name} has no --metrics-addr: {:?}", worker.command()));
@@ -648,7 +582,7 @@ fn publisher_and_workers_export_traces_to_jaeger() {
         service_name.clone()
     };
     let publisher = name_of("publisher");
-    for worker in ["worker-a", "worker-b", "worker-standby"] {
+    for (worker, _) in worker_services(&compose) {
         let worker_name = name_of(worker);
         assert_ne!(
             publisher, worker_name,
@@ -798,28 +732,6 @@ fn dockerignore_keeps_build_output_and_git_out() {
 
 // ---------------------------------------------------------------- against the real CLI
 
-/// `shardline ARGS... --help` with exactly ENV: clap parses every flag and value before
-/// it, so an unknown flag or a bad value fails here rather than in a container.
-fn cli_accepts(args: &[String], env: &BTreeMap<String, String>) -> Result<(), String> {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_shardline"));
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("SHARDLINE_") {
-            cmd.env_remove(key);
-        }
-    }
-    let output = cmd.args(args).arg("--help").envs(env).output().unwrap();
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "`shardline {} --help` exited {}: {}",
-            args.join(" "),
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    }
-}
-
 #[test]
 fn the_cli_accepts_every_container_command() {
     let compose = compose();
@@ -855,20 +767,4 @@ fn entry_point_scripts_are_executable() {
             .mode();
         assert!(mode & 0o111 != 0, "{name} is not executable");
     }
-}
-
-#[test]
-fn parse_assign_reads_lists_and_ranges() {
-    assert_eq!(
-        parse_assign("all", 4).unwrap(),
-        BTreeSet::from([0, 1, 2, 3])
-    );
-    assert_eq!(
-        parse_assign("0-2,5", 8).unwrap(),
-        BTreeSet::from([0, 1, 2, 5])
-    );
-    assert!(parse_assign("0-8", 8).is_err());
-    assert!(parse_assign("3-1", 8).is_err());
-    assert!(parse_assign("1,1", 8).is_err());
-    assert!(parse_assign("x", 8).is_err());
 }
