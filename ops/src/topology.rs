@@ -512,14 +512,21 @@ impl StatusReport {
                 |age| format!("{:.1}s", age.as_secs_f64()),
             );
             let level = s.level.map_or("-", Level::as_str);
+            // With an elastic fleet: the member the shard is assigned to.
+            let assigned = self
+                .fleet
+                .as_ref()
+                .and_then(|f| f.assigned(s.shard))
+                .map(|(member, _)| format!("assigned to {member}"));
+            let note = [assigned.as_deref().unwrap_or(""), s.note()]
+                .into_iter()
+                .filter(|n| !n.is_empty())
+                .collect::<Vec<_>>()
+                .join("; ");
             let _ = writeln!(
                 out,
-                "{:<5}  {:<width$}  {:>9}  {:>9}  {owner:<owner_width$}  {backlog:>9}  {level:<5}  {}",
-                s.shard,
-                s.queue.queue,
-                s.queue.messages,
-                s.queue.consumers,
-                s.note()
+                "{:<5}  {:<width$}  {:>9}  {:>9}  {owner:<owner_width$}  {backlog:>9}  {level:<5}  {note}",
+                s.shard, s.queue.queue, s.queue.messages, s.queue.consumers,
             );
         }
         let _ = writeln!(out, "{:<5}  {:<width$}  {total:>9}", "all", "");
