@@ -207,7 +207,11 @@ pub async fn assert_all_delivered_once_in_order(
 
 /// Waits until every event was answered 2xx and the shard queues drained;
 /// the calls then.
-async fn wait_all_answered(env: &TestEnv, downstream: &Downstream, events: &[Event]) -> Vec<Call> {
+pub async fn wait_all_answered(
+    env: &TestEnv,
+    downstream: &Downstream,
+    events: &[Event],
+) -> Vec<Call> {
     downstream
         .wait_for(
             &format!("all {} events answered", events.len()),

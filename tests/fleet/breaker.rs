@@ -32,8 +32,8 @@ async fn flaky() -> (Downstream, Arc<AtomicU8>) {
     (downstream, phase)
 }
 
-/// The outage of the issue, shortened by `scale`: connections refused for
-/// 20 s, then 503 for 10 s, then up. Returns when it recovered.
+/// A downstream outage: connections refused for `refused`, then 503 for
+/// `unavailable`, then up. Returns when it recovered.
 async fn outage(
     downstream: &Downstream,
     phase: &AtomicU8,

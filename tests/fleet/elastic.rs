@@ -7,17 +7,41 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use shardline_testkit::{
-    ChildWorker, Downstream, Event, PROCESSING, Publisher, TestEnv, all_ok,
-    assert_in_order_and_complete, max_in_flight_per_shard, order_ids, repeats_per_shard,
+    ChildWorker, Downstream, Event, Publisher, TestEnv, assert_in_order_and_complete, interleaved,
+    max_in_flight_per_shard, order_ids, repeats_per_shard, wait_all_answered,
 };
 
-fn member(env: &TestEnv, name: &str) -> ChildWorker {
+/// The handler of members in tests that publish nothing.
+const UNUSED: &str = "http://127.0.0.1:1/unused";
+
+/// `shardline worker --assign auto --member-id NAME` calling `handler`.
+fn member(env: &TestEnv, name: &str, handler: &str) -> ChildWorker {
     ChildWorker::start(
         env,
         name,
-        "http://127.0.0.1:1/unused",
+        handler,
         &["--assign", "auto", "--member-id", name],
     )
+}
+
+/// Publishes `events` in batches of `batch`, pausing `pause` between them
+/// until `hurry` is set (then the rest goes out at once).
+async fn publish_paced(
+    env: &TestEnv,
+    events: Vec<Event>,
+    batch: usize,
+    pause: Duration,
+    hurry: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    let publisher = Publisher::connect(env).await;
+    tokio::spawn(async move {
+        for chunk in events.chunks(batch) {
+            publisher.publish(chunk).await;
+            if !hurry.load(Ordering::SeqCst) {
+                tokio::time::sleep(pause).await;
+            }
+        }
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -25,34 +49,19 @@ async fn members_join_leave_and_die_under_a_steady_publish() {
     let env = TestEnv::new("elastic").await.with_shards(12);
     env.apply_topology().await;
     let downstream = Downstream::with_latency(Duration::from_millis(2)).await;
-    let start = |name: &str| {
-        ChildWorker::start(
-            &env,
-            name,
-            &downstream.url(),
-            &["--assign", "auto", "--member-id", name],
-        )
-    };
+    let start = |name: &str| member(&env, name, &downstream.url());
 
     // A steady publish of ordered events throughout.
-    let orders = order_ids("elastic", 48);
-    let events: Vec<Event> = (1..=30)
-        .flat_map(|seq| orders.iter().map(move |o| (o.clone(), seq)))
-        .map(|(order, seq)| Event::new(&order, seq, env.shards))
-        .collect();
+    let events = interleaved(&order_ids("elastic", 48), 30, env.shards);
     let stop = Arc::new(AtomicBool::new(false));
-    let publisher = {
-        let (events, stop) = (events.clone(), stop.clone());
-        let publisher = Publisher::connect(&env).await;
-        tokio::spawn(async move {
-            for batch in events.chunks(12) {
-                publisher.publish(batch).await;
-                if !stop.load(Ordering::SeqCst) {
-                    tokio::time::sleep(Duration::from_millis(60)).await;
-                }
-            }
-        })
-    };
+    let publisher = publish_paced(
+        &env,
+        events.clone(),
+        12,
+        Duration::from_millis(60),
+        stop.clone(),
+    )
+    .await;
 
     let mut a = start("a");
     env.wait_spread(&[("a", 12)], Duration::from_secs(30)).await;
@@ -79,13 +88,7 @@ async fn members_join_leave_and_die_under_a_steady_publish() {
 
     stop.store(true, Ordering::SeqCst);
     publisher.await.unwrap();
-    downstream
-        .wait_for("every event answered", PROCESSING, |calls| {
-            all_ok(calls, &events)
-        })
-        .await;
-    env.wait_shard_queues_drained(PROCESSING).await;
-    let calls = downstream.calls();
+    let calls = wait_all_answered(&env, &downstream, &events).await;
     assert_in_order_and_complete(&calls, &events);
     let repeats = repeats_per_shard(&calls, &env);
     assert!(
@@ -115,16 +118,16 @@ async fn members_join_leave_and_die_under_a_steady_publish() {
 async fn a_member_restarted_within_its_lease_keeps_its_shards() {
     let env = TestEnv::new("elastic-restart").await.with_shards(6);
     env.apply_topology().await;
-    let mut a = member(&env, "a");
+    let mut a = member(&env, "a", UNUSED);
     env.wait_spread(&[("a", 6)], Duration::from_secs(30)).await;
-    let mut b = member(&env, "b");
+    let mut b = member(&env, "b", UNUSED);
     env.wait_spread(&[("a", 3), ("b", 3)], Duration::from_secs(30))
         .await;
     let before = env.consuming_workers().await;
 
     b.kill9();
     env.wait_spread(&[("a", 3)], Duration::from_secs(30)).await;
-    let _b = member(&env, "b");
+    let _b = member(&env, "b", UNUSED);
     env.wait_spread(&[("a", 3), ("b", 3)], Duration::from_secs(30))
         .await;
     assert_eq!(env.consuming_workers().await, before, "a shard moved");
@@ -139,8 +142,8 @@ async fn auto_members_leave_a_fixed_workers_shards_alone() {
     env.apply_topology().await;
     let mut fixed = ChildWorker::start(&env, "s", "noop", &["--assign", "0-1"]);
     env.wait_spread(&[("s", 2)], Duration::from_secs(30)).await;
-    let _a = member(&env, "a");
-    let _b = member(&env, "b");
+    let _a = member(&env, "a", UNUSED);
+    let _b = member(&env, "b", UNUSED);
     env.wait_spread(&[("s", 2), ("a", 2), ("b", 2)], Duration::from_secs(30))
         .await;
     let owners = env.consuming_workers().await;
@@ -155,32 +158,13 @@ async fn a_rolling_restart_loses_and_repeats_nothing() {
     let env = TestEnv::new("elastic-rolling").await.with_shards(6);
     env.apply_topology().await;
     let downstream = Downstream::with_latency(Duration::from_millis(2)).await;
-    let start = |name: &str| {
-        ChildWorker::start(
-            &env,
-            name,
-            &downstream.url(),
-            &["--assign", "auto", "--member-id", name],
-        )
-    };
-    let orders = order_ids("rolling", 24);
-    let events: Vec<Event> = (1..=40)
-        .flat_map(|seq| orders.iter().map(move |o| (o.clone(), seq)))
-        .map(|(order, seq)| Event::new(&order, seq, env.shards))
-        .collect();
+    let start = |name: &str| member(&env, name, &downstream.url());
+    let events = interleaved(&order_ids("rolling", 24), 40, env.shards);
     let mut members = [start("a"), start("b"), start("c")];
     let balanced = [("a", 2), ("b", 2), ("c", 2)];
     env.wait_spread(&balanced, Duration::from_secs(30)).await;
-    let publisher = {
-        let events = events.clone();
-        let publisher = Publisher::connect(&env).await;
-        tokio::spawn(async move {
-            for batch in events.chunks(8) {
-                publisher.publish(batch).await;
-                tokio::time::sleep(Duration::from_millis(40)).await;
-            }
-        })
-    };
+    let never = Arc::new(AtomicBool::new(false));
+    let publisher = publish_paced(&env, events.clone(), 8, Duration::from_millis(40), never).await;
     for member in &mut members {
         let name = member.name.clone();
         member.sigterm();
@@ -190,13 +174,7 @@ async fn a_rolling_restart_loses_and_repeats_nothing() {
         env.wait_spread(&balanced, Duration::from_secs(30)).await;
     }
     publisher.await.unwrap();
-    downstream
-        .wait_for("every event answered", PROCESSING, |calls| {
-            all_ok(calls, &events)
-        })
-        .await;
-    env.wait_shard_queues_drained(PROCESSING).await;
-    let calls = downstream.calls();
+    let calls = wait_all_answered(&env, &downstream, &events).await;
     assert_in_order_and_complete(&calls, &events);
     let repeats = repeats_per_shard(&calls, &env);
     assert!(

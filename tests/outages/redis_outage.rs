@@ -10,9 +10,8 @@ use shardline_testkit::metrics::{free_addr, get, wait_ok};
 use shardline_testkit::redis::RedisServer;
 use shardline_testkit::wait::check;
 use shardline_testkit::{
-    Downstream, PROCESSING, Publisher, Reply, STARTUP, TestEnv, all_ok,
-    assert_in_order_and_complete, describe, interleaved, ok_keys, orders_covering_shards,
-    wait_until,
+    Downstream, PROCESSING, Publisher, Reply, STARTUP, TestEnv, assert_in_order_and_complete,
+    describe, interleaved, ok_keys, orders_covering_shards, wait_all_answered, wait_until,
 };
 
 use crate::assert_nothing_dead_lettered;
@@ -96,15 +95,9 @@ async fn redis_outage_pauses_the_shards_and_they_resume() {
     );
 
     redis.restart().await;
-    downstream
-        .wait_for("every event after Redis returned", PROCESSING, |calls| {
-            all_ok(calls, &events)
-        })
-        .await;
-    env.wait_shard_queues_drained(PROCESSING).await;
+    let calls = wait_all_answered(&env, &downstream, &events).await;
     assert_nothing_dead_lettered(&env).await;
 
-    let calls = downstream.calls();
     // The dedup state went with the server: repeats are allowed, gaps and
     // reordering are not.
     assert_in_order_and_complete(&calls, &events);
@@ -184,14 +177,9 @@ async fn at_concurrency_every_shard_resumes_after_repeated_outages() {
             redis.restart().await;
         }
     }
-    downstream
-        .wait_for("every event after the outages", PROCESSING, |calls| {
-            all_ok(calls, &events)
-        })
-        .await;
-    env.wait_shard_queues_drained(PROCESSING).await;
+    let calls = wait_all_answered(&env, &downstream, &events).await;
     assert_nothing_dead_lettered(&env).await;
-    assert_in_order_and_complete(&downstream.calls(), &events);
+    assert_in_order_and_complete(&calls, &events);
     worker.stop().await;
 }
 

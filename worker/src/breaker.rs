@@ -116,6 +116,8 @@ pub(crate) struct Transition {
     pub(crate) probe_in: Option<Duration>,
     /// Closed: how long calls were paused.
     pub(crate) paused_for: Option<Duration>,
+    /// Opened from closed (a new epoch), not again after a failed probe.
+    pub(crate) trip: bool,
 }
 
 /// The breaker's rules on an explicit clock, without I/O: unit-tested as is.
@@ -167,6 +169,7 @@ impl Core {
         self.state
     }
 
+    #[cfg(test)]
     pub(crate) fn epoch(&self) -> u64 {
         self.epoch
     }
@@ -187,6 +190,7 @@ impl Core {
                     reason: "cooldown over: one probe call".into(),
                     probe_in: None,
                     paused_for: None,
+                    trip: false,
                 };
                 (Ok(true), Some(t))
             }
@@ -329,7 +333,8 @@ impl Core {
     }
 
     fn open(&mut self, now: Instant, reason: String, retry_after: Option<Duration>) -> Transition {
-        if self.state == BreakerState::Closed {
+        let trip = self.state == BreakerState::Closed;
+        if trip {
             self.epoch += 1;
             self.cooldown = self.policy.cooldown;
             self.paused_since = Some(now);
@@ -345,6 +350,7 @@ impl Core {
             reason,
             probe_in: Some(wait),
             paused_for: None,
+            trip,
         }
     }
 
@@ -365,6 +371,7 @@ impl Core {
             reason: reason.to_owned(),
             probe_in: None,
             paused_for,
+            trip: false,
         }
     }
 
@@ -398,6 +405,10 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// The breaker's metric handles (registered in `metrics.rs`).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct BreakerMetrics {
@@ -424,6 +435,11 @@ pub(crate) struct Breaker {
     judging: AtomicUsize,
     hasher: RandomState,
     metrics: BreakerMetrics,
+    /// Mirrors of the core's epoch and ended pauses, read per event without
+    /// the lock (updated with the transitions, in `apply`).
+    epoch: AtomicU64,
+    ended_pauses_ns: AtomicU64,
+    window: Duration,
 }
 
 /// An admitted attempt: whether it is the probe. Dropped without
@@ -456,6 +472,9 @@ impl Drop for Permit<'_> {
 impl Breaker {
     pub(crate) fn new(policy: BreakerPolicy, metrics: BreakerMetrics) -> Arc<Self> {
         Arc::new(Self {
+            window: policy.window,
+            epoch: AtomicU64::new(0),
+            ended_pauses_ns: AtomicU64::new(0),
             core: Mutex::new(Core::new(policy, Instant::now())),
             closed: AtomicBool::new(true),
             paused: watch::channel(false).0,
@@ -489,7 +508,7 @@ impl Breaker {
     /// Times it opened from closed: an event's budget that began in an
     /// earlier epoch was spent (partly) on an outage.
     pub(crate) fn epoch(&self) -> u64 {
-        self.with_core(|core| core.epoch())
+        self.epoch.load(Ordering::Acquire)
     }
 
     /// Waits until an attempt of `order_key` may start.
@@ -562,12 +581,16 @@ impl Breaker {
 
     /// Time calls were paused in all, the pause now included.
     pub(crate) fn paused_total(&self) -> Duration {
-        self.with_core(|core| core.paused_total(Instant::now()))
+        if self.is_paused() {
+            self.with_core(|core| core.paused_total(Instant::now()))
+        } else {
+            Duration::from_nanos(self.ended_pauses_ns.load(Ordering::Acquire))
+        }
     }
 
     /// How long an event that used its attempts waits for evidence: one window.
     pub(crate) fn evidence_wait(&self) -> Duration {
-        self.with_core(|core| core.policy.window)
+        self.window
     }
 
     /// Starts open when the fleet's breaker is (another worker's status
@@ -597,8 +620,9 @@ impl Breaker {
         self.metrics.state.set(i64::from(t.to.value()));
         match t.to {
             BreakerState::Open => {
-                if t.reason != "the probe call failed" {
+                if t.trip {
                     self.metrics.trips.inc();
+                    self.epoch.fetch_add(1, Ordering::AcqRel);
                 }
                 let probe_in = t.probe_in.unwrap_or_default();
                 tracing::warn!(reason = %t.reason, probe_in = ?probe_in, "downstream breaker open: calls paused on every shard");
@@ -609,6 +633,8 @@ impl Breaker {
             BreakerState::Closed => {
                 let paused_for = t.paused_for.unwrap_or_default();
                 self.metrics.paused_seconds.inc_by(paused_for.as_secs_f64());
+                self.ended_pauses_ns
+                    .fetch_add(nanos(paused_for), Ordering::AcqRel);
                 tracing::info!(reason = %t.reason, paused_for = ?paused_for, "downstream breaker closed: calls resume");
             }
         }

@@ -91,6 +91,17 @@ pub(crate) struct Budget {
     pub(crate) epoch: u64,
 }
 
+/// The claim an event holds while it waits for the breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Claim {
+    /// None yet (the admit comes after the wait).
+    None,
+    /// Made early with the previous commit: its start is counted.
+    Started,
+    /// Held across a failed attempt: its start was given back.
+    Idle,
+}
+
 /// What follows a retryable failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Next {
@@ -309,12 +320,12 @@ impl Processor {
             let early = admitted.filter(|v| !matches!(v, Verdict::Gap | Verdict::Start));
             let (verdict, permit) = match early {
                 Some(v @ (Verdict::Claimed | Verdict::TakenOver)) => {
-                    let permit = self.wait_turn(redis, decoded, Some(true)).await;
+                    let permit = self.wait_turn(redis, decoded, Claim::Started).await;
                     (v, permit)
                 }
                 Some(v) => (v, None),
                 None => {
-                    let permit = self.wait_turn(redis, decoded, None).await;
+                    let permit = self.wait_turn(redis, decoded, Claim::None).await;
                     let admission = decoded.admission(msg.redelivered, bypass_gate);
                     (self.dedup.admit(redis, &admission).await, permit)
                 }
@@ -362,7 +373,7 @@ impl Processor {
             // The claim is ours and its last start ended: kept alive while
             // waiting, counted again when the call begins (the lease counts
             // from the call).
-            let permit = self.wait_turn(redis, decoded, Some(false)).await;
+            let permit = self.wait_turn(redis, decoded, Claim::Idle).await;
             self.dedup.renew(redis, key, Start::Begins).await;
             permit
         };
@@ -427,22 +438,20 @@ impl Processor {
 
     /// Waits until the breaker lets a handler call start (at once when
     /// closed) — before the admit counts a start, outside the call's timeout,
-    /// and not an attempt. `claim`: the event holds a claim
-    /// (`Some(true)` with its start counted, as a claim made early is), kept
-    /// alive while the breaker keeps it waiting, its start not counted meanwhile.
+    /// and not an attempt. A claim the event holds is kept alive while the
+    /// breaker keeps it waiting, its start not counted meanwhile.
     async fn wait_turn(
         &self,
         redis: &mut RedisSlot,
         decoded: &Decoded,
-        claim: Option<bool>,
+        claim: Claim,
     ) -> Option<Permit<'_>> {
         match &self.breaker {
             None => None,
             Some(breaker) if !breaker.is_paused() => Some(breaker.admit(&decoded.order_key).await),
             Some(breaker) => {
                 let key = decoded.dedup_key.as_str();
-                // A claim made early came with a counted start.
-                if claim == Some(true) {
+                if claim == Claim::Started {
                     self.dedup.renew(redis, key, Start::Ended).await;
                 }
                 let admit = breaker.admit(&decoded.order_key);
@@ -450,12 +459,12 @@ impl Processor {
                 let permit = loop {
                     tokio::select! {
                         permit = &mut admit => break permit,
-                        () = tokio::time::sleep(self.keep_alive), if claim.is_some() => {
+                        () = tokio::time::sleep(self.keep_alive), if claim != Claim::None => {
                             self.dedup.renew(redis, key, Start::Waits).await;
                         }
                     }
                 };
-                if claim == Some(true) {
+                if claim == Claim::Started {
                     self.dedup.renew(redis, key, Start::Begins).await;
                 }
                 Some(permit)

@@ -11,7 +11,7 @@ use shardline_publisher::{ConfirmChannel, ConfirmError};
 use shardline_topology::headers::DeadLetter;
 use shardline_topology::telemetry::outcome;
 use shardline_topology::{Names, ShardId};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::breaker::Judgement;
@@ -279,30 +279,10 @@ async fn judge(
         match lookahead.as_deref_mut() {
             Some(lookahead) => {
                 if let Some(other) = lookahead.take_other(order, &ctx.processor) {
-                    // Settled to its end (it cannot be dropped half-way), while
-                    // its first attempt's outcome may decide the verdict at once:
-                    // when it fails too, the breaker opens before its own retries.
-                    let mut in_flight = None;
-                    let evidence = Box::pin(settle(
-                        ctx,
-                        dead_letters,
-                        redis,
-                        other,
-                        Directive::Normal,
-                        None,
-                        &mut in_flight,
-                    ));
-                    tokio::pin!(evidence);
-                    let mut decided = None;
-                    let settled = loop {
-                        tokio::select! {
-                            settled = &mut evidence => break settled?,
-                            _ = changes.changed(), if decided.is_none() => {
-                                let judgement = breaker.judge(order, budget, asked_at);
-                                decided = (judgement != Judgement::Pending).then_some(judgement);
-                            }
-                        }
-                    };
+                    let verdict = || breaker.judge(order, budget, asked_at);
+                    let (settled, decided) =
+                        settle_evidence(ctx, dead_letters, redis, other, &mut changes, verdict)
+                            .await?;
                     lookahead.set_aside(settled);
                     if let Some(judgement) = decided {
                         return Ok(judgement);
@@ -321,6 +301,40 @@ async fn judge(
                     _ = changes.changed() => {}
                     () = tokio::time::sleep_until(deadline) => {}
                 }
+            }
+        }
+    }
+}
+
+/// Settles the evidence event `other` to its end (it cannot be dropped
+/// half-way), while its first attempt's outcome may decide the waiting
+/// event's `verdict` at once: when it fails too, the breaker opens before
+/// its own retries. The verdict, when one came while it ran.
+async fn settle_evidence(
+    ctx: &ShardContext,
+    dead_letters: &ConfirmChannel,
+    redis: &mut RedisSlot,
+    other: Ready,
+    changes: &mut watch::Receiver<u64>,
+    verdict: impl Fn() -> Judgement,
+) -> Result<(Settled, Option<Judgement>), lapin::Error> {
+    let mut in_flight = None;
+    let evidence = Box::pin(settle(
+        ctx,
+        dead_letters,
+        redis,
+        other,
+        Directive::Normal,
+        None,
+        &mut in_flight,
+    ));
+    tokio::pin!(evidence);
+    let mut decided = None;
+    loop {
+        tokio::select! {
+            settled = &mut evidence => return Ok((settled?, decided)),
+            _ = changes.changed(), if decided.is_none() => {
+                decided = Some(verdict()).filter(|j| *j != Judgement::Pending);
             }
         }
     }

@@ -208,21 +208,17 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
     let mut clock = PauseClock::new(&ctx.processor);
     loop {
         gauge.sync(gate);
-        let paused = clock.sync(gate);
+        let (deadline, intake) = clock.gate_wait(gate);
         let (ready, directive) = match gate.pop_runnable() {
             Some(runnable) => runnable,
             None => {
-                let deadline = gate.next_deadline().filter(|_| !paused);
-                let intake = !(paused && gate.is_full());
                 let next = tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => return Ok(()),
                     _ = conn_lost.cancelled() => return Err(ShardError::ConnectionLost),
                     () = clock.changed() => continue,
                     _ = sleep_until(deadline), if deadline.is_some() => {
-                        if !clock.sync(gate) {
-                            report(ctx, gate.expire(Instant::now()));
-                        }
+                        clock.expire(ctx, gate);
                         continue;
                     }
                     next = lookahead.next(&ctx.processor), if intake => next,
@@ -393,9 +389,8 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
         }
         gauge.sync(gate);
         sync_running(watch, &started, &schedule);
-        let paused = clock.sync(gate);
-        let deadline = gate.next_deadline().filter(|_| !paused);
-        let intake = (schedule.accepts() || evidence_wanted) && !(paused && gate.is_full());
+        let (deadline, room) = clock.gate_wait(gate);
+        let intake = (schedule.accepts() || evidence_wanted) && room;
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => {
@@ -440,11 +435,7 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
             }
             () = ctx.evidence.notified() => evidence_wanted = true,
             () = clock.changed() => {}
-            _ = sleep_until(deadline), if deadline.is_some() => {
-                if !clock.sync(gate) {
-                    report(ctx, gate.expire(Instant::now()));
-                }
-            }
+            _ = sleep_until(deadline), if deadline.is_some() => clock.expire(ctx, gate),
             next = lookahead.next(&ctx.processor), if intake => match next? {
                 Some(ready) => schedule.push(job_entry(ready, Directive::Normal)),
                 None => return Err(ShardError::ConsumerCancelled),
@@ -598,6 +589,23 @@ impl<'a> PauseClock<'a> {
         gate.extend(total.saturating_sub(self.seen));
         self.seen = total;
         breaker.is_paused()
+    }
+
+    /// What the shard's loop waits for from its gate: the next hold to end
+    /// (none while calls are paused), and whether a delivery may be taken
+    /// (not at `--max-held` while paused: a gap is not given up early then).
+    fn gate_wait(&mut self, gate: &mut Gate<Ready>) -> (Option<Instant>, bool) {
+        let paused = self.sync(gate);
+        let deadline = gate.next_deadline().filter(|_| !paused);
+        (deadline, !(paused && gate.is_full()))
+    }
+
+    /// At a hold's deadline: gives up what is due, unless calls were paused
+    /// meanwhile (the holds were extended instead).
+    fn expire(&mut self, ctx: &ShardContext, gate: &mut Gate<Ready>) {
+        if !self.sync(gate) {
+            report(ctx, gate.expire(Instant::now()));
+        }
     }
 
     /// Returns when calls are paused or resume.
