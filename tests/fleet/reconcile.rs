@@ -2,7 +2,9 @@
 //! order whose event was never processed gets one compensation (a dry run
 //! emits none, a second run none either), the worker processes it, and the
 //! drift is gone; events held by the gate, in the DLQ or behind a shard
-//! backlog older than the grace are pending, never compensated; a broken `--orders-url` is one line without the password.
+//! backlog older than the grace are pending, never compensated; an event processed
+//! before the upgrade to the order state (an old `kind:` key) counts as processed; a
+//! broken `--orders-url` is one line without the password.
 
 use std::process::Output;
 use std::time::Duration;
@@ -99,6 +101,18 @@ async fn reconcile_compensates_a_missing_event_once() {
     env.wait_shard_queues_drained(PROCESSING).await;
     worker.stop().await;
 
+    // Processed by a worker of the layout before the order state, which
+    // recorded kinds as keys of their own: reconcile still finds it.
+    let mut redis = redis::Client::open(shardline_testkit::env::REDIS_URL)
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    redis::cmd("SET")
+        .arg(env.keys().kind("rc-upgraded", PAID))
+        .arg(1)
+        .query::<()>(&mut redis)
+        .unwrap();
+    db.set("rc-upgraded", "PAID", SETTLED).await;
     db.set("rc-missing", "PAID", SETTLED).await;
     db.set("rc-present", "PAID", SETTLED).await;
     db.set("rc-created", "CREATED", SETTLED).await;
@@ -108,12 +122,12 @@ async fn reconcile_compensates_a_missing_event_once() {
 
     // A dry run reports the drift, emits nothing and asks for attention.
     let dry = reconcile_json(&env, &db, &["--dry-run"], 3).await;
-    assert_eq!(dry["counts"], counts(4, 1, 1, 1, 0, 1, 0), "{dry:#}");
+    assert_eq!(dry["counts"], counts(5, 1, 1, 2, 0, 1, 0), "{dry:#}");
     assert_eq!(dry["drift"][0]["compensation"], "would_emit", "{dry:#}");
     assert_eq!(env.shard_backlog().await, 0, "a dry run published");
 
     let first = reconcile_json(&env, &db, &[], 0).await;
-    assert_eq!(first["counts"], counts(4, 1, 1, 1, 0, 1, 1), "{first:#}");
+    assert_eq!(first["counts"], counts(5, 1, 1, 2, 0, 1, 1), "{first:#}");
     let drift = &first["drift"][0];
     assert_eq!(drift["order_id"], "rc-missing", "{first:#}");
     assert_eq!(drift["status"], "PAID", "{first:#}");
@@ -127,7 +141,7 @@ async fn reconcile_compensates_a_missing_event_once() {
 
     // Not processed yet: nothing new, the compensation is pending.
     let second = reconcile_json(&env, &db, &[], 0).await;
-    assert_eq!(second["counts"], counts(4, 1, 1, 1, 1, 0, 0), "{second:#}");
+    assert_eq!(second["counts"], counts(5, 1, 1, 2, 1, 0, 0), "{second:#}");
     assert_eq!(second["pending"][0]["order_id"], "rc-missing", "{second:#}");
     assert_eq!(
         second["pending"][0]["reason"], "compensation_emitted",
@@ -161,7 +175,7 @@ async fn reconcile_compensates_a_missing_event_once() {
     assert_eq!(
         stdout.lines().last(),
         Some(
-            "reconcile: scanned 4, skipped fresh 1, no expectation 1, processed 2, pending 0, drifted 0, emitted 0"
+            "reconcile: scanned 5, skipped fresh 1, no expectation 1, processed 3, pending 0, drifted 0, emitted 0"
         ),
         "{}",
         text(&third)

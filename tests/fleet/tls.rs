@@ -70,15 +70,20 @@ async fn amqps_and_rediss_with_a_private_ca() {
     let calls = assert_all_delivered_once_in_order(&env, &downstream, &events).await;
     assert_request_shape(&calls, &events, &env);
 
-    // The dedup marks are in the TLS Redis, under this test's prefix, committed.
+    // The order state is in the TLS Redis, under this test's prefix, committed
+    // up to each order's last seq.
     let mut redis_con = redis.connection();
-    for e in &events {
-        let key = env.keys().dedup(&e.key());
-        let state: Option<String> = redis::cmd("GET").arg(&key).query(&mut redis_con).unwrap();
+    for e in events.iter().filter(|e| e.seq == 3) {
+        let key = env.keys().order(&e.order_id);
+        let last: Option<String> = redis::cmd("HGET")
+            .arg(&key)
+            .arg("l")
+            .query(&mut redis_con)
+            .unwrap();
         assert_eq!(
-            state.as_deref(),
-            Some("done"),
-            "dedup key {key} in the TLS Redis; calls: {}",
+            last.as_deref(),
+            Some("3"),
+            "order state {key} in the TLS Redis; calls: {}",
             describe(&calls)
         );
     }

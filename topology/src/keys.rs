@@ -6,9 +6,12 @@
 //!
 //! | key | written by | what it holds |
 //! |---|---|---|
-//! | `dedup:{dedup_key}` | worker | an event's claim (`processing:…`) or `done` |
-//! | `gate:{order}` | worker | an order's last passed seq |
-//! | `kind:{order}:{kind}` | worker | an event of that kind was processed |
+//! | `order:{order}` | worker | an order's state (a hash): last passed seq, never-processed seqs, the claim of its event in flight, processed kinds, fence |
+//! | `dedup:{dedup_key}` | worker | an unsequenced event's claim (`processing:…`) or `done` |
+//! | `fence:{shard}` | worker | the shard's consumer epoch counter (fenced writes) |
+//! | `redis:era` | worker | the Redis failover era and the primary's replication id it was seen with |
+//! | `layout` | worker | when the order-state layout was switched on |
+//! | `gate:{order}`, `kind:{order}:{kind}` | workers before the order state | read during the dedup TTL after an upgrade |
 //! | `quarantine:{order}` | worker, `dlq release` | the dead letters holding an order |
 //! | `status:shard:{n}` | worker | the shard status document ([`crate::status`]) |
 //! | `status:worker:{name}` | worker | the worker status document |
@@ -40,18 +43,50 @@ impl Keys {
         &self.prefix
     }
 
-    /// An event's dedup state, by its dedup key (already escaped, SPEC §2).
+    /// An order's state (a hash; fields in the worker's `dedup` module), by
+    /// its order key ([`crate::envelope::order_key_of`]).
+    pub fn order(&self, order_key: &str) -> String {
+        format!("{}order:{order_key}", self.prefix)
+    }
+
+    /// The field of [`Self::order`] that says an event of kind `event` was
+    /// processed (what `shardline reconcile` checks).
+    pub fn order_kind_field(event: &str) -> String {
+        format!("k:{}", key_field(event))
+    }
+
+    /// A shard's consumer epoch counter: each consumer of the shard takes the
+    /// next value with its first delivery and writes order state with it.
+    pub fn fence(&self, shard: u16) -> String {
+        format!("{}fence:{shard}", self.prefix)
+    }
+
+    /// The Redis failover era (a hash: `era`, `replid`).
+    pub fn redis_era(&self) -> String {
+        format!("{}redis:era", self.prefix)
+    }
+
+    /// When the order-state layout was switched on (JSON).
+    pub fn layout(&self) -> String {
+        format!("{}layout", self.prefix)
+    }
+
+    /// An event's dedup state, by its dedup key (already escaped, SPEC §2):
+    /// unsequenced events, and sequenced ones of the layout before the order
+    /// state (read during the dedup TTL after an upgrade).
     pub fn dedup(&self, dedup_key: &str) -> String {
         format!("{}dedup:{dedup_key}", self.prefix)
     }
 
-    /// An order's last passed seq, by its order key ([`crate::envelope::order_key_of`]).
+    /// An order's last passed seq in the layout before the order state (read
+    /// during the dedup TTL after an upgrade).
     pub fn gate(&self, order_key: &str) -> String {
         format!("{}gate:{order_key}", self.prefix)
     }
 
-    /// Exists while an event of kind `event` of the order was processed within
-    /// the kinds TTL: what `shardline reconcile` checks.
+    /// In the layout before the order state: exists while an event of kind
+    /// `event` of the order was processed within the kinds TTL (reconcile
+    /// still reads it after an upgrade).
     pub fn kind(&self, order_key: &str, event: &str) -> String {
         format!("{}kind:{order_key}:{}", self.prefix, key_field(event))
     }
@@ -152,6 +187,9 @@ mod tests {
         assert_eq!(k.gate(&order), "p:gate:A%3A1%25");
         assert_eq!(k.kind(&order, "pay:x"), "p:kind:A%3A1%25:pay%3Ax");
         assert_eq!(k.quarantine("A1"), "p:quarantine:A1");
+        assert_eq!(k.order(&order), "p:order:A%3A1%25");
+        assert_eq!(Keys::order_kind_field("pay:x"), "k:pay%3Ax");
+        assert_eq!(k.fence(3), "p:fence:3");
         let shard = ShardId::new(3, ShardCount::default()).unwrap_or_else(|_| unreachable!());
         assert_eq!(k.shard_status(shard), "p:status:shard:3");
         assert_eq!(k.worker_status("host-1"), "p:status:worker:host-1");

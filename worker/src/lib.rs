@@ -54,6 +54,7 @@
 mod breaker;
 mod config;
 mod dedup;
+mod era;
 mod error;
 mod gate;
 pub mod handler;

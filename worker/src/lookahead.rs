@@ -15,7 +15,7 @@ use lapin::Consumer;
 use lapin::message::Delivery;
 use tokio::time::Instant;
 
-use crate::dedup::Verdict;
+use crate::dedup::{Claim, Verdict};
 use crate::gate::Holdable;
 use crate::process::{Decoded, Message, Outcome, Processor};
 use crate::settle::Settled;
@@ -53,10 +53,10 @@ impl Ready {
         }
     }
 
-    /// The dedup key when this delivery holds a claim.
-    fn held_key(&self) -> Option<&str> {
+    /// The claim this delivery holds, if any.
+    fn held_claim(&self) -> Option<Claim<'_>> {
         match (&self.decoded, &self.admitted) {
-            (Ok(decoded), Some(Verdict::Claimed | Verdict::TakenOver)) => Some(&decoded.dedup_key),
+            (Ok(decoded), Some(Verdict::Claimed | Verdict::TakenOver)) => Some(decoded.claim()),
             _ => None,
         }
     }
@@ -184,9 +184,9 @@ impl Lookahead {
     pub(crate) async fn release(&mut self, processor: &Processor, redis: &mut RedisSlot) {
         for peeked in std::mem::take(&mut self.parked) {
             if let Peeked::Ready(ready) = peeked
-                && let Some(key) = ready.held_key()
+                && let Some(claim) = ready.held_claim()
             {
-                processor.dedup().release(redis, key).await;
+                processor.dedup().release(redis, &claim).await;
             }
         }
     }

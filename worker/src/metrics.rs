@@ -45,6 +45,9 @@ pub mod names {
     pub const BROKER_RECONNECTS: &str = "shardline_broker_reconnects";
     /// Counter: sequence gaps given up on (timed out, or accepted as a start).
     pub const SEQ_GAPS: &str = "shardline_seq_gaps";
+    /// Counter: order-state writes refused because a newer consumer of the
+    /// shard had written the order (this consumer lost the shard).
+    pub const FENCED_WRITES: &str = "shardline_fenced_writes";
     /// Gauge `{shard}`: age of the shard's oldest unprocessed event, 0 when none.
     pub const BACKLOG_AGE_SECONDS: &str = "shardline_backlog_age_seconds";
     /// Gauge `{shard}`: 0 OK, 1 WARN, 2 PAGE (thresholds: `Config::backlog`).
@@ -115,6 +118,7 @@ struct WorkerCounters {
     redis_outages: Counter,
     broker_reconnects: Counter,
     gaps: Counter,
+    fenced: Counter,
     /// Read by [`crate::Progress`] only (not exported: no metric of its own yet).
     takeovers: Counter,
 }
@@ -223,6 +227,11 @@ impl Metrics {
             names::SEQ_GAPS,
             "Sequence gaps given up on (timed out, or accepted as an order's start)",
             worker.gaps.clone(),
+        );
+        registry.register(
+            names::FENCED_WRITES,
+            "Order-state writes refused: a newer consumer of the shard had written the order",
+            worker.fenced.clone(),
         );
         let breaker = BreakerMetrics::default();
         registry.register(
@@ -339,6 +348,7 @@ impl Metrics {
             broker_reconnects: self.worker.broker_reconnects.get(),
             held: sum(|m| m.watch.held()),
             gaps: self.worker.gaps.get(),
+            fenced_writes: self.worker.fenced.get(),
             breaker_trips: self.breaker.trips.get(),
             breaker_paused_ms: (self.breaker.paused_seconds.get() * 1000.0) as u64,
             dead_letters: std::array::from_fn(|i| {
@@ -407,6 +417,11 @@ impl ShardMetrics {
     /// The gate gave up on a sequence gap.
     pub(crate) fn gap(&self) {
         self.worker.gaps.inc();
+    }
+
+    /// An order-state write was fenced.
+    pub(crate) fn fenced(&self) {
+        self.worker.fenced.inc();
     }
 }
 
@@ -527,6 +542,8 @@ pub struct Counts {
     pub held: u64,
     /// Sequence gaps given up on (timed out or accepted as a start).
     pub gaps: u64,
+    /// Order-state writes refused because a newer consumer wrote the order.
+    pub fenced_writes: u64,
     /// Times the downstream breaker opened.
     pub breaker_trips: u64,
     /// Milliseconds calls were paused by the breaker, over the pauses that ended.
@@ -589,6 +606,7 @@ mod tests {
             "shardline_broker_reconnects_total 1",
             "shardline_redis_outages_total 0",
             "shardline_seq_gaps_total 0",
+            "shardline_fenced_writes_total 0",
             "shardline_inflight_events{shard=\"1\"} 1",
             "shardline_waiting_events{shard=\"1\"} 0",
             "shardline_dlq_depth 7",

@@ -24,7 +24,8 @@ use shardline_topology::Keys;
 
 use crate::breaker::{self, Breaker, Permit};
 use crate::config::{Config, OnDeadLetter, RetryPolicy};
-use crate::dedup::{Admission, Dedup, Start, Verdict};
+use crate::dedup::{Admission, Claim as HeldBy, DeadLettered, Dedup, Start, Verdict, Written};
+use crate::era::RedisEra;
 use crate::handler::{Event, Handler, HandlerError};
 use crate::metrics::ShardMetrics;
 use crate::quarantine;
@@ -70,6 +71,9 @@ pub(crate) enum Outcome {
     /// Ahead of its order's sequence: hold it unacked. `start` when the order
     /// has no state yet (the start grace applies, not the gap grace).
     Hold { start: bool },
+    /// A newer consumer of the shard wrote the event's order: this consumer
+    /// lost the shard. Leave the event unacked and stop consuming.
+    Fenced,
     /// Cannot succeed: publish to the dead-letter exchange, then ack.
     DeadLetter {
         reason: FailReason,
@@ -128,12 +132,20 @@ impl Decoded {
     /// The admit request for this delivery.
     pub(crate) fn admission(&self, redelivered: bool, bypass_gate: bool) -> Admission<'_> {
         Admission {
-            dedup_key: &self.dedup_key,
-            order_key: &self.order_key,
-            seq: self.envelope.seq,
+            claim: self.claim(),
+            event: &self.envelope.event,
             redelivered,
             bypass_gate: bypass_gate || self.replay_of.is_some(),
             replay_of: self.replay_of.as_deref(),
+        }
+    }
+
+    /// The claim this delivery makes (or may hold).
+    pub(crate) fn claim(&self) -> HeldBy<'_> {
+        HeldBy {
+            dedup_key: &self.dedup_key,
+            order_key: &self.order_key,
+            seq: self.envelope.seq,
             token: self.token,
         }
     }
@@ -174,6 +186,7 @@ impl Processor {
         metrics: Arc<ShardMetrics>,
         rate: Option<Arc<RateLimiter>>,
         breaker: Option<Arc<Breaker>>,
+        era: Arc<RedisEra>,
     ) -> Self {
         Self {
             rate,
@@ -181,7 +194,7 @@ impl Processor {
             keep_alive: config.lease() / 3,
             shard,
             handler,
-            dedup: Dedup::new(config),
+            dedup: Dedup::new(config, shard, era),
             retry: config.retry.clone(),
             handler_timeout: config.handler_timeout,
             max_body_bytes: config.max_body_bytes,
@@ -334,6 +347,7 @@ impl Processor {
                 Verdict::Claimed => {}
                 Verdict::TakenOver => self.metrics.took_over(),
                 Verdict::Duplicate => return Outcome::Duplicate,
+                Verdict::Fenced => return Outcome::Fenced,
                 Verdict::Wait(ttl) => return Outcome::Wait(ttl),
                 Verdict::Gap => return Outcome::Hold { start: false },
                 Verdict::Start => return Outcome::Hold { start: true },
@@ -374,7 +388,9 @@ impl Processor {
             // waiting, counted again when the call begins (the lease counts
             // from the call).
             let permit = self.wait_turn(redis, decoded, Claim::Idle).await;
-            self.dedup.renew(redis, key, Start::Begins).await;
+            self.dedup
+                .renew(redis, &decoded.claim(), Start::Begins)
+                .await;
             permit
         };
 
@@ -418,7 +434,9 @@ impl Processor {
                 attempts: attempt,
             },
             Err(error) => {
-                self.dedup.renew(redis, key, Start::Ended).await;
+                self.dedup
+                    .renew(redis, &decoded.claim(), Start::Ended)
+                    .await;
                 Outcome::Failed { error }
             }
         }
@@ -450,9 +468,10 @@ impl Processor {
             None => None,
             Some(breaker) if !breaker.is_paused() => Some(breaker.admit(&decoded.order_key).await),
             Some(breaker) => {
-                let key = decoded.dedup_key.as_str();
                 if claim == Claim::Started {
-                    self.dedup.renew(redis, key, Start::Ended).await;
+                    self.dedup
+                        .renew(redis, &decoded.claim(), Start::Ended)
+                        .await;
                 }
                 let admit = breaker.admit(&decoded.order_key);
                 tokio::pin!(admit);
@@ -460,12 +479,14 @@ impl Processor {
                     tokio::select! {
                         permit = &mut admit => break permit,
                         () = tokio::time::sleep(self.keep_alive), if claim != Claim::None => {
-                            self.dedup.renew(redis, key, Start::Waits).await;
+                            self.dedup.renew(redis, &decoded.claim(), Start::Waits).await;
                         }
                     }
                 };
                 if claim == Claim::Started {
-                    self.dedup.renew(redis, key, Start::Begins).await;
+                    self.dedup
+                        .renew(redis, &decoded.claim(), Start::Begins)
+                        .await;
                 }
                 Some(permit)
             }
@@ -487,25 +508,20 @@ impl Processor {
     }
 
     /// After its dead letter `id` is confirmed, in one round trip: gives the
-    /// claim up (so that a replay is not suppressed), holds the order in
-    /// quarantine (quarantine mode) and counts the seq as passed.
-    pub(crate) async fn dead_lettered(&self, redis: &mut RedisSlot, decoded: &Decoded, id: &str) {
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        let (order_key, seq) = (&decoded.order_key, decoded.envelope.seq);
-        if self.quarantine {
-            quarantine::add_enter(
-                &mut pipe,
-                &self.keys,
-                order_key,
-                seq,
-                id,
-                decoded.replay_of.as_deref(),
-            );
-        }
-        self.dedup
-            .add_dead_lettered(&mut pipe, &decoded.dedup_key, order_key, seq);
-        redis.query_pipeline::<()>(&pipe).await;
+    /// claim up (so that a replay is not suppressed), counts the seq as
+    /// passed yet never processed and, in quarantine mode, holds the order.
+    pub(crate) async fn dead_lettered(
+        &self,
+        redis: &mut RedisSlot,
+        decoded: &Decoded,
+        id: &str,
+    ) -> Written {
+        let dead = DeadLettered {
+            claim: decoded.claim(),
+            id,
+            replay_of: decoded.replay_of.as_deref(),
+        };
+        self.dedup.dead_lettered(redis, &dead).await
     }
 
     /// A duplicate needs nothing, unless it is a replay: a second dead letter
@@ -706,6 +722,7 @@ mod tests {
             metrics.shards()[0].clone(),
             None,
             None,
+            Arc::new(RedisEra::new(config.keys().redis_era())),
         )
     }
 

@@ -8,7 +8,8 @@
 //! UUIDv7, so letters of equal seq sort in the order they were made. The
 //! lowest member is the blocker. A replayed letter runs only when it is the
 //! blocker (or older than it); applied, it leaves the set (in the dedup commit,
-//! see [`crate::dedup`]), and the order is free when the set is empty — Redis
+//! see `crate::dedup`; a dead letter enters it in the same script that
+//! records the letter), and the order is free when the set is empty — Redis
 //! deletes an empty set, so "no key" means "not quarantined". A replay that
 //! fails again re-enters the set under its new id with the same seq, so it
 //! stays the blocker and the successors replayed behind it are quarantined
@@ -30,7 +31,7 @@ pub(crate) struct Blocker {
 /// The score of a letter: its seq. Seqs beyond 2^53 lose precision as a
 /// score; they only ever compare against the same order's other seqs.
 #[expect(clippy::cast_precision_loss, reason = "a sort score; documented above")]
-fn score(seq: Option<u64>) -> f64 {
+pub(crate) fn score(seq: Option<u64>) -> f64 {
     seq.unwrap_or(0) as f64
 }
 
@@ -92,24 +93,6 @@ fn may_run(
 )]
 fn head_score_seq(score: f64) -> u64 {
     score.max(0.0) as u64
-}
-
-/// Adds to `pipe` the record of dead letter `id` (of an event with `seq`) as
-/// holding its order; a dead-lettered replay leaves under its old id in the
-/// same step (the caller makes the pipeline atomic).
-pub(crate) fn add_enter(
-    pipe: &mut redis::Pipeline,
-    keys: &Keys,
-    order_key: &str,
-    seq: Option<u64>,
-    id: &str,
-    replay_of: Option<&str>,
-) {
-    let key = keys.quarantine(order_key);
-    if let Some(old) = replay_of {
-        pipe.cmd("ZREM").arg(&key).arg(old).ignore();
-    }
-    pipe.cmd("ZADD").arg(&key).arg(score(seq)).arg(id).ignore();
 }
 
 /// The dead letter `id` no longer holds its order (its event was applied).

@@ -15,7 +15,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::breaker::Judgement;
-use crate::dedup::Done;
+use crate::dedup::{Done, HeldClaim, Written};
 use crate::gate::Directive;
 use crate::lookahead::{Lookahead, Ready};
 use crate::metrics::ShardMetrics;
@@ -42,6 +42,9 @@ pub(crate) enum Settled {
     /// Acked (processed, duplicate or dead-lettered). `order_key` is set when
     /// the event had a seq, so its order's held successors may run.
     Done { order_key: Option<String> },
+    /// A newer consumer wrote the event's order: left unacked, and the
+    /// shard's consumer must stop (it lost the shard).
+    Fenced,
     /// Ahead of its order's sequence: hand it to the gate, unacked.
     Hold {
         ready: Box<Ready>,
@@ -63,7 +66,7 @@ pub(crate) async fn settle(
     ready: Ready,
     directive: Directive,
     lookahead: Option<&mut Lookahead>,
-    in_flight: &mut Option<String>,
+    in_flight: &mut Option<HeldClaim>,
 ) -> Result<Settled, lapin::Error> {
     let trace = ctx
         .processor
@@ -89,7 +92,7 @@ async fn settle_traced(
     redis: &mut RedisSlot,
     delivery: Delivery,
     mut lookahead: Option<&mut Lookahead>,
-    in_flight: &mut Option<String>,
+    in_flight: &mut Option<HeldClaim>,
 ) -> Result<Settled, lapin::Error> {
     let taken = std::time::Instant::now();
     let Delivery {
@@ -110,7 +113,7 @@ async fn settle_traced(
                 attempts: 0,
             },
             (Ok(decoded), _) => {
-                *in_flight = Some(decoded.dedup_key.clone());
+                *in_flight = Some(HeldClaim::of(decoded.claim()));
                 ctx.processor
                     .attempt(
                         redis,
@@ -159,8 +162,11 @@ async fn settle_traced(
         };
         match outcome {
             Outcome::Processed => {
-                if let Some(decoded) = decoded {
-                    commit(ctx, redis, lookahead.as_deref_mut(), decoded, bypass).await;
+                if let Some(decoded) = decoded
+                    && commit(ctx, redis, lookahead.as_deref_mut(), decoded).await
+                        == Written::Fenced
+                {
+                    return Ok(fenced(ctx, in_flight, &trace));
                 }
                 ready.delivery.ack(BasicAckOptions::default()).await?;
                 ctx.metrics.processed(taken.elapsed());
@@ -176,6 +182,7 @@ async fn settle_traced(
                 trace.finish(outcome::DUPLICATE, 0);
                 break;
             }
+            Outcome::Fenced => return Ok(fenced(ctx, in_flight, &trace)),
             // Resolved above: a failure without an event is dead-lettered.
             Outcome::Failed { .. } => continue,
             Outcome::Wait(after) => {
@@ -214,9 +221,15 @@ async fn settle_traced(
                 };
                 publish_dead_letter(dead_letters, &ctx.names, &msg, &letter).await?;
                 if let Some(decoded) = decoded {
-                    ctx.processor
+                    let written = ctx
+                        .processor
                         .dead_lettered(redis, decoded, &letter.id)
                         .await;
+                    if written == Written::Fenced {
+                        // Its letter is in the DLQ; a replay of it is a
+                        // duplicate if the newer owner processed the event.
+                        return Ok(fenced(ctx, in_flight, &trace));
+                    }
                     if ctx.processor.quarantines()
                         && let Some(lookahead) = lookahead.as_deref_mut()
                     {
@@ -340,6 +353,14 @@ async fn settle_evidence(
     }
 }
 
+/// A write was fenced: the event stays unacked for the shard's newer owner.
+fn fenced(ctx: &ShardContext, in_flight: &mut Option<HeldClaim>, trace: &ProcessTrace) -> Settled {
+    *in_flight = None;
+    ctx.metrics.fenced();
+    tracing::warn!(shard = %ctx.shard, trace_id = %trace.span_context().trace_id(), "a newer consumer of this shard wrote the event's order: this consumer lost the shard and stops; the event stays unacked");
+    Settled::Fenced
+}
+
 /// Acks a second copy of an event the gate already holds.
 pub(crate) async fn ack_duplicate(ctx: &ShardContext, ready: &Ready) -> Result<(), lapin::Error> {
     ready.delivery.ack(BasicAckOptions::default()).await?;
@@ -354,16 +375,12 @@ async fn commit(
     redis: &mut RedisSlot,
     lookahead: Option<&mut Lookahead>,
     done: &Decoded,
-    bypassed: bool,
-) {
+) -> Written {
     let dedup = ctx.processor.dedup();
     let done = Done {
-        dedup_key: &done.dedup_key,
-        order_key: &done.order_key,
+        claim: done.claim(),
         event: &done.envelope.event,
-        seq: done.envelope.seq,
         replay_of: done.replay_of.as_deref(),
-        bypassed: bypassed || done.replay_of.is_some(),
     };
     let lookahead = lookahead.filter(|_| ctx.processor.claims_early());
     match lookahead.and_then(|lookahead| lookahead.peek(&ctx.processor)) {
@@ -374,7 +391,9 @@ async fn commit(
             ..
         }) => {
             let admission = next.admission(delivery.redelivered, false);
-            *admitted = Some(dedup.commit_and_admit(redis, &done, &admission).await);
+            let (written, verdict) = dedup.commit_and_admit(redis, &done, &admission).await;
+            *admitted = Some(verdict);
+            written
         }
         _ => dedup.commit(redis, &done).await,
     }

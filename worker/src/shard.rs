@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::breaker::Breaker;
 use crate::config::Config;
+use crate::dedup::HeldClaim;
 use crate::gate::{Directive, Expired, Gate, Holdable as _};
 use crate::live::{ShardState, ShardWatch, published_ms, unix_ms};
 use crate::lookahead::{Lookahead, Ready};
@@ -58,6 +59,8 @@ pub(crate) enum ShardError {
     Broker(#[from] lapin::Error),
     #[error("the broker cancelled the consumer (queue deleted?)")]
     ConsumerCancelled,
+    #[error("a newer consumer of the shard wrote an order's state: this one lost the shard")]
+    Fenced,
 }
 
 /// Consumes one shard until `shutdown`; returns an error when the connection
@@ -79,6 +82,7 @@ pub(crate) async fn consume_shard(
         watch.set_state(ShardState::Idle);
         return Ok(());
     };
+    ctx.processor.dedup().new_consumer();
     watch.set_state(if config.exclusive {
         ShardState::Consuming
     } else {
@@ -282,6 +286,7 @@ async fn to_gate(
     settled: Settled,
 ) -> Result<(), ShardError> {
     match settled {
+        Settled::Fenced => return Err(ShardError::Fenced),
         Settled::Done { order_key } => {
             if let Some(order_key) = order_key {
                 gate.passed(&order_key);
@@ -309,8 +314,8 @@ struct Job {
 
 /// A started job, for the watch and for releasing its claim if abandoned.
 struct Started {
-    /// The dedup key when the job may hold a claim.
-    claim: Option<String>,
+    /// The claim the job may hold.
+    claim: Option<HeldClaim>,
     order: Option<String>,
     alone: bool,
     /// Started beyond the slots, as the breaker's evidence attempt.
@@ -369,7 +374,7 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
             next_id += 1;
             let claim = match (&item.ready.decoded, &item.directive) {
                 (Ok(decoded), Directive::Normal | Directive::Bypass) => {
-                    Some(decoded.dedup_key.clone())
+                    Some(HeldClaim::of(decoded.claim()))
                 }
                 _ => None,
             };
@@ -650,17 +655,18 @@ fn report(ctx: &ShardContext, expired: Vec<Expired>) {
 async fn abandon(
     ctx: &ShardContext,
     redis: &mut RedisSlot,
-    in_flight: impl IntoIterator<Item = String>,
+    in_flight: impl IntoIterator<Item = HeldClaim>,
     draining: bool,
 ) {
-    let claims: Vec<String> = in_flight.into_iter().collect();
+    let claims: Vec<HeldClaim> = in_flight.into_iter().collect();
     if draining {
         tracing::warn!(shard = %ctx.shard, events = claims.len(), "drain timeout: in-flight events left unacked for redelivery");
     } else {
         tracing::warn!(shard = %ctx.shard, events = claims.len(), "connection lost: in-flight handler calls abandoned");
     }
-    for key in claims {
-        let release = ctx.processor.dedup().release(redis, &key);
+    for held in claims {
+        let claim = held.claim();
+        let release = ctx.processor.dedup().release(redis, &claim);
         if tokio::time::timeout(std::time::Duration::from_secs(1), release)
             .await
             .is_err()

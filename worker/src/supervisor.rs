@@ -15,16 +15,18 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use lapin::Connection;
 use shardline_topology::broker::{self, BrokerError};
-use shardline_topology::{ShardId, declare};
+use shardline_topology::{Keys, ShardId, declare};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::breaker::Breaker;
 use crate::config::Config;
+use crate::era::RedisEra;
 use crate::error::WorkerError;
 use crate::handler::Handler;
 use crate::http::{self, Readiness};
+use crate::live;
 use crate::membership::{self, Membership};
 use crate::metrics::Metrics;
 use crate::process::Processor;
@@ -96,6 +98,8 @@ impl Worker {
         };
         let pool = redis_pool(&config)?;
         warn_if_redis_may_evict(&pool).await;
+        let era = Arc::new(RedisEra::new(config.keys().redis_era()));
+        start_order_state(&pool, &config.keys(), &era).await;
         let health = Arc::new(RedisHealth::new(metrics.redis_outages()));
         let rate = config
             .max_rate
@@ -134,6 +138,7 @@ impl Worker {
                         shard_metrics.clone(),
                         rate.clone(),
                         breaker.clone(),
+                        era.clone(),
                     ),
                     names: config.names.clone(),
                     shard,
@@ -502,6 +507,28 @@ fn redis_pool(config: &Config) -> Result<deadpool_redis::Pool, WorkerError> {
         .redis
         .pool(config.assign.len() + 1)
         .map_err(WorkerError::Redis)
+}
+
+/// Records when the order-state layout was switched on (once, for the
+/// fleet: `SET NX`) and reads the Redis failover era. Best effort: with Redis
+/// down the shards wait for it anyway.
+async fn start_order_state(pool: &deadpool_redis::Pool, keys: &Keys, era: &RedisEra) {
+    let started: Result<(), String> = async {
+        let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+        let layout = serde_json::json!({ "layout": "order-state", "since_ms": live::unix_ms() });
+        redis::cmd("SET")
+            .arg(keys.layout())
+            .arg(layout.to_string())
+            .arg("NX")
+            .query_async::<()>(&mut *conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        era.check(&mut *conn).await.map_err(|e| e.to_string())
+    }
+    .await;
+    if let Err(e) = started {
+        tracing::warn!(error = %e, "cannot record the order-state layout or read the Redis era at start");
+    }
 }
 
 /// Warns when Redis may evict dedup keys (SPEC §3: anything but `noeviction`).

@@ -142,6 +142,18 @@ pub async fn purge(fleet: &Fleet, filters: &Filters) -> Result<PurgeReport, Erro
     .await
 }
 
+/// KEYS: the quarantine, the order's state, its shard's epoch counter. Lifts
+/// the quarantine and raises the order's fence to the shard's current epoch.
+const LIFT: &str = r"
+redis.call('DEL', KEYS[1])
+local epoch = redis.call('GET', KEYS[3])
+if epoch and redis.call('EXISTS', KEYS[2]) == 1 then
+  local f = redis.call('HGET', KEYS[2], 'f')
+  if not f or tonumber(f) < tonumber(epoch) then redis.call('HSET', KEYS[2], 'f', epoch) end
+end
+return 1
+";
+
 /// What lifting a quarantine found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReleaseReport {
@@ -157,9 +169,8 @@ pub struct ReleaseReport {
 /// workers): its later events flow again; its dead letters stay.
 pub async fn release(fleet: &Fleet, order_id: &str) -> Result<ReleaseReport, Error> {
     with_reader(fleet, async |reader| {
-        let key = fleet
-            .keys
-            .quarantine(&shardline_topology::envelope::order_key_of(order_id));
+        let order_key = shardline_topology::envelope::order_key_of(order_id);
+        let key = fleet.keys.quarantine(&order_key);
         let mut redis = fleet.redis.connect().await?;
         let held: Vec<(String, f64)> = redis::cmd("ZRANGE")
             .arg(&key)
@@ -169,9 +180,13 @@ pub async fn release(fleet: &Fleet, order_id: &str) -> Result<ReleaseReport, Err
             .query_async(&mut redis)
             .await
             .map_err(redis_error(fleet, "reading a quarantine"))?;
-        redis::cmd("DEL")
-            .arg(&key)
-            .query_async::<i64>(&mut redis)
+        // A consumer of the shard older than its current one (a stale owner)
+        // must not put the order back in quarantine: its writes are fenced.
+        redis::Script::new(LIFT)
+            .key(&key)
+            .key(fleet.keys.order(&order_key))
+            .key(fleet.keys.fence(fleet.shards.shard_of(order_id).get()))
+            .invoke_async::<i64>(&mut redis)
             .await
             .map_err(redis_error(fleet, "lifting a quarantine"))?;
         let filters = Filters {

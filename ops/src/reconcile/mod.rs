@@ -31,7 +31,7 @@ use redis::aio::MultiplexedConnection;
 use shardline_publisher::Publisher;
 use shardline_topology::envelope::{MAX_FIELD_BYTES, order_key_of};
 use shardline_topology::status::{ShardReport, unix_ms};
-use shardline_topology::{ShardId, declare};
+use shardline_topology::{Keys, ShardId, declare};
 use tokio_postgres::types::ToSql;
 use tokio_util::sync::CancellationToken;
 
@@ -657,15 +657,21 @@ impl Run<'_> {
         let mut out = Vec::new();
         for chunk in expected.chunks(BATCH) {
             let mut pipe = redis::pipe();
+            // The order state's kind field, and the key of the layout before
+            // it (processed before an upgrade, within the kinds TTL).
             for e in chunk {
+                pipe.cmd("HEXISTS")
+                    .arg(keys.order(&e.order_key))
+                    .arg(Keys::order_kind_field(&e.kind));
                 pipe.cmd("EXISTS").arg(keys.kind(&e.order_key, &e.kind));
             }
-            let processed: Vec<bool> = redis_op(
+            let answers: Vec<bool> = redis_op(
                 &self.r.fleet.redis,
                 "reading processed kinds",
                 pipe.query_async(&mut self.redis),
             )
             .await?;
+            let processed = answers.chunks(2).map(|pair| pair.iter().any(|p| *p));
             out.extend(
                 chunk
                     .iter()

@@ -1,0 +1,558 @@
+//! The Redis state of events and orders (SPEC §3, §9), one Lua script per
+//! step (the scripts are the `.lua` files next to this one, each prefixed
+//! with `common.lua`).
+//!
+//! A sequenced event has no key of its own: its order's state, one hash
+//! (`Keys::order`), stands in for per-event marks. Fields:
+//!
+//! | field | holds |
+//! |---|---|
+//! | `l` | the last passed seq: every seq at or below it was processed, unless marked in `u` |
+//! | `u` | seqs at or below `l` never processed (dead-lettered, quarantined, given up), as ranges: their replays run |
+//! | `c` | the claim of the order's event in flight: `seq:lease deadline ms:unfinished starts:token:epoch` |
+//! | `f` | the epoch of the newest consumer that wrote the order (fencing) |
+//! | `e` | the Redis failover era of the last write |
+//! | `m` | after an upgrade: seqs at or below it are judged by the old per-event keys |
+//! | `k:{kind}` | an event of that kind was processed (reconcile) |
+//!
+//! An unsequenced event keeps its own key (`Keys::dedup`): its claim
+//! `processing:{deadline}:{starts}:{token}` or `done`; its kind goes to its
+//! order's hash.
+//!
+//! **Fencing.** Every consumer of a shard takes the next value of the shard's
+//! epoch counter with its first delivery (only the active consumer gets
+//! deliveries) and writes with it; a write older than the order's `f` changes
+//! nothing and tells the worker it lost the shard. Claims are given up and
+//! renewed only by their own token. So a stale owner never moves a gate back,
+//! never deletes or overwrites a newer claim, never re-opens a lifted
+//! quarantine (`dlq release` raises the order's `f` to the shard's epoch).
+//!
+//! Round trips per event: one — the commit and the next event's admit travel
+//! together when the next delivery is already here.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::{Cmd, Pipeline, Script};
+use shardline_topology::{Keys, ShardId};
+
+use crate::config::{Config, OnDeadLetter};
+use crate::era::RedisEra;
+use crate::quarantine::{self, Blocker};
+use crate::store::RedisSlot;
+
+const COMMON: &str = include_str!("common.lua");
+const ADMIT_ORDER: &str = include_str!("admit_order.lua");
+const ADMIT_EVENT: &str = include_str!("admit_event.lua");
+const COMMIT: &str = include_str!("commit.lua");
+const RENEW: &str = include_str!("renew.lua");
+const RELEASE: &str = include_str!("release.lua");
+const DEAD: &str = include_str!("dead.lua");
+
+/// How long the evidence of an unfinished handler start of an unsequenced
+/// event is kept, whatever the lease: a process that crash-loops slowly is
+/// still caught. (A sequenced event's claim lives in its order's state.)
+const EVIDENCE: Duration = Duration::from_secs(24 * 3600);
+
+/// What a lease renewal says about the claim's handler start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// A handler call begins now.
+    Begins,
+    /// The call returned (it failed; the event waits for another attempt).
+    Ended,
+    /// Nothing runs; the claim is kept alive while the event waits.
+    Waits,
+}
+
+/// What `admit` decided.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Verdict {
+    /// The event is ours to run (`starts` = this start included).
+    Claimed,
+    /// Taken over from a consumer that died mid-handler.
+    TakenOver,
+    /// Processed before: ack and do nothing.
+    Duplicate,
+    /// Its seq is at or below the order's last, yet it never ran: its gap was
+    /// given up. Dead-letter `late`.
+    Late,
+    /// A seq gap before it: hold it until the gap fills or the grace ends.
+    Gap,
+    /// No state for its order and seq > 1 (or state from before a Redis
+    /// failover with a gap): hold it for the start grace.
+    Start,
+    /// A live lease on a first delivery (two copies in flight at once): wait.
+    Wait(Duration),
+    /// Its handler was started this many times and never finished.
+    CrashLoop(u32),
+    /// Its order is quarantined behind this dead letter (quarantine mode);
+    /// the claim was given back.
+    Quarantined(Blocker),
+    /// A newer consumer of the shard wrote the order: this one lost the shard.
+    Fenced,
+}
+
+/// Whether a write went through or a newer consumer had written the order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Written {
+    Done,
+    Fenced,
+}
+
+impl Written {
+    fn of(reply: i64) -> Self {
+        if reply == 0 { Self::Fenced } else { Self::Done }
+    }
+}
+
+/// The claim a delivery may hold: what renewing and releasing it need.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claim<'a> {
+    pub(crate) dedup_key: &'a str,
+    pub(crate) order_key: &'a str,
+    pub(crate) seq: Option<u64>,
+    /// Unique per delivery.
+    pub(crate) token: u64,
+}
+
+/// [`Claim`], owned: kept while a call may be abandoned.
+#[derive(Debug, Clone)]
+pub(crate) struct HeldClaim {
+    dedup_key: String,
+    order_key: String,
+    seq: Option<u64>,
+    token: u64,
+}
+
+impl HeldClaim {
+    pub(crate) fn of(claim: Claim<'_>) -> Self {
+        Self {
+            dedup_key: claim.dedup_key.to_owned(),
+            order_key: claim.order_key.to_owned(),
+            seq: claim.seq,
+            token: claim.token,
+        }
+    }
+
+    pub(crate) fn claim(&self) -> Claim<'_> {
+        Claim {
+            dedup_key: &self.dedup_key,
+            order_key: &self.order_key,
+            seq: self.seq,
+            token: self.token,
+        }
+    }
+}
+
+/// An `admit` request: the event and how to treat it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Admission<'a> {
+    pub(crate) claim: Claim<'a>,
+    /// Its kind (an earlier seq of an order that never processed this kind
+    /// cannot be a duplicate of it).
+    pub(crate) event: &'a str,
+    pub(crate) redelivered: bool,
+    /// Skip the sequence gate (a replay, an applied gap, an accepted start).
+    pub(crate) bypass_gate: bool,
+    /// A replay's dead-letter id (what the quarantine check needs).
+    pub(crate) replay_of: Option<&'a str>,
+}
+
+/// An event whose handler succeeded, to commit.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Done<'a> {
+    pub(crate) claim: Claim<'a>,
+    /// Its kind, recorded per order for `shardline reconcile`.
+    pub(crate) event: &'a str,
+    /// A replay's dead-letter id: applied, it no longer holds its order in
+    /// quarantine.
+    pub(crate) replay_of: Option<&'a str>,
+}
+
+/// A confirmed dead letter, to record.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeadLettered<'a> {
+    /// The delivery's claim, given up if it holds it (its token is its own).
+    pub(crate) claim: Claim<'a>,
+    /// Its dead-letter id.
+    pub(crate) id: &'a str,
+    /// A replay's earlier dead-letter id.
+    pub(crate) replay_of: Option<&'a str>,
+}
+
+/// The shard's consumer epoch, taken from Redis with the consumer's first
+/// delivery (0: not yet taken).
+#[derive(Debug, Default)]
+struct Fence {
+    epoch: AtomicU64,
+    taking: tokio::sync::Mutex<()>,
+}
+
+/// Key layout, timings and scripts of the Redis state of one shard.
+#[derive(Debug, Clone)]
+pub(crate) struct Dedup {
+    keys: Keys,
+    shard: ShardId,
+    lease_ms: u64,
+    ttl_secs: u64,
+    /// Of the order state: the longer of the dedup and kinds TTLs.
+    order_ttl_secs: u64,
+    kinds: bool,
+    max_starts: u32,
+    /// Quarantine mode: admit also checks the order's quarantine.
+    quarantine: bool,
+    fence: Arc<Fence>,
+    era: Arc<RedisEra>,
+    admit_order: Script,
+    admit_event: Script,
+    commit: Script,
+    renew: Script,
+    release: Script,
+    dead: Script,
+}
+
+fn flag(b: bool) -> &'static str {
+    if b { "1" } else { "0" }
+}
+
+fn seq_arg(seq: Option<u64>) -> String {
+    seq.map(|s| s.to_string()).unwrap_or_default()
+}
+
+impl Dedup {
+    pub(crate) fn new(config: &Config, shard: ShardId, era: Arc<RedisEra>) -> Self {
+        let script = |body: &str| Script::new(&format!("{COMMON}\n{body}"));
+        let ttl_secs = config.dedup_ttl.as_secs().max(1);
+        let kinds_ttl = config.kinds_ttl().as_secs();
+        Self {
+            keys: config.keys(),
+            shard,
+            lease_ms: u64::try_from(config.lease().as_millis()).unwrap_or(u64::MAX),
+            ttl_secs,
+            order_ttl_secs: ttl_secs.max(kinds_ttl),
+            kinds: kinds_ttl > 0,
+            max_starts: config.max_deliveries.max(1),
+            quarantine: config.on_dead_letter == OnDeadLetter::Quarantine,
+            fence: Arc::default(),
+            era,
+            admit_order: script(ADMIT_ORDER),
+            admit_event: script(ADMIT_EVENT),
+            commit: script(COMMIT),
+            renew: script(RENEW),
+            release: script(RELEASE),
+            dead: script(DEAD),
+        }
+    }
+
+    /// Every script's source, for loading after a Redis restart.
+    pub(crate) fn scripts(&self) -> Vec<Script> {
+        vec![
+            self.admit_order.clone(),
+            self.admit_event.clone(),
+            self.commit.clone(),
+            self.renew.clone(),
+            self.release.clone(),
+            self.dead.clone(),
+        ]
+    }
+
+    /// A new consumer of the shard: it takes a new epoch with its first write.
+    pub(crate) fn new_consumer(&self) {
+        self.fence.epoch.store(0, Ordering::Relaxed);
+    }
+
+    /// The consumer's epoch, taken (`INCR` of the shard's counter) on first use.
+    async fn epoch(&self, redis: &mut RedisSlot) -> u64 {
+        let epoch = self.fence.epoch.load(Ordering::Relaxed);
+        if epoch != 0 {
+            return epoch;
+        }
+        let _taking = self.fence.taking.lock().await;
+        let epoch = self.fence.epoch.load(Ordering::Relaxed);
+        if epoch != 0 {
+            return epoch;
+        }
+        let mut incr = redis::cmd("INCR");
+        incr.arg(self.keys.fence(self.shard.get()));
+        let epoch: u64 = redis.query(&incr).await;
+        self.fence.epoch.store(epoch, Ordering::Relaxed);
+        tracing::debug!(shard = %self.shard, epoch, "consumer epoch taken");
+        epoch
+    }
+
+    fn evalsha(script: &Script, keys: &[String], args: &[String]) -> Cmd {
+        let mut cmd = Cmd::new();
+        cmd.arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        cmd
+    }
+
+    /// The keys every order-state script takes: the order's state, the
+    /// event's own key, the order's quarantine.
+    fn claim_keys(&self, claim: &Claim<'_>) -> [String; 3] {
+        [
+            self.keys.order(claim.order_key),
+            self.keys.dedup(claim.dedup_key),
+            self.keys.quarantine(claim.order_key),
+        ]
+    }
+
+    fn admit_cmd(&self, a: &Admission<'_>, epoch: u64) -> Cmd {
+        let claim = &a.claim;
+        match claim.seq {
+            Some(seq) => Self::evalsha(
+                &self.admit_order,
+                &[
+                    self.keys.order(claim.order_key),
+                    self.keys.gate(claim.order_key),
+                    self.keys.dedup(claim.dedup_key),
+                ],
+                &[
+                    seq.to_string(),
+                    self.lease_ms.to_string(),
+                    flag(a.redelivered).to_owned(),
+                    flag(a.bypass_gate).to_owned(),
+                    flag(a.replay_of.is_some()).to_owned(),
+                    self.max_starts.to_string(),
+                    claim.token.to_string(),
+                    epoch.to_string(),
+                    self.era.get().to_string(),
+                    self.order_ttl_secs.to_string(),
+                    Keys::order_kind_field(a.event),
+                    flag(self.kinds).to_owned(),
+                ],
+            ),
+            None => Self::evalsha(
+                &self.admit_event,
+                &[self.keys.dedup(claim.dedup_key)],
+                &[
+                    self.lease_ms.to_string(),
+                    flag(a.redelivered).to_owned(),
+                    self.max_starts.to_string(),
+                    EVIDENCE.as_millis().to_string(),
+                    claim.token.to_string(),
+                ],
+            ),
+        }
+    }
+
+    fn commit_cmd(&self, done: &Done<'_>, epoch: u64) -> Cmd {
+        let claim = &done.claim;
+        let ttl = if claim.seq.is_some() {
+            self.order_ttl_secs
+        } else {
+            self.ttl_secs
+        };
+        Self::evalsha(
+            &self.commit,
+            &self.claim_keys(claim),
+            &[
+                seq_arg(claim.seq),
+                claim.token.to_string(),
+                epoch.to_string(),
+                self.era.get().to_string(),
+                ttl.to_string(),
+                if self.kinds {
+                    Keys::order_kind_field(done.event)
+                } else {
+                    String::new()
+                },
+                done.replay_of.unwrap_or_default().to_owned(),
+            ],
+        )
+    }
+
+    /// Decides whether an event may run now and, if so, claims it: one round
+    /// trip (the script, and in quarantine mode the order's quarantine head).
+    pub(crate) async fn admit(&self, redis: &mut RedisSlot, admission: &Admission<'_>) -> Verdict {
+        let epoch = self.epoch(redis).await;
+        let mut pipe = redis::pipe();
+        pipe.add_command(self.admit_cmd(admission, epoch));
+        let answers = self.query_admit(redis, &mut pipe, admission).await;
+        self.finish_admit(redis, admission, answers).await
+    }
+
+    /// Adds the quarantine reads (quarantine mode) and runs a pipeline that
+    /// ends with an admit script.
+    async fn query_admit(
+        &self,
+        redis: &mut RedisSlot,
+        pipe: &mut Pipeline,
+        a: &Admission<'_>,
+    ) -> Admitted {
+        if self.quarantine {
+            quarantine::add_head_query(pipe, &self.keys, a.claim.order_key, a.replay_of);
+            let (answer, head, own) = redis.query_pipeline(pipe).await;
+            Admitted {
+                verdict: verdict(answer),
+                head: Some((head, own)),
+            }
+        } else {
+            let (answer,) = redis.query_pipeline(pipe).await;
+            Admitted {
+                verdict: verdict(answer),
+                head: None,
+            }
+        }
+    }
+
+    /// The claim a script granted, checked against the order's quarantine
+    /// (quarantine mode): given back when the order waits behind a letter.
+    async fn finish_admit(
+        &self,
+        redis: &mut RedisSlot,
+        a: &Admission<'_>,
+        answers: Admitted,
+    ) -> Verdict {
+        let Admitted { verdict, head } = answers;
+        if !matches!(verdict, Verdict::Claimed | Verdict::TakenOver) {
+            return verdict;
+        }
+        match head.and_then(|head| quarantine::blocker(head, a.claim.seq, a.replay_of)) {
+            Some(blocker) => {
+                self.release(redis, &a.claim).await;
+                Verdict::Quarantined(blocker)
+            }
+            None => verdict,
+        }
+    }
+
+    /// Commits one event and admits the next in one round trip. Redis runs
+    /// them in order, so a next event that repeats this one finds it done.
+    pub(crate) async fn commit_and_admit(
+        &self,
+        redis: &mut RedisSlot,
+        done: &Done<'_>,
+        next: &Admission<'_>,
+    ) -> (Written, Verdict) {
+        let epoch = self.epoch(redis).await;
+        let mut pipe = redis::pipe();
+        pipe.add_command(self.commit_cmd(done, epoch));
+        pipe.add_command(self.admit_cmd(next, epoch));
+        let (written, answers) = if self.quarantine {
+            quarantine::add_head_query(&mut pipe, &self.keys, next.claim.order_key, next.replay_of);
+            let (written, answer, head, own) = redis.query_pipeline(&pipe).await;
+            let answers = Admitted {
+                verdict: verdict(answer),
+                head: Some((head, own)),
+            };
+            (written, answers)
+        } else {
+            let (written, answer) = redis.query_pipeline(&pipe).await;
+            let answers = Admitted {
+                verdict: verdict(answer),
+                head: None,
+            };
+            (written, answers)
+        };
+        let verdict = self.finish_admit(redis, next, answers).await;
+        (Written::of(written), verdict)
+    }
+
+    /// Marks the event processed and moves its order's gate, atomically.
+    pub(crate) async fn commit(&self, redis: &mut RedisSlot, done: &Done<'_>) -> Written {
+        let epoch = self.epoch(redis).await;
+        Written::of(redis.query(&self.commit_cmd(done, epoch)).await)
+    }
+
+    /// Extends the claim's lease, counting a handler start that begins or
+    /// ended: the count is of calls that began and never returned, so a
+    /// worker that dies while an event waits (for its retry, the breaker or a
+    /// rate token) leaves no start behind for crash-loop protection. A claim
+    /// that is no longer this delivery's is left alone.
+    pub(crate) async fn renew(&self, redis: &mut RedisSlot, claim: &Claim<'_>, start: Start) {
+        let delta = match start {
+            Start::Begins => "1",
+            Start::Ended => "-1",
+            Start::Waits => "0",
+        };
+        let epoch = self.epoch(redis).await;
+        let cmd = Self::evalsha(
+            &self.renew,
+            &self.claim_keys(claim)[..2],
+            &[
+                seq_arg(claim.seq),
+                claim.token.to_string(),
+                epoch.to_string(),
+                self.lease_ms.to_string(),
+                delta.to_owned(),
+                EVIDENCE.as_millis().to_string(),
+            ],
+        );
+        if redis.query::<i64>(&cmd).await < 0 {
+            tracing::warn!(shard = %self.shard, "the event's claim was taken over by a newer consumer");
+        }
+    }
+
+    /// Gives the claim up (only this delivery's own), so that a replay is not
+    /// suppressed and the next copy need not wait for the lease.
+    pub(crate) async fn release(&self, redis: &mut RedisSlot, claim: &Claim<'_>) {
+        let cmd = Self::evalsha(
+            &self.release,
+            &self.claim_keys(claim)[..2],
+            &[seq_arg(claim.seq), claim.token.to_string()],
+        );
+        redis.query::<i64>(&cmd).await;
+    }
+
+    /// After a confirmed dead letter, in one round trip: gives the claim up,
+    /// counts the seq as passed yet never processed (its replay runs) and, in
+    /// quarantine mode, holds the order behind the letter.
+    pub(crate) async fn dead_lettered(
+        &self,
+        redis: &mut RedisSlot,
+        dead: &DeadLettered<'_>,
+    ) -> Written {
+        let epoch = self.epoch(redis).await;
+        let claim = &dead.claim;
+        let cmd = Self::evalsha(
+            &self.dead,
+            &self.claim_keys(claim),
+            &[
+                seq_arg(claim.seq),
+                claim.token.to_string(),
+                epoch.to_string(),
+                self.era.get().to_string(),
+                self.order_ttl_secs.to_string(),
+                if self.quarantine {
+                    dead.id.to_owned()
+                } else {
+                    String::new()
+                },
+                dead.replay_of.unwrap_or_default().to_owned(),
+                quarantine::score(claim.seq).to_string(),
+            ],
+        );
+        Written::of(redis.query(&cmd).await)
+    }
+}
+
+/// An admit script's verdict, and in quarantine mode the order's quarantine head.
+struct Admitted {
+    verdict: Verdict,
+    head: Option<quarantine::Head>,
+}
+
+fn verdict((kind, n): (String, i64)) -> Verdict {
+    match kind.as_str() {
+        "claimed" => Verdict::Claimed,
+        "takeover" => Verdict::TakenOver,
+        "duplicate" => Verdict::Duplicate,
+        "late" => Verdict::Late,
+        "gap" => Verdict::Gap,
+        "start" => Verdict::Start,
+        "fenced" => Verdict::Fenced,
+        "wait" => Verdict::Wait(Duration::from_millis(u64::try_from(n).unwrap_or(0).max(1))),
+        "crashloop" => Verdict::CrashLoop(u32::try_from(n).unwrap_or(u32::MAX)),
+        // The scripts return nothing else; treat surprises as a claim to re-check.
+        _ => Verdict::Wait(Duration::from_millis(100)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

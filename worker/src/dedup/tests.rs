@@ -1,0 +1,497 @@
+//! The order state against the real Redis (127.0.0.1:6379, or
+//! `SHARDLINE_TEST_REDIS`), each test under a key prefix of its own: the
+//! per-event model it replaces, fencing, the upgrade from per-event keys.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use shardline_topology::{RedisTarget, ShardCount, ShardId};
+
+use super::*;
+use crate::store::RedisHealth;
+
+fn redis_url() -> String {
+    std::env::var("SHARDLINE_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// A test's Redis: its prefix, a config using it, and a plain connection for
+/// looking at (and finally deleting) what the scripts wrote.
+struct Store {
+    config: Config,
+    plain: redis::aio::MultiplexedConnection,
+}
+
+impl Store {
+    async fn new(name: &str) -> Self {
+        let config = Config {
+            redis: RedisTarget::parse(&redis_url()).unwrap(),
+            redis_prefix: format!("test:{name}:{}:", rand::random::<u32>()),
+            ..Config::default()
+        };
+        let plain = config.redis.connect().await.unwrap();
+        Self { config, plain }
+    }
+
+    /// A consumer of shard 0: its own epoch, its own connection.
+    fn consumer(&self) -> Consumer {
+        let shard = ShardId::new(0, ShardCount::default()).unwrap();
+        let era = Arc::new(RedisEra::new(self.config.keys().redis_era()));
+        let dedup = Dedup::new(&self.config, shard, era);
+        let pool = self.config.redis.pool(2).unwrap();
+        let health = Arc::new(RedisHealth::new(Default::default()));
+        let slot = RedisSlot::new(pool, dedup.scripts(), health);
+        Consumer { dedup, slot }
+    }
+
+    async fn field(&mut self, order: &str, field: &str) -> Option<String> {
+        redis::cmd("HGET")
+            .arg(self.config.keys().order(order))
+            .arg(field)
+            .query_async(&mut self.plain)
+            .await
+            .unwrap()
+    }
+
+    async fn clean(mut self) {
+        let pattern = self.config.keys().everything_pattern();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(pattern)
+            .query_async(&mut self.plain)
+            .await
+            .unwrap();
+        if !keys.is_empty() {
+            redis::cmd("DEL")
+                .arg(keys)
+                .query_async::<()>(&mut self.plain)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// One delivery of an event of order "A".
+struct Ev {
+    kind: String,
+    seq: u64,
+    key: String,
+    token: u64,
+    replay_of: Option<String>,
+}
+
+impl Ev {
+    fn new(kind: &str, seq: u64) -> Self {
+        Self {
+            kind: kind.to_owned(),
+            seq,
+            key: format!("A:{kind}:{seq}"),
+            token: rand::random(),
+            replay_of: None,
+        }
+    }
+
+    fn replay(kind: &str, seq: u64, letter: &str) -> Self {
+        Self {
+            replay_of: Some(letter.to_owned()),
+            ..Self::new(kind, seq)
+        }
+    }
+
+    fn claim(&self) -> Claim<'_> {
+        Claim {
+            dedup_key: &self.key,
+            order_key: "A",
+            seq: Some(self.seq),
+            token: self.token,
+        }
+    }
+}
+
+/// One consumer of shard 0, driving the scripts as the worker does.
+struct Consumer {
+    dedup: Dedup,
+    slot: RedisSlot,
+}
+
+impl Consumer {
+    /// A fresh delivery through the gate.
+    async fn admit(&mut self, ev: &Ev) -> Verdict {
+        self.admit_as(ev, false, false).await
+    }
+
+    async fn admit_as(&mut self, ev: &Ev, bypass: bool, redelivered: bool) -> Verdict {
+        let admission = Admission {
+            claim: ev.claim(),
+            event: &ev.kind,
+            redelivered,
+            bypass_gate: bypass || ev.replay_of.is_some(),
+            replay_of: ev.replay_of.as_deref(),
+        };
+        self.dedup.admit(&mut self.slot, &admission).await
+    }
+
+    async fn commit(&mut self, ev: &Ev) -> Written {
+        let done = Done {
+            claim: ev.claim(),
+            event: &ev.kind,
+            replay_of: ev.replay_of.as_deref(),
+        };
+        self.dedup.commit(&mut self.slot, &done).await
+    }
+
+    async fn dead_letter(&mut self, ev: &Ev, id: &str) -> Written {
+        let dead = DeadLettered {
+            claim: ev.claim(),
+            id,
+            replay_of: ev.replay_of.as_deref(),
+        };
+        self.dedup.dead_lettered(&mut self.slot, &dead).await
+    }
+
+    async fn release(&mut self, ev: &Ev) {
+        self.dedup.release(&mut self.slot, &ev.claim()).await;
+    }
+
+    async fn renew(&mut self, ev: &Ev, start: Start) {
+        self.dedup.renew(&mut self.slot, &ev.claim(), start).await;
+    }
+}
+
+/// The per-event model (SPEC §3 before the order state): a `done` mark per
+/// (kind, seq) and the order's last passed seq.
+#[derive(Debug, Default)]
+struct PerEvent {
+    done: BTreeSet<(String, u64)>,
+    last: Option<u64>,
+}
+
+impl PerEvent {
+    fn admit(&self, kind: &str, seq: u64, bypass: bool) -> Verdict {
+        if self.done.contains(&(kind.to_owned(), seq)) {
+            return Verdict::Duplicate;
+        }
+        if bypass {
+            return Verdict::Claimed;
+        }
+        match self.last {
+            None if seq == 1 => Verdict::Claimed,
+            None => Verdict::Start,
+            Some(l) if seq <= l => Verdict::Late,
+            Some(l) if seq == l + 1 => Verdict::Claimed,
+            Some(_) => Verdict::Gap,
+        }
+    }
+
+    fn commit(&mut self, kind: &str, seq: u64) {
+        self.done.insert((kind.to_owned(), seq));
+        self.pass(seq);
+    }
+
+    fn pass(&mut self, seq: u64) {
+        self.last = Some(self.last.map_or(seq, |l| l.max(seq)));
+    }
+}
+
+/// What arrives: a fresh event (its kind is the seq's unless `other_kind`),
+/// whether its handler succeeds, and how a held event's wait ends; or a
+/// replay of the n-th dead letter made so far.
+#[derive(Debug, Clone)]
+enum Step {
+    Event {
+        seq: u64,
+        other_kind: bool,
+        succeeds: bool,
+        apply_gap: bool,
+    },
+    Replay {
+        letter: usize,
+        succeeds: bool,
+    },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        6 => (1u64..12, prop::bool::weighted(0.05), prop::bool::weighted(0.8), any::<bool>())
+            .prop_map(|(seq, other_kind, succeeds, apply_gap)| Step::Event { seq, other_kind, succeeds, apply_gap }),
+        2 => (0usize..16, prop::bool::weighted(0.8)).prop_map(|(letter, succeeds)| Step::Replay { letter, succeeds }),
+    ]
+}
+
+fn kind_of(seq: u64, other: bool) -> String {
+    if other {
+        format!("other.{seq}")
+    } else {
+        format!("kind.{}", seq % 3)
+    }
+}
+
+/// Runs `steps` through the order state and the per-event model side by
+/// side; returns the first verdict on which they differ, if any, for a seq
+/// that was only ever used with one kind (the deliberate differences are
+/// for seqs reused across kinds: see ARCHITECTURE.md, "The order state").
+async fn differ(steps: Vec<Step>) -> Option<String> {
+    let store = Store::new("model").await;
+    let mut dedup = store.consumer();
+    let mut model = PerEvent::default();
+    let mut letters: Vec<(String, u64, String)> = Vec::new();
+    let mut kinds_of_seq: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+    let mut found = None;
+    for (i, step) in steps.into_iter().enumerate() {
+        let (ev, succeeds, apply_gap) = match step {
+            Step::Event {
+                seq,
+                other_kind,
+                succeeds,
+                apply_gap,
+            } => (Ev::new(&kind_of(seq, other_kind), seq), succeeds, apply_gap),
+            Step::Replay { letter, succeeds } => match letters.get(letter) {
+                Some((kind, seq, id)) => (Ev::replay(kind, *seq, id), succeeds, false),
+                None => continue,
+            },
+        };
+        kinds_of_seq
+            .entry(ev.seq)
+            .or_default()
+            .insert(ev.kind.clone());
+        let bypass = ev.replay_of.is_some();
+        let want = model.admit(&ev.kind, ev.seq, bypass);
+        let got = dedup.admit(&ev).await;
+        if got != want && found.is_none() && kinds_of_seq[&ev.seq].len() == 1 {
+            found = Some(format!(
+                "step {i}: {} seq {}{}: order state {got:?}, per-event {want:?}",
+                ev.kind,
+                ev.seq,
+                if bypass { " (replay)" } else { "" }
+            ));
+        }
+        // The worker's flow after the verdict, on the order state's verdict
+        // (the model follows what the worker did).
+        let letter = |letters: &mut Vec<(String, u64, String)>, ev: &Ev| {
+            let id = format!("dl-{}", letters.len());
+            letters.push((ev.kind.clone(), ev.seq, id.clone()));
+            id
+        };
+        let run = match got {
+            Verdict::Claimed | Verdict::TakenOver => true,
+            Verdict::Start => {
+                // The start grace ended: accepted as the start.
+                dedup.admit_as(&ev, true, false).await == Verdict::Claimed
+            }
+            Verdict::Gap if apply_gap => dedup.admit_as(&ev, true, false).await == Verdict::Claimed,
+            Verdict::Gap | Verdict::Late => {
+                let id = letter(&mut letters, &ev);
+                dedup.dead_letter(&ev, &id).await;
+                model.pass(ev.seq);
+                false
+            }
+            _ => false,
+        };
+        if run {
+            if succeeds {
+                dedup.commit(&ev).await;
+                model.commit(&ev.kind, ev.seq);
+            } else {
+                let id = letter(&mut letters, &ev);
+                dedup.dead_letter(&ev, &id).await;
+                model.pass(ev.seq);
+            }
+        }
+    }
+    store.clean().await;
+    found
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// In-order, duplicate, late, gap, dead-letter and replay events in any
+    /// interleaving: the order state decides as the per-event marks did.
+    #[test]
+    fn the_order_state_decides_as_per_event_marks_did(steps in prop::collection::vec(step(), 1..40)) {
+        let differs = runtime().block_on(differ(steps));
+        prop_assert!(differs.is_none(), "{}", differs.unwrap_or_default());
+    }
+}
+
+#[tokio::test]
+async fn an_accepted_start_gives_up_the_seqs_before_it_and_their_replays_run() {
+    let mut store = Store::new("start").await;
+    let mut c = store.consumer();
+    let start = Ev::new("k", 5000);
+    assert_eq!(c.admit(&start).await, Verdict::Start);
+    assert_eq!(c.admit_as(&start, true, false).await, Verdict::Claimed);
+    assert_eq!(c.commit(&start).await, Written::Done);
+    assert_eq!(store.field("A", "u").await.as_deref(), Some("1-4999"));
+    // A late one is dead-lettered `late`; its replay runs and clears its mark.
+    let late = Ev::new("k", 17);
+    assert_eq!(c.admit(&late).await, Verdict::Late);
+    c.dead_letter(&late, "dl-1").await;
+    let replay = Ev::replay("k", 17, "dl-1");
+    assert_eq!(c.admit(&replay).await, Verdict::Claimed);
+    c.commit(&replay).await;
+    assert_eq!(store.field("A", "u").await.as_deref(), Some("1-16,18-4999"));
+    let again = Ev::replay("k", 17, "dl-2");
+    assert_eq!(c.admit(&again).await, Verdict::Duplicate);
+    assert_eq!(store.field("A", "l").await.as_deref(), Some("5000"));
+    store.clean().await;
+}
+
+#[tokio::test]
+async fn seqs_beyond_a_lua_number_keep_their_precision() {
+    let mut store = Store::new("big").await;
+    let mut c = store.consumer();
+    let big = u64::MAX / 2; // 2^63 - 1
+    for seq in [big - 2, big - 1, big] {
+        let ev = Ev::new("k", seq);
+        c.admit_as(&ev, true, false).await;
+        c.commit(&ev).await;
+    }
+    assert_eq!(store.field("A", "l").await, Some(big.to_string()));
+    assert_eq!(store.field("A", "u").await, Some(format!("1-{}", big - 3)));
+    assert_eq!(c.admit(&Ev::new("k", big - 1)).await, Verdict::Duplicate);
+    store.clean().await;
+}
+
+/// A stale owner (the older consumer) replays its writes out of order after
+/// the newer one took the order over: nothing changes.
+#[tokio::test]
+async fn a_stale_owners_commit_release_and_quarantine_write_change_nothing() {
+    let mut store = Store::new("fence").await;
+    store.config.on_dead_letter = OnDeadLetter::Quarantine;
+    let mut stale = store.consumer();
+    let mut owner = store.consumer();
+
+    // The stale consumer claims seq 1 (its epoch is taken first: older).
+    let one = Ev::new("k", 1);
+    assert_eq!(stale.admit(&one).await, Verdict::Claimed);
+    // The newer consumer gets the redelivery, takes the claim over, and
+    // moves the order to seq 3, with seq 4 in flight.
+    let one_again = Ev::new("k", 1);
+    assert_eq!(
+        owner.admit_as(&one_again, false, true).await,
+        Verdict::TakenOver
+    );
+    owner.commit(&one_again).await;
+    for seq in 2..=3 {
+        let ev = Ev::new("k", seq);
+        assert_eq!(owner.admit(&ev).await, Verdict::Claimed);
+        owner.commit(&ev).await;
+    }
+    let four = Ev::new("k", 4);
+    assert_eq!(owner.admit(&four).await, Verdict::Claimed);
+    let claim = store.field("A", "c").await;
+
+    // The stale owner's commit of seq 1 (and of a later seq it also held),
+    // its release and renewal, its dead letter with quarantine, its admit.
+    assert_eq!(stale.commit(&one).await, Written::Fenced);
+    assert_eq!(stale.commit(&Ev::new("k", 5)).await, Written::Fenced);
+    stale.release(&one).await;
+    stale.renew(&one, Start::Begins).await;
+    assert_eq!(stale.dead_letter(&one, "dl-stale").await, Written::Fenced);
+    let four_again = Ev::new("k", 4);
+    assert_eq!(
+        stale.admit_as(&four_again, false, true).await,
+        Verdict::Fenced
+    );
+
+    assert_eq!(
+        store.field("A", "l").await.as_deref(),
+        Some("3"),
+        "the gate moved back"
+    );
+    assert_eq!(
+        store.field("A", "c").await,
+        claim,
+        "the newer claim was touched"
+    );
+    assert_eq!(
+        store.field("A", "u").await,
+        None,
+        "a processed seq was marked"
+    );
+    let quarantined: i64 = redis::cmd("EXISTS")
+        .arg(store.config.keys().quarantine("A"))
+        .query_async(&mut store.plain)
+        .await
+        .unwrap();
+    assert_eq!(quarantined, 0, "the stale owner quarantined the order");
+    // The owner's own writes go on.
+    assert_eq!(owner.commit(&four).await, Written::Done);
+    assert_eq!(store.field("A", "l").await.as_deref(), Some("4"));
+    store.clean().await;
+}
+
+/// Claims are renewed and released by their own delivery only.
+#[tokio::test]
+async fn a_second_copy_never_releases_or_renews_the_first_copys_claim() {
+    let mut store = Store::new("copies").await;
+    let mut c = store.consumer();
+    assert_eq!(c.admit(&Ev::new("k", 1)).await, Verdict::Claimed);
+    let claim = store.field("A", "c").await;
+    let copy = Ev::new("k", 1);
+    assert!(matches!(c.admit(&copy).await, Verdict::Wait(_)));
+    c.release(&copy).await;
+    c.renew(&copy, Start::Ended).await;
+    assert_eq!(store.field("A", "c").await, claim);
+    store.clean().await;
+}
+
+/// State written by workers before the order state: a `gate:` key and
+/// per-event `done` keys, honoured during the dedup TTL.
+#[tokio::test]
+async fn state_of_the_per_event_layout_is_honoured() {
+    let mut store = Store::new("upgrade").await;
+    let keys = store.config.keys();
+    // Before the upgrade: seqs 1, 2 and 4 processed, 3 given up, gate at 4.
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET").arg(keys.gate("A")).arg(4).ignore();
+    for seq in [1, 2, 4] {
+        pipe.cmd("SET")
+            .arg(keys.dedup(&format!("A:k:{seq}")))
+            .arg("done")
+            .ignore();
+    }
+    pipe.query_async::<()>(&mut store.plain).await.unwrap();
+
+    let mut c = store.consumer();
+    // A duplicate of a processed event is suppressed; seq 3 was never
+    // processed: late, and its replay runs (once).
+    assert_eq!(c.admit(&Ev::new("k", 2)).await, Verdict::Duplicate);
+    assert_eq!(c.admit(&Ev::new("k", 3)).await, Verdict::Late);
+    let replay = Ev::replay("k", 3, "dl-old");
+    assert_eq!(c.admit(&replay).await, Verdict::Claimed);
+    c.commit(&replay).await;
+    assert_eq!(
+        c.admit(&Ev::replay("k", 3, "dl-again")).await,
+        Verdict::Duplicate
+    );
+    // The order goes on from the old gate.
+    let five = Ev::new("k", 5);
+    assert_eq!(c.admit(&five).await, Verdict::Claimed);
+    c.commit(&five).await;
+    assert_eq!(store.field("A", "l").await.as_deref(), Some("5"));
+    assert_eq!(store.field("A", "m").await.as_deref(), Some("4"));
+    store.clean().await;
+}
+
+/// After a failover the order's state may lack its last seqs: a gap on state
+/// of an earlier era waits the start grace, not the gap grace.
+#[tokio::test]
+async fn a_gap_on_state_from_before_a_failover_gets_the_start_grace() {
+    let store = Store::new("era").await;
+    let mut c = store.consumer();
+    let one = Ev::new("k", 1);
+    c.admit(&one).await;
+    c.commit(&one).await;
+    assert_eq!(c.admit(&Ev::new("k", 4)).await, Verdict::Gap);
+    c.dedup.era.bump();
+    assert_eq!(c.admit(&Ev::new("k", 4)).await, Verdict::Start);
+    store.clean().await;
+}
