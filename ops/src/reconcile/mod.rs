@@ -660,18 +660,18 @@ impl Run<'_> {
             // The order state's kind field, and the key of the layout before
             // it (processed before an upgrade, within the kinds TTL).
             for e in chunk {
-                pipe.cmd("HEXISTS")
-                    .arg(keys.order(&e.order_key))
-                    .arg(Keys::order_kind_field(&e.kind));
+                pipe.cmd("HGET").arg(keys.order(&e.order_key)).arg("k");
                 pipe.cmd("EXISTS").arg(keys.kind(&e.order_key, &e.kind));
             }
-            let answers: Vec<bool> = redis_op(
+            let answers: Vec<(Option<String>, bool)> = redis_op(
                 &self.r.fleet.redis,
                 "reading processed kinds",
                 pipe.query_async(&mut self.redis),
             )
             .await?;
-            let processed = answers.chunks(2).map(|pair| pair.iter().any(|p| *p));
+            let processed = chunk.iter().zip(answers).map(|(e, (kinds, old))| {
+                old || kinds.is_some_and(|k| Keys::has_kind(&k, &Keys::kind_code(&e.kind)))
+            });
             out.extend(
                 chunk
                     .iter()

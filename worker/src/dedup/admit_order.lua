@@ -3,10 +3,10 @@
 -- KEYS: order state, legacy gate, legacy dedup key (both read only for an
 -- order not yet in the order state, see `upgrade`).
 -- ARGV: 1 seq, 2 lease ms, 3 redelivered, 4 bypass the gate, 5 a replay,
--- 6 max starts, 7 claim token, 8 epoch, 9 era, 10 ttl s, 11 kind field,
+-- 6 max starts, 7 claim token, 8 epoch, 9 era, 10 ttl s, 11 kind code,
 -- 12 kinds recorded.
 local h = KEYS[1]
-local l, u, c, f, e, m, k = unpack(redis.call('HMGET', h, 'l', 'u', 'c', 'f', 'e', 'm', ARGV[11]))
+local l, u, c, f, e, m, k = unpack(redis.call('HMGET', h, 'l', 'u', 'c', 'f', 'e', 'm', 'k'))
 local seq, epoch = ARGV[1], ARGV[8]
 if stale(f, epoch) then return {'fenced', 0} end
 local migrated = false
@@ -19,7 +19,7 @@ if l and cmp(seq, l) <= 0 then
   if m and cmp(seq, m) <= 0 then
     never = redis.call('GET', KEYS[3]) ~= 'done'
   else
-    never = marked(u, seq) or (ARGV[12] == '1' and not k)
+    never = marked(u, seq) or (ARGV[12] == '1' and not has_kind(k, ARGV[11]))
   end
   if not never then return {'duplicate', 0} end
   -- Never processed: only a replay runs it; a fresh copy came too late.

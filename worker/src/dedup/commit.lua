@@ -4,16 +4,19 @@
 -- a replay leaves its order's quarantine.
 -- KEYS: order state, dedup key, quarantine.
 -- ARGV: 1 seq ('' unsequenced), 2 claim token, 3 epoch, 4 era, 5 ttl s,
--- 6 kind field ('' when kinds are not recorded), 7 replayed dead-letter id ('').
+-- 6 kind code ('' when kinds are not recorded), 7 replayed dead-letter id ('').
 -- Returns 0 when fenced (a newer consumer wrote the order): nothing written.
 local h, seq = KEYS[1], ARGV[1]
 local fields = {'f', ARGV[3]}
+local k
 if seq == '' then
-  local f = redis.call('HGET', h, 'f')
+  local f
+  f, k = unpack(redis.call('HMGET', h, 'f', 'k'))
   if stale(f, ARGV[3]) then return 0 end
   redis.call('SET', KEYS[2], 'done', 'EX', ARGV[5])
 else
-  local l, u, c, f, m = unpack(redis.call('HMGET', h, 'l', 'u', 'c', 'f', 'm'))
+  local l, u, c, f, m
+  l, u, c, f, m, k = unpack(redis.call('HMGET', h, 'l', 'u', 'c', 'f', 'm', 'k'))
   if stale(f, ARGV[3]) then return 0 end
   local had = u
   if l and cmp(seq, l) <= 0 then
@@ -32,9 +35,9 @@ else
   fields[#fields + 1] = ARGV[4]
   put_u(h, fields, u, had)
 end
-if ARGV[6] ~= '' then
-  fields[#fields + 1] = ARGV[6]
-  fields[#fields + 1] = '1'
+if ARGV[6] ~= '' and not has_kind(k, ARGV[6]) then
+  fields[#fields + 1] = 'k'
+  fields[#fields + 1] = (k or '') .. ARGV[6]
 end
 redis.call('HSET', h, unpack(fields))
 redis.call('EXPIRE', h, ARGV[5])

@@ -135,3 +135,12 @@ local function put_u(h, fields, u, had)
     redis.call('HDEL', h, 'u')
   end
 end
+
+-- Whether the kinds field holds a kind's code (8 characters each).
+local function has_kind(k, code)
+  if not k then return false end
+  for i = 1, #k, 8 do
+    if string.sub(k, i, i + 7) == code then return true end
+  end
+  return false
+end

@@ -13,7 +13,7 @@
 //! | `f` | the epoch of the newest consumer that wrote the order (fencing) |
 //! | `e` | the Redis failover era of the last write |
 //! | `m` | after an upgrade: seqs at or below it are judged by the old per-event keys |
-//! | `k:{kind}` | an event of that kind was processed (reconcile) |
+//! | `k` | the kinds processed, 8 hex digits of md5 each (`Keys::kind_code`; reconcile) |
 //!
 //! An unsequenced event keeps its own key (`Keys::dedup`): its claim
 //! `processing:{deadline}:{starts}:{token}` or `done`; its kind goes to its
@@ -323,7 +323,7 @@ impl Dedup {
                     epoch.to_string(),
                     self.era.get().to_string(),
                     self.order_ttl_secs.to_string(),
-                    Keys::order_kind_field(a.event),
+                    Keys::kind_code(a.event),
                     flag(self.kinds).to_owned(),
                 ],
             ),
@@ -358,7 +358,7 @@ impl Dedup {
                 self.era.get().to_string(),
                 ttl.to_string(),
                 if self.kinds {
-                    Keys::order_kind_field(done.event)
+                    Keys::kind_code(done.event)
                 } else {
                     String::new()
                 },
