@@ -31,8 +31,9 @@ fn parse_stat(stat: &str) -> Option<Duration> {
     ))
 }
 
-/// A service measured alongside: the one process named `comm` (and, when
-/// several are, the one whose command line contains `hint`).
+/// A service measured alongside: a process named `comm`; when several are
+/// (a `rabbitmqctl` also runs as `beam.smp`, Sentinel tests start more Redis
+/// servers), the ones whose command line contains `hint`, then the oldest.
 #[derive(Debug, Clone)]
 pub struct Service {
     pid: Option<String>,
@@ -51,7 +52,7 @@ impl Service {
 }
 
 fn find_pid(comm: &str, hint: Option<&str>) -> Option<String> {
-    let mut found: Vec<(String, String)> = std::fs::read_dir("/proc")
+    let found: Vec<(String, String, u64)> = std::fs::read_dir("/proc")
         .ok()?
         .filter_map(Result::ok)
         .filter_map(|entry| {
@@ -59,19 +60,39 @@ fn find_pid(comm: &str, hint: Option<&str>) -> Option<String> {
             pid.bytes().all(|b| b.is_ascii_digit()).then_some(())?;
             let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
             (name.trim_end() == comm).then_some(())?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let started = start_time(&stat)?;
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            Some((pid, String::from_utf8_lossy(&cmdline).replace('\0', " ")))
+            Some((
+                pid,
+                String::from_utf8_lossy(&cmdline).replace('\0', " "),
+                started,
+            ))
         })
         .collect();
-    if found.len() > 1
-        && let Some(hint) = hint
-    {
-        found.retain(|(_, cmdline)| cmdline.contains(hint));
-    }
-    match found.as_slice() {
-        [(pid, _)] => Some(pid.clone()),
-        _ => None,
-    }
+    let hinted: Vec<&(String, String, u64)> = found
+        .iter()
+        .filter(|(_, cmdline, _)| hint.is_some_and(|h| cmdline.contains(h)))
+        .collect();
+    let candidates = if hinted.is_empty() {
+        found.iter().collect()
+    } else {
+        hinted
+    };
+    candidates
+        .into_iter()
+        .min_by_key(|(_, _, started)| *started)
+        .map(|(pid, _, _)| pid.clone())
+}
+
+/// `starttime` (field 22) of a `stat` line, in ticks since boot.
+fn start_time(stat: &str) -> Option<u64> {
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
 }
 
 /// CPU time used between two readings, when both were readable.
@@ -91,6 +112,7 @@ mod tests {
         let odd = "7 (a) b (c) R 1 1 1 0 -1 0 0 0 0 0 3 4 0 0 20 0 1 0 9";
         assert_eq!(parse_stat(odd), Some(Duration::from_millis(70)));
         assert_eq!(parse_stat("7 (short) R 1"), None);
+        assert_eq!(start_time(stat), Some(461));
     }
 
     #[test]
