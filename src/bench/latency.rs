@@ -95,9 +95,7 @@ async fn run_one(
     rate: f64,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<LatencyRow> {
-    // The publisher connects while the worker subscribes; the warm-up covers both.
-    let start_us = unix_us() + 1_500_000;
-    let schedule = Schedule { start_us, rate };
+    let mut schedule = Schedule { start_us: 0, rate };
     let first_measured = schedule.events_within(args.warmup);
     let total = schedule.events_within(args.warmup + args.duration);
     anyhow::ensure!(
@@ -116,6 +114,16 @@ async fn run_one(
     )?;
     let progress = worker.progress();
     let mut worker = tokio::spawn(worker.run(stop.clone()));
+    let subscribed = Instant::now() + Duration::from_secs(30);
+    while !progress.all_consuming() {
+        anyhow::ensure!(
+            Instant::now() < subscribed && !worker.is_finished(),
+            "the worker did not consume every shard within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The publisher connects in this second; the warm-up absorbs the rest.
+    schedule.start_us = unix_us() + 1_000_000;
     let mut child = spawn_publisher(global, scratch, args, schedule, total)?;
     let stdout = child.stdout.take().context("publisher's stdout")?;
     let report_line = tokio::spawn(async move {
@@ -131,11 +139,10 @@ async fn run_one(
         Service::find("beam.smp", None),
         Service::find("redis-server", redis_port(global).as_deref()),
     ];
-    tokio::time::sleep(Duration::from_micros(start_us.saturating_sub(unix_us()))).await;
-    anyhow::ensure!(
-        progress.all_consuming(),
-        "the worker was not consuming every shard when the schedule started"
-    );
+    tokio::time::sleep(Duration::from_micros(
+        schedule.start_us.saturating_sub(unix_us()),
+    ))
+    .await;
     let worker_before = cpu::own();
     let services_before = services.each_ref().map(Service::cpu);
 
