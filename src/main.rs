@@ -182,6 +182,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Measure the worker draining a fixed load against a raw consume loop.
     Bench(bench::BenchArgs),
+    /// The paced publisher `bench --latency` runs as a child process.
+    #[command(hide = true)]
+    BenchPublisher(bench::paced::PacedArgs),
     /// Inspect, replay or purge the dead-letter queue.
     #[command(subcommand)]
     Dlq(dlq::DlqCommand),
@@ -215,6 +218,7 @@ fn main() -> ExitCode {
             Command::Worker(args) => worker::run(&global, *args, shutdown).await,
             Command::Demo(args) => demo::run(&global, args, shutdown).await,
             Command::Bench(args) => bench::run(&global, args, shutdown).await,
+            Command::BenchPublisher(args) => bench::paced::run(&global, args, shutdown).await,
             Command::Dlq(cmd) => dlq::run(&global, cmd, shutdown).await,
             Command::Reconcile(args) => reconcile::run(&global, args, shutdown).await,
         }

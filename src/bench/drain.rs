@@ -1,0 +1,244 @@
+//! One drain measurement: pre-publish the load into fresh names, drain it with
+//! the worker or a raw lapin loop, clean up; the rate is events over the
+//! drain's wall time.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures_util::StreamExt;
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Response, StatusCode};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use shardline_publisher::Publisher;
+use shardline_topology::broker;
+use shardline_worker::handler::{Http, Noop};
+use shardline_worker::{Config, Handler, Worker};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::rounds::{Baseline, Kind};
+use super::{BenchArgs, Setting};
+use crate::GlobalArgs;
+use crate::publish::load_events;
+use crate::scratch::Scratch;
+
+/// The worker's configuration for `setting` on `scratch`'s names.
+pub fn worker_config(scratch: &Scratch, args: &BenchArgs, setting: Setting) -> Config {
+    Config {
+        prefetch: setting.prefetch,
+        concurrency: setting.concurrency,
+        on_dead_letter: args.on_dead_letter.into(),
+        kinds_ttl: args.kinds_ttl,
+        ..scratch.worker_config("bench")
+    }
+}
+
+/// Pre-publishes the load into fresh names, drains it with `kind`, cleans up;
+/// returns events/s.
+pub async fn measure(
+    global: &GlobalArgs,
+    args: &BenchArgs,
+    kind: Kind,
+    setting: Setting,
+    downstream: Option<SocketAddr>,
+) -> anyhow::Result<f64> {
+    let handler: Arc<dyn Handler> = match downstream {
+        Some(addr) => Arc::new(Http::new(&format!("http://{addr}/events"))?),
+        None => Arc::new(Noop),
+    };
+    let scratch = Scratch::create(global, "bench").await?;
+    let result = async {
+        prepublish(global, &scratch, args).await?;
+        let started = Instant::now();
+        match kind {
+            Kind::Raw(baseline) => {
+                raw_drain(global, &scratch, setting.prefetch, args.events, baseline).await?;
+            }
+            Kind::Worker => {
+                let config = worker_config(&scratch, args, setting);
+                worker_drain(config, handler, args.events).await?;
+            }
+        }
+        Ok::<_, anyhow::Error>(args.events as f64 / started.elapsed().as_secs_f64())
+    }
+    .await;
+    scratch.remove().await?;
+    result
+}
+
+/// A downstream on a free local port that answers every request 200 after
+/// `latency`, until `stop`.
+pub async fn start_downstream(
+    latency: Duration,
+    stop: CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    let listener = shardline_worker::http::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(shardline_worker::http::serve_with(
+        listener,
+        stop,
+        move |_req| async move {
+            tokio::time::sleep(latency).await;
+            let mut ok = Response::new(Full::new(Bytes::from_static(b"{}")));
+            *ok.status_mut() = StatusCode::OK;
+            Ok::<_, Infallible>(ok)
+        },
+    ));
+    Ok(addr)
+}
+
+async fn prepublish(
+    global: &GlobalArgs,
+    scratch: &Scratch,
+    args: &BenchArgs,
+) -> anyhow::Result<()> {
+    let mut publisher = Publisher::connect(shardline_publisher::Config {
+        amqp: global.amqp_url.clone(),
+        names: scratch.names.clone(),
+        shards: global.shards,
+        window: 1024,
+        connection_name: "shardline bench publisher".into(),
+        ..Default::default()
+    })
+    .await?;
+    let orders = args.events.div_ceil(args.events_per_order);
+    let padding = padding(args.event_bytes);
+    let stream = load_events(orders, args.events_per_order, "BENCH-")
+        .filter(|event| {
+            event
+                .seq
+                .is_some_and(|seq| (seq - 1) * orders < args.events)
+        })
+        .take(usize::try_from(args.events).unwrap_or(usize::MAX));
+    for mut event in stream {
+        if let serde_json::Value::Object(data) = &mut event.data {
+            data.insert("pad".into(), padding.clone().into());
+        }
+        publisher.publish_event(&event).await?;
+    }
+    publisher.close().await?;
+    Ok(())
+}
+
+/// The `pad` field that brings a generated event to about `event_bytes`.
+pub fn padding(event_bytes: usize) -> String {
+    "x".repeat(event_bytes.saturating_sub(130))
+}
+
+/// A baseline: per shard, one channel on a shared connection, and for
+/// [`Baseline::Set`] one Redis connection, `SET key 1 NX EX` then ack for
+/// every delivery; for [`Baseline::Nodedup`] the ack alone.
+async fn raw_drain(
+    global: &GlobalArgs,
+    scratch: &Scratch,
+    prefetch: u16,
+    total: u64,
+    baseline: Baseline,
+) -> anyhow::Result<()> {
+    let conn = Arc::new(broker::connect(&global.amqp_url, "shardline bench raw loop").await?);
+    let redis = match baseline {
+        Baseline::Set => Some(redis::Client::open(global.redis_url.url()).context("--redis-url")?),
+        Baseline::Nodedup => None,
+    };
+    let done = Arc::new(AtomicU64::new(0));
+    let finished = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+    for shard in global.shards.ids() {
+        let queue = scratch.names.shard_queue(shard);
+        let (conn, done, finished) = (conn.clone(), done.clone(), finished.clone());
+        let key_prefix = format!("{}raw:", scratch.redis_prefix);
+        let mut redis = match &redis {
+            Some(client) => Some(client.get_multiplexed_async_connection().await?),
+            None => None,
+        };
+        tasks.spawn(async move {
+            let channel = conn.create_channel().await?;
+            channel
+                .basic_qos(prefetch, BasicQosOptions::default())
+                .await?;
+            let mut consumer = channel
+                .basic_consume(
+                    queue.as_str().into(),
+                    format!("raw-{shard}").as_str().into(),
+                    BasicConsumeOptions {
+                        exclusive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            loop {
+                let next = tokio::select! {
+                    _ = finished.cancelled() => return Ok::<_, anyhow::Error>(()),
+                    next = consumer.next() => next,
+                };
+                let Some(delivery) = next else { return Ok(()) };
+                let delivery = delivery?;
+                if let Some(redis) = redis.as_mut() {
+                    let id = delivery
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .map(|id| id.to_string())
+                        .unwrap_or_else(|| delivery.delivery_tag.to_string());
+                    redis::cmd("SET")
+                        .arg(format!("{key_prefix}{id}"))
+                        .arg(1)
+                        .arg("NX")
+                        .arg("EX")
+                        .arg(604_800)
+                        .query_async::<Option<String>>(redis)
+                        .await?;
+                }
+                delivery.ack(BasicAckOptions::default()).await?;
+                if done.fetch_add(1, Ordering::Relaxed) + 1 == total {
+                    finished.cancel();
+                }
+            }
+        });
+    }
+    let outcome = tokio::time::timeout(drain_deadline(total), finished.cancelled()).await;
+    finished.cancel();
+    while let Some(joined) = tasks.join_next().await {
+        joined??;
+    }
+    conn.close(200, "done".into()).await.ok();
+    outcome.map_err(|_| {
+        anyhow::anyhow!(
+            "raw loop drained {} of {total} events before the deadline",
+            done.load(Ordering::Relaxed)
+        )
+    })
+}
+
+async fn worker_drain(config: Config, handler: Arc<dyn Handler>, total: u64) -> anyhow::Result<()> {
+    let stop = CancellationToken::new();
+    let worker = Worker::new(config, handler)?;
+    let progress = worker.progress();
+    let worker = tokio::spawn(worker.run(stop.clone()));
+    let deadline = Instant::now() + drain_deadline(total);
+    let mut tick = tokio::time::interval(Duration::from_millis(2));
+    while progress.counts().settled() < total && Instant::now() < deadline && !worker.is_finished()
+    {
+        tick.tick().await;
+    }
+    stop.cancel();
+    worker.await??;
+    let settled = progress.counts().settled();
+    anyhow::ensure!(
+        settled >= total,
+        "worker drained {settled} of {total} events before the deadline"
+    );
+    Ok(())
+}
+
+/// Generous: a drain slower than 200 events/s means something is broken.
+fn drain_deadline(total: u64) -> Duration {
+    Duration::from_secs(30 + total / 200)
+}
