@@ -49,6 +49,7 @@ const COMMIT: &str = include_str!("commit.lua");
 const RENEW: &str = include_str!("renew.lua");
 const RELEASE: &str = include_str!("release.lua");
 const DEAD: &str = include_str!("dead.lua");
+const STEP: &str = include_str!("step.lua");
 
 /// How long the evidence of an unfinished handler start of an unsequenced
 /// event is kept, whatever the lease: a process that crash-loops slowly is
@@ -211,6 +212,7 @@ pub(crate) struct Dedup {
     renew: Script,
     release: Script,
     dead: Script,
+    step: Script,
 }
 
 fn flag(b: bool) -> &'static str {
@@ -224,6 +226,8 @@ fn seq_arg(seq: Option<u64>) -> String {
 impl Dedup {
     pub(crate) fn new(config: &Config, shard: ShardId, era: Arc<RedisEra>) -> Self {
         let script = |body: &str| Script::new(&format!("{COMMON}\n{body}"));
+        // The two scripts that are functions, run alone or as one step.
+        let entry = |body: &str, name: &str| script(&format!("{body}\nreturn {name}(KEYS, ARGV)"));
         let ttl_secs = config.dedup_ttl.as_secs().max(1);
         let kinds_ttl = config.kinds_ttl().as_secs();
         Self {
@@ -237,12 +241,13 @@ impl Dedup {
             quarantine: config.on_dead_letter == OnDeadLetter::Quarantine,
             fence: Arc::default(),
             era,
-            admit_order: script(ADMIT_ORDER),
+            admit_order: entry(ADMIT_ORDER, "admit_order"),
             admit_event: script(ADMIT_EVENT),
-            commit: script(COMMIT),
+            commit: entry(COMMIT, "commit"),
             renew: script(RENEW),
             release: script(RELEASE),
             dead: script(DEAD),
+            step: script(&format!("{COMMIT}\n{ADMIT_ORDER}\n{STEP}")),
         }
     }
 
@@ -255,6 +260,7 @@ impl Dedup {
             self.renew.clone(),
             self.release.clone(),
             self.dead.clone(),
+            self.step.clone(),
         ]
     }
 
@@ -302,31 +308,44 @@ impl Dedup {
         ]
     }
 
+    /// `admit_order.lua`'s keys and arguments, for a sequenced event.
+    fn admit_order_parts(
+        &self,
+        a: &Admission<'_>,
+        seq: u64,
+        epoch: u64,
+    ) -> ([String; 3], Vec<String>) {
+        let claim = &a.claim;
+        (
+            [
+                self.keys.order(claim.order_key),
+                self.keys.gate(claim.order_key),
+                self.keys.dedup(claim.dedup_key),
+            ],
+            vec![
+                seq.to_string(),
+                self.lease_ms.to_string(),
+                flag(a.redelivered).to_owned(),
+                flag(a.bypass_gate).to_owned(),
+                flag(a.replay_of.is_some()).to_owned(),
+                self.max_starts.to_string(),
+                claim.token.to_string(),
+                epoch.to_string(),
+                self.era.get().to_string(),
+                self.order_ttl_secs.to_string(),
+                Keys::kind_code(a.event),
+                flag(self.kinds).to_owned(),
+            ],
+        )
+    }
+
     fn admit_cmd(&self, a: &Admission<'_>, epoch: u64) -> Cmd {
         let claim = &a.claim;
         match claim.seq {
-            Some(seq) => Self::evalsha(
-                &self.admit_order,
-                &[
-                    self.keys.order(claim.order_key),
-                    self.keys.gate(claim.order_key),
-                    self.keys.dedup(claim.dedup_key),
-                ],
-                &[
-                    seq.to_string(),
-                    self.lease_ms.to_string(),
-                    flag(a.redelivered).to_owned(),
-                    flag(a.bypass_gate).to_owned(),
-                    flag(a.replay_of.is_some()).to_owned(),
-                    self.max_starts.to_string(),
-                    claim.token.to_string(),
-                    epoch.to_string(),
-                    self.era.get().to_string(),
-                    self.order_ttl_secs.to_string(),
-                    Keys::kind_code(a.event),
-                    flag(self.kinds).to_owned(),
-                ],
-            ),
+            Some(seq) => {
+                let (keys, args) = self.admit_order_parts(a, seq, epoch);
+                Self::evalsha(&self.admit_order, &keys, &args)
+            }
             None => Self::evalsha(
                 &self.admit_event,
                 &[self.keys.dedup(claim.dedup_key)],
@@ -341,17 +360,17 @@ impl Dedup {
         }
     }
 
-    fn commit_cmd(&self, done: &Done<'_>, epoch: u64) -> Cmd {
+    /// `commit.lua`'s keys and arguments.
+    fn commit_parts(&self, done: &Done<'_>, epoch: u64) -> ([String; 3], Vec<String>) {
         let claim = &done.claim;
         let ttl = if claim.seq.is_some() {
             self.order_ttl_secs
         } else {
             self.ttl_secs
         };
-        Self::evalsha(
-            &self.commit,
-            &self.claim_keys(claim),
-            &[
+        (
+            self.claim_keys(claim),
+            vec![
                 seq_arg(claim.seq),
                 claim.token.to_string(),
                 epoch.to_string(),
@@ -365,6 +384,23 @@ impl Dedup {
                 done.replay_of.unwrap_or_default().to_owned(),
             ],
         )
+    }
+
+    fn commit_cmd(&self, done: &Done<'_>, epoch: u64) -> Cmd {
+        let (keys, args) = self.commit_parts(done, epoch);
+        Self::evalsha(&self.commit, &keys, &args)
+    }
+
+    /// One `step.lua` call: commit `done`, admit the sequenced `next`.
+    fn step_cmd(&self, done: &Done<'_>, next: &Admission<'_>, seq: u64, epoch: u64) -> Cmd {
+        let (mut keys, mut args) = {
+            let (keys, args) = self.commit_parts(done, epoch);
+            (keys.to_vec(), args)
+        };
+        let (next_keys, next_args) = self.admit_order_parts(next, seq, epoch);
+        keys.extend(next_keys);
+        args.extend(next_args);
+        Self::evalsha(&self.step, &keys, &args)
     }
 
     /// Decides whether an event may run now and, if so, claims it: one round
@@ -432,23 +468,39 @@ impl Dedup {
     ) -> (Written, Verdict) {
         let epoch = self.epoch(redis).await;
         let mut pipe = redis::pipe();
-        pipe.add_command(self.commit_cmd(done, epoch));
-        pipe.add_command(self.admit_cmd(next, epoch));
-        let (written, answers) = if self.quarantine {
+        match next.claim.seq {
+            Some(seq) => pipe.add_command(self.step_cmd(done, next, seq, epoch)),
+            // Unsequenced next: the two scripts, pipelined.
+            None => pipe
+                .add_command(self.commit_cmd(done, epoch))
+                .add_command(self.admit_cmd(next, epoch)),
+        };
+        let head = self.quarantine.then(|| {
             quarantine::add_head_query(&mut pipe, &self.keys, next.claim.order_key, next.replay_of);
-            let (written, answer, head, own) = redis.query_pipeline(&pipe).await;
-            let answers = Admitted {
-                verdict: verdict(answer),
-                head: Some((head, own)),
-            };
-            (written, answers)
-        } else {
-            let (written, answer) = redis.query_pipeline(&pipe).await;
-            let answers = Admitted {
-                verdict: verdict(answer),
-                head: None,
-            };
-            (written, answers)
+        });
+        let ((written, kind, n), head) = match (next.claim.seq, head) {
+            (Some(_), None) => {
+                let (step,): ((i64, String, i64),) = redis.query_pipeline(&pipe).await;
+                (step, None)
+            }
+            (Some(_), Some(())) => {
+                let (step, head, own): ((i64, String, i64), _, _) =
+                    redis.query_pipeline(&pipe).await;
+                (step, Some((head, own)))
+            }
+            (None, None) => {
+                let (written, (kind, n)): (i64, (String, i64)) = redis.query_pipeline(&pipe).await;
+                ((written, kind, n), None)
+            }
+            (None, Some(())) => {
+                let (written, (kind, n), head, own): (i64, (String, i64), _, _) =
+                    redis.query_pipeline(&pipe).await;
+                ((written, kind, n), Some((head, own)))
+            }
+        };
+        let answers = Admitted {
+            verdict: verdict((kind, n)),
+            head,
         };
         let verdict = self.finish_admit(redis, next, answers).await;
         (Written::of(written), verdict)

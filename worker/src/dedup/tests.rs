@@ -139,6 +139,25 @@ impl Consumer {
         self.dedup.commit(&mut self.slot, &done).await
     }
 
+    /// `done`'s commit and `next`'s admit in one round trip.
+    async fn step(&mut self, done: &Ev, next: &Ev) -> (Written, Verdict) {
+        let commit = Done {
+            claim: done.claim(),
+            event: &done.kind,
+            replay_of: done.replay_of.as_deref(),
+        };
+        let admission = Admission {
+            claim: next.claim(),
+            event: &next.kind,
+            redelivered: false,
+            bypass_gate: next.replay_of.is_some(),
+            replay_of: next.replay_of.as_deref(),
+        };
+        self.dedup
+            .commit_and_admit(&mut self.slot, &commit, &admission)
+            .await
+    }
+
     async fn dead_letter(&mut self, ev: &Ev, id: &str) -> Written {
         let dead = DeadLettered {
             claim: ev.claim(),
@@ -425,6 +444,26 @@ async fn a_stale_owners_commit_release_and_quarantine_write_change_nothing() {
     // The owner's own writes go on.
     assert_eq!(owner.commit(&four).await, Written::Done);
     assert_eq!(store.field("A", "l").await.as_deref(), Some("4"));
+    store.clean().await;
+}
+
+/// The serial loop's step: a commit and the next admit in one script call,
+/// the admit seeing the commit.
+#[tokio::test]
+async fn a_step_commits_then_admits() {
+    let mut store = Store::new("step").await;
+    let mut c = store.consumer();
+    let one = Ev::new("k", 1);
+    assert_eq!(c.admit(&one).await, Verdict::Claimed);
+    let two = Ev::new("k", 2);
+    assert_eq!(c.step(&one, &two).await, (Written::Done, Verdict::Claimed));
+    let copy = Ev::new("k", 2);
+    assert_eq!(
+        c.step(&two, &copy).await,
+        (Written::Done, Verdict::Duplicate)
+    );
+    assert_eq!(store.field("A", "l").await.as_deref(), Some("2"));
+    assert_eq!(store.field("A", "c").await, None);
     store.clean().await;
 }
 
