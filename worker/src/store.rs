@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use deadpool_redis::{Connection, Pool};
 use prometheus_client::metrics::counter::Counter;
 use redis::aio::MultiplexedConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, Script, ServerErrorKind};
+use shardline_topology::redis_target::{PooledConnection, RedisPool, is_not_primary};
 
 /// Backoff between reconnection attempts while Redis is down.
 const RETRY_MIN: Duration = Duration::from_millis(100);
@@ -40,7 +40,11 @@ impl RedisHealth {
     fn went_down(&self, error: &RedisError) {
         if !self.down.swap(true, Ordering::Relaxed) {
             self.outages.inc();
-            tracing::error!(error = %error, "Redis unreachable: shards paused until it returns");
+            if is_not_primary(error) {
+                tracing::error!(error = %error, "Redis node is no longer the primary (failover): its connections are dropped, shards paused until the primary answers");
+            } else {
+                tracing::error!(error = %error, "Redis unreachable: shards paused until it returns");
+            }
         }
     }
 
@@ -53,7 +57,7 @@ impl RedisHealth {
 
 /// One shard's Redis connection. Round trips per event: the claim and the commit.
 pub(crate) struct RedisSlot {
-    pool: Pool,
+    pool: RedisPool,
     /// Loaded again when Redis answers NOSCRIPT (after a restart or a flush).
     scripts: Arc<[Script]>,
     conn: Option<Link>,
@@ -64,16 +68,19 @@ pub(crate) struct RedisSlot {
 }
 
 /// A multiplexed connection (cloning it shares it) and its generation. The
-/// pooled object goes back to the pool when the last clone is dropped.
+/// pooled object goes back to the pool when the last clone is dropped, unless
+/// the link failed: then it is detached and closed, never recycled (a recycle
+/// only PINGs, which a demoted primary still answers), so that the next
+/// checkout opens a new connection (through the Sentinels: to the new primary).
 #[derive(Clone)]
 struct Link {
     generation: u64,
     conn: MultiplexedConnection,
-    _pooled: Arc<Connection>,
+    pooled: Arc<PooledConnection>,
 }
 
 impl RedisSlot {
-    pub(crate) fn new(pool: Pool, scripts: Vec<Script>, health: Arc<RedisHealth>) -> Self {
+    pub(crate) fn new(pool: RedisPool, scripts: Vec<Script>, health: Arc<RedisHealth>) -> Self {
         Self {
             pool,
             scripts: scripts.into(),
@@ -145,10 +152,13 @@ impl RedisSlot {
     }
 
     /// Forgets the connection that failed, here and (if still the same) for
-    /// the forks.
+    /// the forks, and keeps it from going back to the pool.
     fn drop_conn(&mut self) {
-        if let Some(failed) = self.conn.take()
-            && let Ok(mut shared) = self.shared.lock()
+        let Some(failed) = self.conn.take() else {
+            return;
+        };
+        failed.pooled.discard();
+        if let Ok(mut shared) = self.shared.lock()
             && shared
                 .as_ref()
                 .is_some_and(|link| link.generation == failed.generation)
@@ -164,7 +174,7 @@ impl RedisSlot {
             let link = match current {
                 Some(link) => link,
                 None => {
-                    let pooled = self.pool.get().await.map_err(pool_error)?;
+                    let pooled = self.pool.get().await?;
                     let mut shared = self
                         .shared
                         .lock()
@@ -174,11 +184,10 @@ impl RedisSlot {
                         Some(link) => link.clone(),
                         None => {
                             let generation = rand::random();
-                            let conn = (*pooled).clone();
                             let link = Link {
                                 generation,
-                                conn,
-                                _pooled: Arc::new(pooled),
+                                conn: pooled.shared(),
+                                pooled: Arc::new(pooled),
                             };
                             shared.insert(link).clone()
                         }
@@ -208,11 +217,4 @@ impl RedisSlot {
 enum Request<'a> {
     Cmd(&'a Cmd),
     Pipeline(&'a Pipeline),
-}
-
-fn pool_error(e: deadpool_redis::PoolError) -> RedisError {
-    match e {
-        deadpool_redis::PoolError::Backend(e) => e,
-        other => RedisError::from(std::io::Error::other(other.to_string())),
-    }
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use lapin::Connection;
 use shardline_topology::broker::{self, BrokerError};
-use shardline_topology::{ShardId, declare};
+use shardline_topology::{RedisPool, ShardId, declare};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -327,7 +327,7 @@ async fn run_shards(
     dead_letters: &Arc<Connection>,
     config: &Arc<Config>,
     shards: &[(Arc<ShardContext>, watch::Receiver<bool>)],
-    pool: &deadpool_redis::Pool,
+    pool: &RedisPool,
     health: &Arc<RedisHealth>,
     shutdown: &CancellationToken,
 ) -> bool {
@@ -496,7 +496,7 @@ async fn check_queues(conn: &Connection, config: &Config) -> Result<(), WorkerEr
     Ok(())
 }
 
-fn redis_pool(config: &Config) -> Result<deadpool_redis::Pool, WorkerError> {
+fn redis_pool(config: &Config) -> Result<RedisPool, WorkerError> {
     // One connection held per shard, plus a spare for start-up checks.
     config
         .redis
@@ -505,13 +505,13 @@ fn redis_pool(config: &Config) -> Result<deadpool_redis::Pool, WorkerError> {
 }
 
 /// Warns when Redis may evict dedup keys (SPEC §3: anything but `noeviction`).
-async fn warn_if_redis_may_evict(pool: &deadpool_redis::Pool) {
+async fn warn_if_redis_may_evict(pool: &RedisPool) {
     let policy: Result<Vec<String>, String> = async {
         let mut conn = pool.get().await.map_err(|e| e.to_string())?;
         redis::cmd("CONFIG")
             .arg("GET")
             .arg("maxmemory-policy")
-            .query_async(&mut *conn)
+            .query_async(&mut conn)
             .await
             .map_err(|e| e.to_string())
     }
