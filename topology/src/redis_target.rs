@@ -103,7 +103,7 @@ const PARAMETERS: &str = "sentinel_username, sentinel_password";
 
 impl Sentinels {
     /// Parses a `redis+sentinel://` or `rediss+sentinel://` URL; the error
-    /// names the problem (and may quote the URL: scrub it).
+    /// names the problem in one line and never quotes a password.
     fn parse(url: &str) -> Result<Self, String> {
         let (tls, rest) = if let Some(rest) = url.strip_prefix(SENTINEL_SCHEME) {
             (Tls::Off, rest)
@@ -334,7 +334,12 @@ impl RedisTarget {
             sentinels: None,
         };
         if is_sentinel_url(url) {
-            let sentinels = Sentinels::parse(url).map_err(|problem| target.failed(&problem))?;
+            // The problem never quotes a password (and scrubbing a short one
+            // would blank its letters all over the sentence).
+            let sentinels = Sentinels::parse(url).map_err(|problem| RedisError::Failed {
+                url: target.to_string(),
+                cause: problem,
+            })?;
             target.sentinels = Some(sentinels);
         } else {
             redis::Client::open(url).map_err(|e| target.error(&e))?;
@@ -521,12 +526,26 @@ impl PooledConnection {
         self.discard.store(true, Ordering::Relaxed);
     }
 
-    fn note<T>(&self, result: &redis::RedisResult<T>) {
-        if let Err(e) = result
-            && (e.is_io_error() || e.is_unrecoverable_error() || is_not_primary(e))
-        {
+    /// Discards the connection if `result` says it is no good. A server's
+    /// error reply arrives as a value (a caller's `query_async` turns it into
+    /// an error afterwards), in a pipeline's or transaction's answer too.
+    fn note(&self, result: Result<&[Value], &redis::RedisError>) {
+        let failed = match result {
+            Ok(values) => values.iter().any(refused),
+            Err(e) => e.is_io_error() || e.is_unrecoverable_error() || is_not_primary(e),
+        };
+        if failed {
             self.discard();
         }
+    }
+}
+
+/// Whether a reply is (or holds) a refusal as not the primary.
+fn refused(value: &Value) -> bool {
+    match value {
+        Value::ServerError(e) => is_not_primary(&redis::RedisError::from(e.clone())),
+        Value::Array(values) => values.iter().any(refused),
+        _ => false,
     }
 }
 
@@ -534,7 +553,7 @@ impl ConnectionLike for PooledConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let result = self.conn.req_packed_command(cmd).await;
-            self.note(&result);
+            self.note(result.as_ref().map(std::slice::from_ref));
             result
         })
     }
@@ -547,7 +566,7 @@ impl ConnectionLike for PooledConnection {
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
             let result = self.conn.req_packed_commands(cmd, offset, count).await;
-            self.note(&result);
+            self.note(result.as_ref().map(Vec::as_slice));
             result
         })
     }
@@ -571,14 +590,21 @@ impl Drop for PooledConnection {
 }
 
 /// Whether `e` says that the node is not (or no longer) the primary: a
-/// replica refusing a write (`READONLY`, also inside a script's error), or
-/// one that lost its primary (`MASTERDOWN`). Such a connection must not be
-/// used again.
+/// replica refusing a write (`READONLY`, also inside a script's error), one
+/// that lost its primary (`MASTERDOWN`), or a primary cut off from its
+/// replicas under `min-replicas-to-write` (`NOREPLICAS`, as an old primary
+/// is after a failover). Such a connection must not be used again.
 pub fn is_not_primary(e: &redis::RedisError) -> bool {
-    matches!(
+    if matches!(
         e.kind(),
         ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
-    ) || e.to_string().contains("READONLY")
+    ) {
+        return true;
+    }
+    // Scripts wrap the refusal of their write in an error of their own, and
+    // NOREPLICAS has no kind of its own in the client.
+    let text = e.to_string();
+    text.contains("READONLY") || text.contains("NOREPLICAS")
 }
 
 fn pool_error(e: deadpool_redis::PoolError) -> redis::RedisError {
@@ -876,10 +902,55 @@ mod tests {
             assert!(!e.contains(secret), "{e}");
         }
         assert!(e.contains("sentinel_password=***#insecure"), "{e}");
+        let short = RedisTarget::parse("redis+sentinel://:S@h,/m?sentinel_password=e")
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            short
+                .ends_with("an empty Sentinel address in the list (two commas, or a trailing one)"),
+            "{short}"
+        );
         assert_eq!(
             scrub_secrets("decoded Pw!x and Sen!tinel", bad),
             "decoded *** and ***"
         );
+    }
+
+    fn reply_error(reply: &str) -> redis::RedisError {
+        redis::parse_redis_value(format!("{reply}\r\n").as_bytes())
+            .and_then(Value::extract_error)
+            .map(|v| panic!("{reply} parsed as {v:?}"))
+            .unwrap_or_else(|e| e)
+    }
+
+    #[test]
+    fn refusals_as_not_the_primary_are_recognised() {
+        for reply in [
+            "-READONLY You can't write against a read only replica.",
+            "-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            "-NOREPLICAS Not enough good replicas to write.",
+            "-ERR Error running script (call to f_1): @user_script:1: -READONLY You can't write against a read only replica.",
+        ] {
+            assert!(is_not_primary(&reply_error(reply)), "{reply}");
+        }
+        for reply in [
+            "-ERR unknown command",
+            "-NOSCRIPT No matching script",
+            "-WRONGTYPE x",
+        ] {
+            assert!(!is_not_primary(&reply_error(reply)), "{reply}");
+        }
+        let values = [
+            Value::Okay,
+            Value::ServerError(match redis::parse_redis_value(b"-READONLY no\r\n") {
+                Ok(Value::ServerError(e)) => e,
+                other => panic!("{other:?}"),
+            }),
+        ];
+        assert!(values.iter().any(refused));
+        assert!(!refused(&Value::Array(vec![Value::Okay, Value::Int(1)])));
+        assert!(refused(&Value::Array(vec![Value::Okay, values[1].clone()])));
     }
 
     #[tokio::test]
