@@ -7,10 +7,12 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use deadpool_redis::sentinel::{SentinelNodeConnectionInfo, SentinelServerType, TlsMode};
+use futures_util::StreamExt;
 use percent_encoding::percent_decode_str;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::SentinelClient;
@@ -444,12 +446,170 @@ impl RedisTarget {
             SentinelServerType::Master,
         )
         .map_err(|e| self.error(&e))?;
-        deadpool_redis::sentinel::Pool::builder(manager)
+        let pool = deadpool_redis::sentinel::Pool::builder(manager)
             .config(pool)
             .runtime(deadpool_redis::Runtime::Tokio1)
             .build()
-            .map(|pool| RedisPool(Pools::Sentinel(pool)))
-            .map_err(|e| self.failed(&e.to_string()))
+            .map_err(|e| self.failed(&e.to_string()))?;
+        let failovers = Arc::new(Failovers::default());
+        let watchers = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => sentinels
+                .sentinel_infos()
+                .map_err(|e| self.error(&e))?
+                .into_iter()
+                .map(|sentinel| {
+                    let watch = watch_failovers(
+                        sentinel,
+                        sentinels.service.clone(),
+                        failovers.clone(),
+                        pool.clone(),
+                    );
+                    AbortOnDrop(runtime.spawn(watch))
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        Ok(RedisPool(Pools::Sentinel {
+            pool,
+            failovers,
+            _watchers: Arc::new(watchers),
+        }))
+    }
+}
+
+/// Longest pause of new connections while the Sentinels promote a replica,
+/// in case their announcement of the end is missed.
+const PROMOTION_FENCE: Duration = Duration::from_secs(30);
+
+/// What the Sentinels announced about the primary's failovers.
+#[derive(Default)]
+struct Failovers {
+    /// Bumped when a promotion starts and when the primary switched: a
+    /// connection made before is stale ([`PooledConnection::is_stale`]).
+    switches: AtomicU64,
+    /// While a replica is being promoted (from the leader's
+    /// `+failover-state-send-slaveof-noone` to `+switch-master` or an abort):
+    /// no new connection. The old primary still takes writes then (after a
+    /// manual failover until the Sentinels convert it, seconds later), and
+    /// every write it takes is lost; the new one is not named yet.
+    fenced_until: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// The last event acted upon: every Sentinel announces the switch.
+    last_event: std::sync::Mutex<String>,
+}
+
+impl Failovers {
+    /// Whether this event is news (not the same one from another Sentinel).
+    fn is_new(&self, channel: &str, payload: &str) -> bool {
+        let event = format!("{channel} {payload}");
+        match self.last_event.lock() {
+            Ok(last) if *last == event => false,
+            Ok(mut last) => {
+                *last = event;
+                true
+            }
+            Err(_) => true,
+        }
+    }
+
+    fn fence(&self, until: Option<tokio::time::Instant>) {
+        self.switches.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut fenced) = self.fenced_until.lock() {
+            *fenced = until;
+        }
+    }
+
+    fn is_fenced(&self) -> bool {
+        self.fenced_until
+            .lock()
+            .ok()
+            .and_then(|fenced| *fenced)
+            .is_some_and(|until| tokio::time::Instant::now() < until)
+    }
+}
+
+/// The Sentinel events a failover of the service is followed by.
+const FAILOVER_EVENTS: [&str; 5] = [
+    "+failover-state-send-slaveof-noone",
+    "+switch-master",
+    "-failover-abort-not-elected",
+    "-failover-abort-no-good-slave",
+    "-failover-abort-slave-timeout",
+];
+
+/// Follows one Sentinel's announcements of `service`'s failovers (only the
+/// leader of a failover announces its steps, so every Sentinel is
+/// followed): a promotion starting fences new connections and makes the
+/// current ones stale, the switch (or an abort) lifts the fence and makes
+/// connections stale again, and empties the pool's idle ones.
+async fn watch_failovers(
+    sentinel: redis::ConnectionInfo,
+    service: String,
+    failovers: Arc<Failovers>,
+    pool: deadpool_redis::sentinel::Pool,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let subscribed = async {
+            let mut pubsub = redis::Client::open(sentinel.clone())?
+                .get_async_pubsub()
+                .await?;
+            pubsub.subscribe(&FAILOVER_EVENTS[..]).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        if let Ok(Ok(mut pubsub)) = tokio::time::timeout(CONNECT_TIMEOUT, subscribed).await {
+            backoff = Duration::from_millis(100);
+            let mut messages = pubsub.on_message();
+            while let Some(message) = messages.next().await {
+                let Ok(payload) = message.get_payload::<String>() else {
+                    continue;
+                };
+                let channel = message.get_channel_name();
+                if event_service(&payload) != Some(service.as_str())
+                    || !failovers.is_new(channel, &payload)
+                {
+                    continue;
+                }
+                match channel {
+                    "+failover-state-send-slaveof-noone" => {
+                        failovers.fence(Some(tokio::time::Instant::now() + PROMOTION_FENCE));
+                        pool.retain(|_, _| false);
+                        tracing::warn!(service = %service, event = %payload, "Redis Sentinels are promoting a replica: no Redis writes until they name it");
+                    }
+                    "+switch-master" => {
+                        failovers.fence(None);
+                        pool.retain(|_, _| false);
+                        tracing::warn!(service = %service, event = %payload, "Redis Sentinels switched the primary: connections to the old one are dropped");
+                    }
+                    abort => {
+                        failovers.fence(None);
+                        tracing::warn!(service = %service, event = %abort, "Redis Sentinels aborted a failover");
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// The service a Sentinel event is about: `<service> <old ip> <old port> …`
+/// (`+switch-master`), `<type> <name> <ip> <port> @ <service> <ip> <port>`
+/// (a replica's event), or `master <service> <ip> <port>`.
+fn event_service(payload: &str) -> Option<&str> {
+    let words: Vec<&str> = payload.split(' ').collect();
+    match words.iter().position(|w| *w == "@") {
+        Some(at) => words.get(at + 1).copied(),
+        None if words.first() == Some(&"master") => words.get(1).copied(),
+        None => words.first().copied(),
+    }
+}
+
+/// Ends the watcher with the last clone of its pool.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -461,16 +621,32 @@ pub struct RedisPool(Pools);
 #[derive(Clone)]
 enum Pools {
     Direct(deadpool_redis::Pool),
-    Sentinel(deadpool_redis::sentinel::Pool),
+    Sentinel {
+        pool: deadpool_redis::sentinel::Pool,
+        failovers: Arc<Failovers>,
+        /// One per Sentinel, ended with the last clone of the pool.
+        _watchers: Arc<Vec<AbortOnDrop>>,
+    },
 }
 
 impl RedisPool {
     /// A connection from the pool (a new one if none is idle), within the
     /// pool's wait.
     pub async fn get(&self) -> Result<PooledConnection, redis::RedisError> {
-        let object = match &self.0 {
-            Pools::Direct(pool) => Object::Direct(pool.get().await.map_err(pool_error)?),
-            Pools::Sentinel(pool) => Object::Sentinel(pool.get().await.map_err(pool_error)?),
+        let (object, switches) = match &self.0 {
+            Pools::Direct(pool) => (Object::Direct(pool.get().await.map_err(pool_error)?), None),
+            Pools::Sentinel {
+                pool, failovers, ..
+            } => {
+                if failovers.is_fenced() {
+                    return Err(redis::RedisError::from(std::io::Error::other(
+                        "the Sentinels are promoting a replica to primary",
+                    )));
+                }
+                let seen = failovers.switches.load(Ordering::Relaxed);
+                let object = Object::Sentinel(pool.get().await.map_err(pool_error)?);
+                (object, Some((failovers.clone(), seen)))
+            }
         };
         let conn = match &object {
             Object::Direct(c) => MultiplexedConnection::clone(c),
@@ -480,6 +656,7 @@ impl RedisPool {
             conn,
             object: Some(object),
             discard: AtomicBool::new(false),
+            switches,
         })
     }
 }
@@ -488,7 +665,7 @@ impl fmt::Debug for RedisPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (kind, status) = match &self.0 {
             Pools::Direct(pool) => ("direct", pool.status()),
-            Pools::Sentinel(pool) => ("sentinel", pool.status()),
+            Pools::Sentinel { pool, .. } => ("sentinel", pool.status()),
         };
         write!(f, "RedisPool({kind}, {status:?})")
     }
@@ -506,6 +683,9 @@ pub struct PooledConnection {
     conn: MultiplexedConnection,
     object: Option<Object>,
     discard: AtomicBool,
+    /// With Sentinels: the pool's failovers, and their count of switches
+    /// when this connection was checked out.
+    switches: Option<(Arc<Failovers>, u64)>,
 }
 
 enum Object {
@@ -524,6 +704,25 @@ impl PooledConnection {
     /// Never return this connection to the pool: it is closed when dropped.
     pub fn discard(&self) {
         self.discard.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the Sentinels started promoting a replica or switched the
+    /// primary since this connection was checked out: it may lead to the old
+    /// primary, and must not be used again (nor returned to the pool).
+    pub fn is_stale(&self) -> bool {
+        self.switches
+            .as_ref()
+            .is_some_and(|(failovers, seen)| failovers.switches.load(Ordering::Relaxed) != *seen)
+    }
+
+    /// An error for a request not sent because the connection is stale.
+    fn refuse_stale(&self) -> Option<redis::RedisError> {
+        self.is_stale().then(|| {
+            self.discard();
+            redis::RedisError::from(std::io::Error::other(
+                "the Sentinels failed the primary over since this connection was made",
+            ))
+        })
     }
 
     /// Discards the connection if `result` says it is no good. A server's
@@ -552,6 +751,9 @@ fn refused(value: &Value) -> bool {
 impl ConnectionLike for PooledConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
+            if let Some(stale) = self.refuse_stale() {
+                return Err(stale);
+            }
             let result = self.conn.req_packed_command(cmd).await;
             self.note(result.as_ref().map(std::slice::from_ref));
             result
@@ -565,6 +767,9 @@ impl ConnectionLike for PooledConnection {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
+            if let Some(stale) = self.refuse_stale() {
+                return Err(stale);
+            }
             let result = self.conn.req_packed_commands(cmd, offset, count).await;
             self.note(result.as_ref().map(Vec::as_slice));
             result
@@ -578,7 +783,7 @@ impl ConnectionLike for PooledConnection {
 
 impl Drop for PooledConnection {
     fn drop(&mut self) {
-        if !self.discard.load(Ordering::Relaxed) {
+        if !self.discard.load(Ordering::Relaxed) && !self.is_stale() {
             return;
         }
         match self.object.take() {
@@ -951,6 +1156,17 @@ mod tests {
         assert!(values.iter().any(refused));
         assert!(!refused(&Value::Array(vec![Value::Okay, Value::Int(1)])));
         assert!(refused(&Value::Array(vec![Value::Okay, values[1].clone()])));
+    }
+
+    #[test]
+    fn sentinel_events_name_their_service() {
+        for (payload, service) in [
+            ("mymaster 127.0.0.1 1 127.0.0.1 2", "mymaster"),
+            ("slave 127.0.0.1:2 127.0.0.1 2 @ cache 127.0.0.1 1", "cache"),
+            ("master orders 127.0.0.1 1", "orders"),
+        ] {
+            assert_eq!(event_service(payload), Some(service), "{payload}");
+        }
     }
 
     #[tokio::test]

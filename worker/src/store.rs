@@ -167,10 +167,27 @@ impl RedisSlot {
         }
     }
 
-    /// The shared connection, or a new one from the pool.
+    /// The shared connection, or a new one from the pool. One made before
+    /// the Sentinels switched the primary is dropped first: the old primary
+    /// may still take writes (lost once it is converted to a replica).
     async fn link(&mut self) -> Result<&mut Link, RedisError> {
+        if self
+            .conn
+            .as_ref()
+            .is_some_and(|link| link.pooled.is_stale())
+        {
+            self.drop_conn();
+        }
         if self.conn.is_none() {
             let current = self.shared.lock().ok().and_then(|shared| shared.clone());
+            let current = match current {
+                Some(link) if link.pooled.is_stale() => {
+                    self.conn = Some(link);
+                    self.drop_conn();
+                    None
+                }
+                current => current,
+            };
             let link = match current {
                 Some(link) => link,
                 None => {
