@@ -1,7 +1,8 @@
 //! A private Redis Sentinel setup for failover tests: a primary and one
 //! replica (`redis-server` without persistence) and three Sentinels (quorum
 //! 2, a node is down after 1 s), all on 127.0.0.1 on free ports, files under
-//! the test's scratch folder. Every process is killed on drop.
+//! the test's scratch folder; plain, or TLS only everywhere (certificate from
+//! a test [`Pki`]). Every process is killed on drop.
 //!
 //! Waits are on what the servers say (`SENTINEL get-master-addr-by-name`,
 //! `INFO replication`, `SENTINEL CKQUORUM`), through [`wait_until`].
@@ -13,6 +14,7 @@ use std::time::Duration;
 
 use crate::broker::free_port;
 use crate::process::Helper;
+use crate::tls::Pki;
 use crate::wait::wait_until;
 
 /// The service (master) name the Sentinels monitor.
@@ -26,6 +28,36 @@ pub struct SentinelSet {
     nodes: Vec<Node>,
     sentinels: Vec<Node>,
     dir: PathBuf,
+    dialer: Dialer,
+}
+
+/// How the kit itself reaches a node: plain, or TLS trusting the test CA.
+#[derive(Clone)]
+struct Dialer {
+    ca: Option<Vec<u8>>,
+}
+
+impl Dialer {
+    fn client(&self, port: u16) -> Result<redis::Client, String> {
+        match &self.ca {
+            None => redis::Client::open(format!("redis://127.0.0.1:{port}")),
+            Some(ca) => redis::Client::build_with_tls(
+                format!("rediss://127.0.0.1:{port}"),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.clone()),
+                },
+            ),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    async fn connect(&self, port: u16) -> Result<redis::aio::MultiplexedConnection, String> {
+        self.client(port)?
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| format!("{port}: {e}"))
+    }
 }
 
 struct Node {
@@ -37,22 +69,51 @@ impl SentinelSet {
     /// Starts the primary, its replica (waiting until it is in sync) and the
     /// three Sentinels (waiting until each knows the replica and a quorum).
     pub async fn start(id: &str) -> Self {
+        Self::start_with(id, None).await
+    }
+
+    /// Like [`Self::start`], every node and Sentinel listening on TLS only
+    /// (replication and the Sentinels' links too), with `pki`'s certificate.
+    pub async fn start_tls(id: &str, pki: &Pki) -> Self {
+        Self::start_with(id, Some(pki)).await
+    }
+
+    async fn start_with(id: &str, pki: Option<&Pki>) -> Self {
         let dir = crate::paths::scratch("sentinel").join(id);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let ports = free_ports(5);
+        let dialer = Dialer {
+            ca: pki.map(|pki| std::fs::read(&pki.ca).unwrap()),
+        };
         let mut set = Self {
             nodes: Vec::new(),
             sentinels: Vec::new(),
             dir,
+            dialer: dialer.clone(),
         };
         let primary = ports[0];
         for (i, &port) in ports[..2].iter().enumerate() {
             let node_dir = set.dir.join(format!("redis-{port}"));
             std::fs::create_dir_all(&node_dir).unwrap();
             let mut cmd = Command::new("redis-server");
-            cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-                .args(["--save", "", "--appendonly", "no"])
+            cmd.args(["--bind", "127.0.0.1"]);
+            match pki {
+                None => {
+                    cmd.args(["--port", &port.to_string()]);
+                }
+                Some(pki) => {
+                    cmd.args(["--port", "0", "--tls-port", &port.to_string()])
+                        .arg("--tls-cert-file")
+                        .arg(&pki.cert)
+                        .arg("--tls-key-file")
+                        .arg(&pki.key)
+                        .arg("--tls-ca-cert-file")
+                        .arg(&pki.ca)
+                        .args(["--tls-auth-clients", "no", "--tls-replication", "yes"]);
+                }
+            }
+            cmd.args(["--save", "", "--appendonly", "no"])
                 // A replica syncs at once, not after the default 5 s.
                 .args([
                     "--repl-diskless-sync",
@@ -72,14 +133,14 @@ impl SentinelSet {
             });
         }
         for node in &mut set.nodes {
-            wait_answering(node).await;
+            wait_answering(node, &dialer).await;
         }
         let replica = ports[1];
         wait_until(
             &format!("replica {replica} to sync with primary {primary}"),
             crate::STARTUP,
-            || async move {
-                let info = replication(replica).await?;
+            || async {
+                let info = replication(&dialer, replica).await?;
                 if info.contains("master_link_status:up") {
                     Ok(())
                 } else {
@@ -90,7 +151,7 @@ impl SentinelSet {
         .await;
         for &port in &ports[2..] {
             let conf = set.dir.join(format!("sentinel-{port}.conf"));
-            write_sentinel_conf(&conf, port, primary, &set.dir);
+            write_sentinel_conf(&conf, port, primary, &set.dir, pki);
             let mut cmd = Command::new("redis-server");
             cmd.arg(&conf).arg("--sentinel");
             let log = set.dir.join(format!("sentinel-{port}.log"));
@@ -100,15 +161,15 @@ impl SentinelSet {
             });
         }
         for sentinel in &mut set.sentinels {
-            wait_answering(sentinel).await;
+            wait_answering(sentinel, &dialer).await;
         }
         for sentinel in &set.sentinels {
             let port = sentinel.port;
             wait_until(
                 &format!("Sentinel {port} to know the replica and reach a quorum"),
                 crate::STARTUP,
-                || async move {
-                    let mut conn = connection(port).await?;
+                || async {
+                    let mut conn = dialer.connect(port).await?;
                     let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
                         .arg("REPLICAS")
                         .arg(SERVICE)
@@ -131,14 +192,19 @@ impl SentinelSet {
         set
     }
 
-    /// `redis+sentinel://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3/mymaster`.
+    /// `redis+sentinel://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3/mymaster`
+    /// (`rediss+sentinel://` for a TLS set).
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
             .sentinels
             .iter()
             .map(|s| format!("127.0.0.1:{}", s.port))
             .collect();
-        format!("redis+sentinel://{}/{SERVICE}", hosts.join(","))
+        let scheme = match self.dialer.ca {
+            None => "redis+sentinel",
+            Some(_) => "rediss+sentinel",
+        };
+        format!("{scheme}://{}/{SERVICE}", hosts.join(","))
     }
 
     /// The data nodes' ports (primary and replica, whichever is which now).
@@ -154,7 +220,7 @@ impl SentinelSet {
     /// The primary's port, as the first Sentinel that answers names it.
     pub async fn primary_port(&self) -> u16 {
         for sentinel in &self.sentinels {
-            if let Ok(port) = named_primary(sentinel.port).await {
+            if let Ok(port) = named_primary(&self.dialer, sentinel.port).await {
                 return port;
             }
         }
@@ -179,7 +245,7 @@ impl SentinelSet {
     /// returns the old primary's port.
     pub async fn manual_failover(&self) -> u16 {
         let port = self.primary_port().await;
-        let mut conn = connection(self.sentinels[0].port).await.unwrap();
+        let mut conn = self.dialer.connect(self.sentinels[0].port).await.unwrap();
         let () = redis::cmd("SENTINEL")
             .arg("FAILOVER")
             .arg(SERVICE)
@@ -203,21 +269,22 @@ impl SentinelSet {
             FAILOVER,
             || {
                 let sentinels = sentinels.clone();
+                let dialer = &self.dialer;
                 async move {
                     let mut named = BTreeSet::new();
                     for port in sentinels {
-                        named.insert(named_primary(port).await?);
+                        named.insert(named_primary(dialer, port).await?);
                     }
                     let new = match named.iter().collect::<Vec<_>>()[..] {
                         [&new] if new != old_port => new,
                         _ => return Err(format!("the Sentinels name {named:?}")),
                     };
-                    let info = replication(new).await?;
+                    let info = replication(dialer, new).await?;
                     if !info.contains("role:master") {
                         return Err(format!("{new} is named but says {info}"));
                     }
                     if old_alive {
-                        let info = replication(old_port).await?;
+                        let info = replication(dialer, old_port).await?;
                         if !info.contains("role:slave") {
                             return Err(format!("old primary {old_port} says {info}"));
                         }
@@ -229,9 +296,10 @@ impl SentinelSet {
         .await
     }
 
-    /// A client of the data node on `port`.
+    /// A client of the data node on `port` (over TLS for a TLS set,
+    /// trusting the test CA only).
     pub fn node_client(&self, port: u16) -> redis::Client {
-        redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap()
+        self.dialer.client(port).unwrap()
     }
 
     /// Where the nodes' files and logs are.
@@ -259,11 +327,26 @@ fn free_ports(n: usize) -> Vec<u16> {
     ports.into_iter().collect()
 }
 
-fn write_sentinel_conf(path: &Path, port: u16, primary: u16, dir: &Path) {
+fn write_sentinel_conf(path: &Path, port: u16, primary: u16, dir: &Path, pki: Option<&Pki>) {
     let sentinel_dir = dir.join(format!("sentinel-{port}"));
     std::fs::create_dir_all(&sentinel_dir).unwrap();
+    let listen = match pki {
+        None => format!("port {port}\n"),
+        Some(pki) => format!(
+            "port 0\n\
+             tls-port {port}\n\
+             tls-cert-file {}\n\
+             tls-key-file {}\n\
+             tls-ca-cert-file {}\n\
+             tls-auth-clients no\n\
+             tls-replication yes\n",
+            pki.cert.display(),
+            pki.key.display(),
+            pki.ca.display()
+        ),
+    };
     let conf = format!(
-        "port {port}\n\
+        "{listen}\
          bind 127.0.0.1\n\
          dir {}\n\
          sentinel resolve-hostnames yes\n\
@@ -277,16 +360,7 @@ fn write_sentinel_conf(path: &Path, port: u16, primary: u16, dir: &Path) {
     std::fs::write(path, conf).unwrap();
 }
 
-async fn connection(port: u16) -> Result<redis::aio::MultiplexedConnection, String> {
-    let client =
-        redis::Client::open(format!("redis://127.0.0.1:{port}")).map_err(|e| e.to_string())?;
-    client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| format!("{port}: {e}"))
-}
-
-async fn wait_answering(node: &mut Node) {
+async fn wait_answering(node: &mut Node, dialer: &Dialer) {
     let port = node.port;
     wait_until(
         &format!("redis-server on port {port} to answer PING"),
@@ -296,7 +370,7 @@ async fn wait_answering(node: &mut Node) {
                 process.assert_running();
             }
             async move {
-                let mut conn = connection(port).await?;
+                let mut conn = dialer.connect(port).await?;
                 redis::cmd("PING")
                     .query_async::<String>(&mut conn)
                     .await
@@ -309,8 +383,8 @@ async fn wait_answering(node: &mut Node) {
 }
 
 /// `INFO replication` of the data node on `port`.
-async fn replication(port: u16) -> Result<String, String> {
-    let mut conn = connection(port).await?;
+async fn replication(dialer: &Dialer, port: u16) -> Result<String, String> {
+    let mut conn = dialer.connect(port).await?;
     redis::cmd("INFO")
         .arg("replication")
         .query_async(&mut conn)
@@ -319,8 +393,8 @@ async fn replication(port: u16) -> Result<String, String> {
 }
 
 /// The primary's port as the Sentinel on `port` names it.
-async fn named_primary(port: u16) -> Result<u16, String> {
-    let mut conn = connection(port).await?;
+async fn named_primary(dialer: &Dialer, port: u16) -> Result<u16, String> {
+    let mut conn = dialer.connect(port).await?;
     let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
         .arg("get-master-addr-by-name")
         .arg(SERVICE)
