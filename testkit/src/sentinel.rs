@@ -31,18 +31,33 @@ pub struct SentinelSet {
     dialer: Dialer,
 }
 
-/// How the kit itself reaches a node: plain, or TLS trusting the test CA.
-#[derive(Clone)]
+/// How the kit itself reaches a node: plain, or TLS trusting the test CA;
+/// with the data nodes' or the Sentinels' password.
+#[derive(Clone, Default)]
 struct Dialer {
     ca: Option<Vec<u8>>,
+    passwords: Option<Passwords>,
+    sentinel_ports: Vec<u16>,
+}
+
+/// `requirepass` of the data nodes and of the Sentinels.
+#[derive(Clone)]
+struct Passwords {
+    primary: String,
+    sentinel: String,
 }
 
 impl Dialer {
     fn client(&self, port: u16) -> Result<redis::Client, String> {
+        let auth = match &self.passwords {
+            None => String::new(),
+            Some(p) if self.sentinel_ports.contains(&port) => format!(":{}@", p.sentinel),
+            Some(p) => format!(":{}@", p.primary),
+        };
         match &self.ca {
-            None => redis::Client::open(format!("redis://127.0.0.1:{port}")),
+            None => redis::Client::open(format!("redis://{auth}127.0.0.1:{port}")),
             Some(ca) => redis::Client::build_with_tls(
-                format!("rediss://127.0.0.1:{port}"),
+                format!("rediss://{auth}127.0.0.1:{port}"),
                 redis::TlsCertificates {
                     client_tls: None,
                     root_cert: Some(ca.clone()),
@@ -69,22 +84,34 @@ impl SentinelSet {
     /// Starts the primary, its replica (waiting until it is in sync) and the
     /// three Sentinels (waiting until each knows the replica and a quorum).
     pub async fn start(id: &str) -> Self {
-        Self::start_with(id, None).await
+        Self::start_with(id, None, None).await
     }
 
     /// Like [`Self::start`], every node and Sentinel listening on TLS only
     /// (replication and the Sentinels' links too), with `pki`'s certificate.
     pub async fn start_tls(id: &str, pki: &Pki) -> Self {
-        Self::start_with(id, Some(pki)).await
+        Self::start_with(id, Some(pki), None).await
     }
 
-    async fn start_with(id: &str, pki: Option<&Pki>) -> Self {
+    /// Like [`Self::start`], the data nodes requiring `primary` (replication
+    /// and the Sentinels authenticate with it), the Sentinels `sentinel`.
+    pub async fn start_with_passwords(id: &str, primary: &str, sentinel: &str) -> Self {
+        let passwords = Passwords {
+            primary: primary.to_owned(),
+            sentinel: sentinel.to_owned(),
+        };
+        Self::start_with(id, None, Some(passwords)).await
+    }
+
+    async fn start_with(id: &str, pki: Option<&Pki>, passwords: Option<Passwords>) -> Self {
         let dir = crate::paths::scratch("sentinel").join(id);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let ports = free_ports(5);
         let dialer = Dialer {
             ca: pki.map(|pki| std::fs::read(&pki.ca).unwrap()),
+            passwords: passwords.clone(),
+            sentinel_ports: ports[2..].to_vec(),
         };
         let mut set = Self {
             nodes: Vec::new(),
@@ -112,6 +139,9 @@ impl SentinelSet {
                         .arg(&pki.ca)
                         .args(["--tls-auth-clients", "no", "--tls-replication", "yes"]);
                 }
+            }
+            if let Some(p) = &passwords {
+                cmd.args(["--requirepass", &p.primary, "--masterauth", &p.primary]);
             }
             cmd.args(["--save", "", "--appendonly", "no"])
                 // A replica syncs at once, not after the default 5 s.
@@ -151,7 +181,7 @@ impl SentinelSet {
         .await;
         for &port in &ports[2..] {
             let conf = set.dir.join(format!("sentinel-{port}.conf"));
-            write_sentinel_conf(&conf, port, primary, &set.dir, pki);
+            write_sentinel_conf(&conf, port, primary, &set.dir, pki, passwords.as_ref());
             let mut cmd = Command::new("redis-server");
             cmd.arg(&conf).arg("--sentinel");
             let log = set.dir.join(format!("sentinel-{port}.log"));
@@ -193,7 +223,7 @@ impl SentinelSet {
     }
 
     /// `redis+sentinel://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3/mymaster`
-    /// (`rediss+sentinel://` for a TLS set).
+    /// (`rediss+sentinel://` for a TLS set; with both passwords if set).
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
             .sentinels
@@ -204,7 +234,15 @@ impl SentinelSet {
             None => "redis+sentinel",
             Some(_) => "rediss+sentinel",
         };
-        format!("{scheme}://{}/{SERVICE}", hosts.join(","))
+        match &self.dialer.passwords {
+            None => format!("{scheme}://{}/{SERVICE}", hosts.join(",")),
+            Some(p) => format!(
+                "{scheme}://:{}@{}/{SERVICE}?sentinel_password={}",
+                p.primary,
+                hosts.join(","),
+                p.sentinel
+            ),
+        }
     }
 
     /// The data nodes' ports (primary and replica, whichever is which now).
@@ -327,7 +365,14 @@ fn free_ports(n: usize) -> Vec<u16> {
     ports.into_iter().collect()
 }
 
-fn write_sentinel_conf(path: &Path, port: u16, primary: u16, dir: &Path, pki: Option<&Pki>) {
+fn write_sentinel_conf(
+    path: &Path,
+    port: u16,
+    primary: u16,
+    dir: &Path,
+    pki: Option<&Pki>,
+    passwords: Option<&Passwords>,
+) {
     let sentinel_dir = dir.join(format!("sentinel-{port}"));
     std::fs::create_dir_all(&sentinel_dir).unwrap();
     let listen = match pki {
@@ -345,8 +390,20 @@ fn write_sentinel_conf(path: &Path, port: u16, primary: u16, dir: &Path, pki: Op
             pki.ca.display()
         ),
     };
+    let auth = match passwords {
+        None => String::new(),
+        Some(p) => format!(
+            "requirepass {}\n\
+             sentinel sentinel-pass {}\n",
+            p.sentinel, p.sentinel
+        ),
+    };
+    let data_auth = match passwords {
+        None => String::new(),
+        Some(p) => format!("sentinel auth-pass {SERVICE} {}\n", p.primary),
+    };
     let conf = format!(
-        "{listen}\
+        "{listen}{auth}\
          bind 127.0.0.1\n\
          dir {}\n\
          sentinel resolve-hostnames yes\n\
@@ -354,7 +411,8 @@ fn write_sentinel_conf(path: &Path, port: u16, primary: u16, dir: &Path, pki: Op
          sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
          sentinel down-after-milliseconds {SERVICE} 1000\n\
          sentinel failover-timeout {SERVICE} 5000\n\
-         sentinel parallel-syncs {SERVICE} 1\n",
+         sentinel parallel-syncs {SERVICE} 1\n\
+         {data_auth}",
         sentinel_dir.display()
     );
     std::fs::write(path, conf).unwrap();

@@ -13,7 +13,8 @@
 //!   out again.
 //! - `topology status` reads the workers' status documents through the
 //!   Sentinels; a malformed Sentinel URL fails at start-up in one line.
-//! - `rediss+sentinel://`: TLS to the Sentinels and the primary.
+//! - `rediss+sentinel://`: TLS to the Sentinels and the primary; the
+//!   primary's and the Sentinels' passwords, each where it belongs.
 
 use std::time::{Duration, Instant};
 
@@ -430,6 +431,54 @@ async fn rediss_sentinel_is_tls_to_the_sentinels_and_the_primary() {
     }
     worker.assert_running("the end");
     eprintln!("topology status without the CA: {unavailable}");
+}
+
+/// Two passwords: the data nodes' (the URL's userinfo) and the Sentinels'
+/// (`sentinel_password`). A tool's connection and the pool use each where it
+/// belongs; a wrong one fails naming the Sentinels tried, and no error shows
+/// either password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "starts a private Sentinel set: scripts/test runs it alone"]
+async fn the_primarys_and_the_sentinels_passwords_each_go_where_they_belong() {
+    let set = SentinelSet::start_with_passwords("sentinel-auth", "Pw4Primary", "Pw4Sentinel").await;
+    let target: RedisTarget = set.url().parse().unwrap();
+    assert!(!format!("{target} {target:?}").contains("Pw4"), "{target}");
+    let mut conn = target.connect().await.unwrap();
+    let () = redis::cmd("SET")
+        .arg("sentinel-auth-probe")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let pool = target.pool(1).unwrap();
+    let mut pooled = pool.get().await.unwrap();
+    let () = redis::cmd("SET")
+        .arg("sentinel-auth-probe")
+        .arg(2)
+        .query_async(&mut pooled)
+        .await
+        .unwrap();
+
+    let secrets = ["Pw4Primary", "Pw4Sentinel", "Wrong4"];
+    let wrong_sentinel = set.url().replace("=Pw4Sentinel", "=Wrong4Sentinel");
+    let wrong_primary = set.url().replace(":Pw4Primary@", ":Wrong4Primary@");
+    for url in [wrong_sentinel, wrong_primary] {
+        let e = url
+            .parse::<RedisTarget>()
+            .unwrap()
+            .connect()
+            .await
+            .map(drop)
+            .unwrap_err()
+            .to_string();
+        for port in set.sentinel_ports() {
+            assert!(e.contains(&format!("127.0.0.1:{port} (")), "{e}");
+        }
+        for secret in secrets {
+            assert!(!e.contains(secret), "{e}");
+        }
+        eprintln!("{e}");
+    }
 }
 
 /// Each of `events` is committed (`done`) on the node on `port`.
