@@ -43,17 +43,20 @@ pub struct GlobalArgs {
         help_heading = "Connection",
         env = "SHARDLINE_AMQP_URL",
         hide_env_values = true,
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        value_parser = UrlParser::<AmqpTarget>::new()
     )]
     pub amqp_url: AmqpTarget,
-    /// Redis URL (`rediss://` for TLS); a path `/N` selects database N.
+    /// Redis URL (`rediss://` for TLS); a path `/N` selects database N;
+    /// `redis+sentinel://host[:port],…/service[/N]` finds the primary through Sentinels.
     #[arg(
         long,
         global = true,
         help_heading = "Connection",
         env = "SHARDLINE_REDIS_URL",
         hide_env_values = true,
-        default_value = "redis://127.0.0.1:6379"
+        default_value = "redis://127.0.0.1:6379",
+        value_parser = UrlParser::<RedisTarget>::new()
     )]
     pub redis_url: RedisTarget,
     /// Prefix of every Redis key shardline writes.
@@ -115,6 +118,48 @@ pub struct GlobalArgs {
         default_value = "order.events.dlq"
     )]
     pub dead_letter_queue: String,
+}
+
+/// Parses a URL flag without quoting it: clap's own "invalid value" message
+/// would show the value as given, passwords included; the target's error
+/// shows the URL redacted.
+#[derive(Clone)]
+struct UrlParser<T>(std::marker::PhantomData<fn() -> T>);
+
+impl<T> UrlParser<T> {
+    const fn new() -> Self {
+        Self(std::marker::PhantomData)
+    }
+}
+
+impl<T> clap::builder::TypedValueParser for UrlParser<T>
+where
+    T: std::str::FromStr + Clone + Send + Sync + 'static,
+    T::Err: std::fmt::Display,
+{
+    type Value = T;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<T, clap::Error> {
+        let flag = arg
+            .and_then(clap::Arg::get_long)
+            .map_or_else(|| "URL".to_owned(), |long| format!("--{long}"));
+        let parsed = match value.to_str() {
+            Some(text) => text.parse::<T>().map_err(|e| format!("{flag}: {e}")),
+            None => Err(format!("{flag}: not UTF-8")),
+        };
+        parsed.map_err(|message| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("{message}\n"),
+            )
+            .with_cmd(cmd)
+        })
+    }
 }
 
 impl GlobalArgs {

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use futures_util::StreamExt;
 use http_body_util::Full;
 use hyper::body::Bytes;
@@ -142,10 +141,7 @@ async fn raw_drain(
     baseline: Baseline,
 ) -> anyhow::Result<()> {
     let conn = Arc::new(broker::connect(&global.amqp_url, "shardline bench raw loop").await?);
-    let redis = match baseline {
-        Baseline::Set => Some(redis::Client::open(global.redis_url.url()).context("--redis-url")?),
-        Baseline::Nodedup => None,
-    };
+    let with_redis = baseline == Baseline::Set;
     let done = Arc::new(AtomicU64::new(0));
     let finished = CancellationToken::new();
     let mut tasks = JoinSet::new();
@@ -153,9 +149,11 @@ async fn raw_drain(
         let queue = scratch.names.shard_queue(shard);
         let (conn, done, finished) = (conn.clone(), done.clone(), finished.clone());
         let key_prefix = format!("{}raw:", scratch.redis_prefix);
-        let mut redis = match &redis {
-            Some(client) => Some(client.get_multiplexed_async_connection().await?),
-            None => None,
+        // One connection per shard, as the worker has (through the
+        // Sentinels for a `redis+sentinel://` URL).
+        let mut redis = match with_redis {
+            true => Some(global.redis_url.connect().await?),
+            false => None,
         };
         tasks.spawn(async move {
             let channel = conn.create_channel().await?;

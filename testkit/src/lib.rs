@@ -22,6 +22,7 @@
 //! - [`metrics`]: `GET` on a worker's `/metrics`, `/readyz`, `/healthz`.
 //! - [`pg`]: the test's PostgreSQL schema with an `orders` table, for `reconcile`.
 //! - [`redis`]: a private `redis-server` (plain or TLS) that a test may kill.
+//! - [`sentinel`]: a private primary, replica and three Sentinels, for failovers.
 //! - [`tls`]: a throwaway CA, a TLS terminator in front of a broker, a broker user.
 //! - [`process`]: a helper child process with its log, killed on drop.
 //! - [`paths`]: where binaries and scratch files are.
@@ -45,6 +46,7 @@ pub mod pg;
 pub mod process;
 pub mod publish;
 pub mod redis;
+pub mod sentinel;
 pub mod tls;
 pub mod wait;
 pub mod worker;

@@ -1,14 +1,15 @@
 //! Outage tests: the worker and the publisher against a broker whose
 //! connections are closed or that is stopped and started, and a worker whose
-//! Redis dies.
+//! Redis dies or fails over.
 //!
 //! None of them touches the machine's RabbitMQ or Redis: the broker outages
 //! hit a private RabbitMQ node that each test starts
 //! ([`shardline_testkit::BrokerNode`]: own node name, ports, files and Erlang
 //! cookie; stopped and removed when the test ends, also on failure), the Redis
-//! outage a private `redis-server`. They are still `#[ignore]`d so that the
-//! parallel suite skips them: a node start costs seconds of CPU and their
-//! timing matters. `scripts/test` runs them afterwards, one at a time:
+//! outages a private `redis-server` (or a primary, a replica and three
+//! Sentinels). They are still `#[ignore]`d so that the parallel suite skips
+//! them: a node start costs seconds of CPU and their timing matters.
+//! `scripts/test` runs them afterwards, one at a time:
 //!
 //! ```sh
 //! cargo test --test outages -- --ignored --test-threads=1
@@ -22,11 +23,15 @@
 //! - [`publisher`]: the publisher re-sends, in order, across the same outages.
 //! - [`redis_outage`]: a Redis outage pauses the shards, counted once; they resume by themselves;
 //!   at `--concurrency` too; and an elastic fleet moves no shard across it.
+//! - [`redis_sentinel`]: Redis behind Sentinel: a killed primary and a manual
+//!   failover pause the shards until the new primary answers; a connection a
+//!   replica refused is never pooled again; `topology status` through Sentinels.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod broker;
 mod publisher;
 mod redis_outage;
+mod redis_sentinel;
 
 use shardline_testkit::TestEnv;
 

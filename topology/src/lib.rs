@@ -11,7 +11,7 @@
 //! - [`w3c`]: the W3C trace context (`traceparent`/`tracestate`) codec.
 //! - [`broker`]: broker addresses and connecting to RabbitMQ, with redacted URLs in every error.
 //! - [`declare`]: declaring the topology (`topology apply`) and reading it back (`status`).
-//! - [`redis_target`]: Redis addresses, connections and pools.
+//! - [`redis_target`]: Redis addresses (direct or through Sentinels), connections and pools.
 //! - [`keys`]: the Redis keyspace.
 //! - [`status`]: the shard and worker status documents in Redis, and backlog levels.
 //! - [`assignment`]: the elastic fleet's rule: who should own each shard, one rebalance step at a time.
@@ -37,5 +37,5 @@ pub use declare::{ApplyReport, DeclareError, QueueType, ShardStatus, TopologyOpt
 pub use envelope::{Envelope, EnvelopeError, NewEvent};
 pub use keys::Keys;
 pub use names::Names;
-pub use redis_target::{RedisError, RedisTarget};
+pub use redis_target::{PooledConnection, RedisError, RedisPool, RedisTarget};
 pub use shard::{ShardCount, ShardId, ShardSet};

@@ -29,7 +29,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use redis::Script;
 use shardline_topology::assignment::{self, Assignment, Members, Rules};
 use shardline_topology::fleet::{FleetAssignment, MemberRecord, StaticRecord};
-use shardline_topology::{Keys, ShardId};
+use shardline_topology::{Keys, RedisPool, ShardId};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -158,7 +158,7 @@ impl Membership {
 
     /// Renews the lease and rebalances every heartbeat until `shutdown`.
     /// While Redis is unreachable the member keeps what it has.
-    pub(crate) async fn run(mut self, pool: deadpool_redis::Pool, shutdown: CancellationToken) {
+    pub(crate) async fn run(mut self, pool: RedisPool, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(self.policy.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tracing::info!(member = %self.policy.member_id, lease = ?self.policy.lease, "joining the fleet (--assign auto)");
@@ -186,13 +186,13 @@ impl Membership {
     /// Stopping: gives the lease back, so that the others reassign this
     /// member's shards at their next heartbeat instead of after the lease
     /// (they stand by until its consumers have drained and closed).
-    async fn leave(&self, pool: &deadpool_redis::Pool) {
+    async fn leave(&self, pool: &RedisPool) {
         let left = async {
             let mut conn = pool.get().await.map_err(|e| e.to_string())?;
             redis::cmd("HDEL")
                 .arg(self.keys.fleet_members())
                 .arg(&self.policy.member_id)
-                .query_async::<i64>(&mut *conn)
+                .query_async::<i64>(&mut conn)
                 .await
                 .map_err(|e| e.to_string())
         };
@@ -208,7 +208,7 @@ impl Membership {
     }
 
     /// One heartbeat: renew, read, rebalance, follow.
-    async fn step(&mut self, pool: &deadpool_redis::Pool) -> Result<(), String> {
+    async fn step(&mut self, pool: &RedisPool) -> Result<(), String> {
         let mut conn = pool.get().await.map_err(|e| e.to_string())?;
         let owns = serde_json::to_string(&self.owned()).map_err(|e| e.to_string())?;
         let forget = self.policy.lease * FORGET_AFTER_LEASES;
@@ -222,7 +222,7 @@ impl Membership {
             .arg(millis(self.policy.lease))
             .arg(owns)
             .arg(millis(forget))
-            .invoke_async(&mut *conn)
+            .invoke_async(&mut conn)
             .await
             .map_err(|e| e.to_string())?;
         if std::mem::take(&mut self.blip) {
@@ -305,7 +305,7 @@ impl Membership {
                     .key(self.keys.fleet_assignment())
                     .arg(expected)
                     .arg(json)
-                    .invoke_async(&mut *conn)
+                    .invoke_async(&mut conn)
                     .await
                     .map_err(|e| e.to_string())?;
                 if written == 1 {

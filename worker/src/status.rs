@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use shardline_topology::Keys;
 use shardline_topology::fleet::StaticRecord;
 use shardline_topology::status::{
     BreakerState, FleetBreaker, ShardReport as Document, TTL, WRITE_EVERY, WorkerReport,
 };
+use shardline_topology::{Keys, RedisPool};
 use tokio_util::sync::CancellationToken;
 
 use crate::breaker::Breaker;
@@ -87,7 +87,7 @@ impl WriterHealth {
 
 /// The status writer: what it writes and where.
 pub(crate) struct Writer {
-    pub(crate) pool: deadpool_redis::Pool,
+    pub(crate) pool: RedisPool,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) keys: Keys,
     pub(crate) owner: String,
@@ -136,7 +136,7 @@ impl Writer {
 }
 
 async fn write(
-    pool: &deadpool_redis::Pool,
+    pool: &RedisPool,
     keys: &Keys,
     shards: &[Document],
     worker: &WorkerReport,
@@ -178,20 +178,20 @@ async fn write(
             .arg(json(&record)?)
             .ignore();
     }
-    pipe.query_async::<()>(&mut *conn)
+    pipe.query_async::<()>(&mut conn)
         .await
         .map_err(|e| e.to_string())
 }
 
 /// The fleet's breaker when another worker has it open (read at start).
 pub(crate) async fn fleet_breaker(
-    pool: &deadpool_redis::Pool,
+    pool: &RedisPool,
     keys: &Keys,
 ) -> Result<Option<FleetBreaker>, String> {
     let mut conn = pool.get().await.map_err(|e| e.to_string())?;
     let doc: Option<String> = redis::cmd("GET")
         .arg(keys.fleet_breaker())
-        .query_async(&mut *conn)
+        .query_async(&mut conn)
         .await
         .map_err(|e| e.to_string())?;
     Ok(doc.and_then(|d| serde_json::from_str(&d).ok()))

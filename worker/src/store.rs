@@ -3,14 +3,15 @@
 //! calls in flight gives each its own [`RedisSlot::fork`]; the forks share the
 //! shard's one multiplexed connection.
 
+use crate::era::RedisEra;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use deadpool_redis::{Connection, Pool};
 use prometheus_client::metrics::counter::Counter;
 use redis::aio::MultiplexedConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, Script, ServerErrorKind};
+use shardline_topology::redis_target::{PooledConnection, RedisPool, is_not_primary};
 
 /// Backoff between reconnection attempts while Redis is down.
 const RETRY_MIN: Duration = Duration::from_millis(100);
@@ -23,13 +24,16 @@ pub(crate) struct RedisHealth {
     down: AtomicBool,
     /// Bumped once per outage.
     outages: Counter,
+    /// Checked on every new connection: a new primary moves it on.
+    era: Arc<RedisEra>,
 }
 
 impl RedisHealth {
-    pub(crate) fn new(outages: Counter) -> Self {
+    pub(crate) fn new(outages: Counter, era: Arc<RedisEra>) -> Self {
         Self {
             down: AtomicBool::new(false),
             outages,
+            era,
         }
     }
 
@@ -40,7 +44,11 @@ impl RedisHealth {
     fn went_down(&self, error: &RedisError) {
         if !self.down.swap(true, Ordering::Relaxed) {
             self.outages.inc();
-            tracing::error!(error = %error, "Redis unreachable: shards paused until it returns");
+            if is_not_primary(error) {
+                tracing::error!(error = %error, "Redis node is no longer the primary (failover): its connections are dropped, shards paused until the primary answers");
+            } else {
+                tracing::error!(error = %error, "Redis unreachable: shards paused until it returns");
+            }
         }
     }
 
@@ -53,7 +61,7 @@ impl RedisHealth {
 
 /// One shard's Redis connection. Round trips per event: the claim and the commit.
 pub(crate) struct RedisSlot {
-    pool: Pool,
+    pool: RedisPool,
     /// Loaded again when Redis answers NOSCRIPT (after a restart or a flush).
     scripts: Arc<[Script]>,
     conn: Option<Link>,
@@ -64,16 +72,19 @@ pub(crate) struct RedisSlot {
 }
 
 /// A multiplexed connection (cloning it shares it) and its generation. The
-/// pooled object goes back to the pool when the last clone is dropped.
+/// pooled object goes back to the pool when the last clone is dropped, unless
+/// the link failed: then it is detached and closed, never recycled (a recycle
+/// only PINGs, which a demoted primary still answers), so that the next
+/// checkout opens a new connection (through the Sentinels: to the new primary).
 #[derive(Clone)]
 struct Link {
     generation: u64,
     conn: MultiplexedConnection,
-    _pooled: Arc<Connection>,
+    pooled: Arc<PooledConnection>,
 }
 
 impl RedisSlot {
-    pub(crate) fn new(pool: Pool, scripts: Vec<Script>, health: Arc<RedisHealth>) -> Self {
+    pub(crate) fn new(pool: RedisPool, scripts: Vec<Script>, health: Arc<RedisHealth>) -> Self {
         Self {
             pool,
             scripts: scripts.into(),
@@ -145,10 +156,13 @@ impl RedisSlot {
     }
 
     /// Forgets the connection that failed, here and (if still the same) for
-    /// the forks.
+    /// the forks, and keeps it from going back to the pool.
     fn drop_conn(&mut self) {
-        if let Some(failed) = self.conn.take()
-            && let Ok(mut shared) = self.shared.lock()
+        let Some(failed) = self.conn.take() else {
+            return;
+        };
+        failed.pooled.discard();
+        if let Ok(mut shared) = self.shared.lock()
             && shared
                 .as_ref()
                 .is_some_and(|link| link.generation == failed.generation)
@@ -157,14 +171,36 @@ impl RedisSlot {
         }
     }
 
-    /// The shared connection, or a new one from the pool.
+    /// The shared connection, or a new one from the pool. One made before
+    /// the Sentinels switched the primary is dropped first: the old primary
+    /// may still take writes (lost once it is converted to a replica).
     async fn link(&mut self) -> Result<&mut Link, RedisError> {
+        if self
+            .conn
+            .as_ref()
+            .is_some_and(|link| link.pooled.is_stale())
+        {
+            self.drop_conn();
+        }
         if self.conn.is_none() {
             let current = self.shared.lock().ok().and_then(|shared| shared.clone());
+            let current = match current {
+                Some(link) if link.pooled.is_stale() => {
+                    self.conn = Some(link);
+                    self.drop_conn();
+                    None
+                }
+                current => current,
+            };
             let link = match current {
                 Some(link) => link,
                 None => {
-                    let pooled = self.pool.get().await.map_err(pool_error)?;
+                    let pooled = self.pool.get().await?;
+                    // A new connection may reach a new primary (a failover).
+                    // Best effort: a Redis that refuses INFO keeps the era.
+                    if let Err(e) = self.health.era.check(&mut pooled.shared()).await {
+                        tracing::debug!(error = %e, "cannot read the Redis replication id");
+                    }
                     let mut shared = self
                         .shared
                         .lock()
@@ -174,11 +210,10 @@ impl RedisSlot {
                         Some(link) => link.clone(),
                         None => {
                             let generation = rand::random();
-                            let conn = (*pooled).clone();
                             let link = Link {
                                 generation,
-                                conn,
-                                _pooled: Arc::new(pooled),
+                                conn: pooled.shared(),
+                                pooled: Arc::new(pooled),
                             };
                             shared.insert(link).clone()
                         }
@@ -208,11 +243,4 @@ impl RedisSlot {
 enum Request<'a> {
     Cmd(&'a Cmd),
     Pipeline(&'a Pipeline),
-}
-
-fn pool_error(e: deadpool_redis::PoolError) -> RedisError {
-    match e {
-        deadpool_redis::PoolError::Backend(e) => e,
-        other => RedisError::from(std::io::Error::other(other.to_string())),
-    }
 }

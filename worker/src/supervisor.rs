@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use lapin::Connection;
 use shardline_topology::broker::{self, BrokerError};
-use shardline_topology::{Keys, ShardId, declare};
+use shardline_topology::{Keys, RedisPool, ShardId, declare};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -100,7 +100,7 @@ impl Worker {
         warn_if_redis_may_evict(&pool).await;
         let era = Arc::new(RedisEra::new(config.keys().redis_era()));
         start_order_state(&pool, &config.keys(), &era).await;
-        let health = Arc::new(RedisHealth::new(metrics.redis_outages()));
+        let health = Arc::new(RedisHealth::new(metrics.redis_outages(), era.clone()));
         let rate = config
             .max_rate
             .map(|r| Arc::new(RateLimiter::new(r, RateLimiter::default_burst(r))));
@@ -332,7 +332,7 @@ async fn run_shards(
     dead_letters: &Arc<Connection>,
     config: &Arc<Config>,
     shards: &[(Arc<ShardContext>, watch::Receiver<bool>)],
-    pool: &deadpool_redis::Pool,
+    pool: &RedisPool,
     health: &Arc<RedisHealth>,
     shutdown: &CancellationToken,
 ) -> bool {
@@ -501,7 +501,7 @@ async fn check_queues(conn: &Connection, config: &Config) -> Result<(), WorkerEr
     Ok(())
 }
 
-fn redis_pool(config: &Config) -> Result<deadpool_redis::Pool, WorkerError> {
+fn redis_pool(config: &Config) -> Result<RedisPool, WorkerError> {
     // One connection held per shard, plus a spare for start-up checks.
     config
         .redis
@@ -512,7 +512,7 @@ fn redis_pool(config: &Config) -> Result<deadpool_redis::Pool, WorkerError> {
 /// Records when the order-state layout was switched on (once, for the
 /// fleet: `SET NX`) and reads the Redis failover era. Best effort: with Redis
 /// down the shards wait for it anyway.
-async fn start_order_state(pool: &deadpool_redis::Pool, keys: &Keys, era: &RedisEra) {
+async fn start_order_state(pool: &RedisPool, keys: &Keys, era: &RedisEra) {
     let started: Result<(), String> = async {
         let mut conn = pool.get().await.map_err(|e| e.to_string())?;
         let layout = serde_json::json!({ "layout": "order-state", "since_ms": live::unix_ms() });
@@ -520,10 +520,10 @@ async fn start_order_state(pool: &deadpool_redis::Pool, keys: &Keys, era: &Redis
             .arg(keys.layout())
             .arg(layout.to_string())
             .arg("NX")
-            .query_async::<()>(&mut *conn)
+            .query_async::<()>(&mut conn)
             .await
             .map_err(|e| e.to_string())?;
-        era.check(&mut *conn).await.map_err(|e| e.to_string())
+        era.check(&mut conn).await.map_err(|e| e.to_string())
     }
     .await;
     if let Err(e) = started {
@@ -532,13 +532,13 @@ async fn start_order_state(pool: &deadpool_redis::Pool, keys: &Keys, era: &Redis
 }
 
 /// Warns when Redis may evict dedup keys (SPEC §3: anything but `noeviction`).
-async fn warn_if_redis_may_evict(pool: &deadpool_redis::Pool) {
+async fn warn_if_redis_may_evict(pool: &RedisPool) {
     let policy: Result<Vec<String>, String> = async {
         let mut conn = pool.get().await.map_err(|e| e.to_string())?;
         redis::cmd("CONFIG")
             .arg("GET")
             .arg("maxmemory-policy")
-            .query_async(&mut *conn)
+            .query_async(&mut conn)
             .await
             .map_err(|e| e.to_string())
     }

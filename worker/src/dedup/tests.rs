@@ -37,9 +37,9 @@ impl Store {
     fn consumer(&self) -> Consumer {
         let shard = ShardId::new(0, ShardCount::default()).unwrap();
         let era = Arc::new(RedisEra::new(self.config.keys().redis_era()));
-        let dedup = Dedup::new(&self.config, shard, era);
+        let dedup = Dedup::new(&self.config, shard, era.clone());
         let pool = self.config.redis.pool(2).unwrap();
-        let health = Arc::new(RedisHealth::new(Default::default()));
+        let health = Arc::new(RedisHealth::new(Default::default(), era.clone()));
         let slot = RedisSlot::new(pool, dedup.scripts(), health);
         Consumer { dedup, slot }
     }
