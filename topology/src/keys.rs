@@ -45,10 +45,19 @@ impl Keys {
         &self.prefix
     }
 
+    /// `{prefix}{tag}{rest}`, allocated once: these are built for every event.
+    fn key(&self, tag: &str, rest: &str) -> String {
+        let mut key = String::with_capacity(self.prefix.len() + tag.len() + rest.len());
+        key.push_str(&self.prefix);
+        key.push_str(tag);
+        key.push_str(rest);
+        key
+    }
+
     /// An order's state (a hash; fields in the worker's `dedup` module), by
     /// its order key ([`crate::envelope::order_key_of`]).
     pub fn order(&self, order_key: &str) -> String {
-        format!("{}order:{order_key}", self.prefix)
+        self.key("order:", order_key)
     }
 
     /// How an order's state names a processed kind: 8 hex digits of the
@@ -56,8 +65,14 @@ impl Keys {
     /// checks). 32 bits: two kinds of one order collide with odds of about
     /// one in 10^9 per pair; a name would cost 20-odd bytes per kind per order.
     pub fn kind_code(event: &str) -> String {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         let digest = Md5::digest(event.as_bytes());
-        digest[..4].iter().map(|b| format!("{b:02x}")).collect()
+        let mut code = String::with_capacity(8);
+        for b in &digest[..4] {
+            code.push(char::from(HEX[usize::from(b >> 4)]));
+            code.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+        code
     }
 
     /// Whether the `k` field of an order's state holds `code`.
@@ -85,13 +100,13 @@ impl Keys {
     /// unsequenced events, and sequenced ones of the layout before the order
     /// state (read during the dedup TTL after an upgrade).
     pub fn dedup(&self, dedup_key: &str) -> String {
-        format!("{}dedup:{dedup_key}", self.prefix)
+        self.key("dedup:", dedup_key)
     }
 
     /// An order's last passed seq in the layout before the order state (read
     /// during the dedup TTL after an upgrade).
     pub fn gate(&self, order_key: &str) -> String {
-        format!("{}gate:{order_key}", self.prefix)
+        self.key("gate:", order_key)
     }
 
     /// In the layout before the order state: exists while an event of kind
@@ -103,7 +118,7 @@ impl Keys {
 
     /// The dead letters holding an order in quarantine (a sorted set).
     pub fn quarantine(&self, order_key: &str) -> String {
-        format!("{}quarantine:{order_key}", self.prefix)
+        self.key("quarantine:", order_key)
     }
 
     /// A shard's status document.

@@ -3,7 +3,7 @@
 //! worker dies) until the gap fills or the grace ends.
 //!
 //! The gate's durable side, each order's last passed seq, is in Redis and moves
-//! with the dedup commit (`dedup.rs`). This part only decides what runs next:
+//! with the commit (`dedup/`). This part only decides what runs next:
 //! a state machine over any held item, on tokio's clock, so that its timers are
 //! tested without a broker (`tokio::time::pause`).
 

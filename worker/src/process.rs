@@ -120,6 +120,8 @@ pub(crate) struct Decoded {
     pub(crate) envelope: Envelope,
     pub(crate) dedup_key: String,
     pub(crate) order_key: String,
+    /// Its kind's code in the order state (`Keys::kind_code`), computed once.
+    pub(crate) kind_code: String,
     published_at_ms: Option<i64>,
     /// A replay from the DLQ (the dead-letter id it replays): it bypasses the gate.
     pub(crate) replay_of: Option<String>,
@@ -133,7 +135,7 @@ impl Decoded {
     pub(crate) fn admission(&self, redelivered: bool, bypass_gate: bool) -> Admission<'_> {
         Admission {
             claim: self.claim(),
-            event: &self.envelope.event,
+            kind: &self.kind_code,
             redelivered,
             bypass_gate: bypass_gate || self.replay_of.is_some(),
             replay_of: self.replay_of.as_deref(),
@@ -280,6 +282,7 @@ impl Processor {
         Ok(Decoded {
             dedup_key: envelope.dedup_key(msg.body),
             order_key: envelope.order_key(),
+            kind_code: Keys::kind_code(&envelope.event),
             envelope,
             published_at_ms: headers::header_i64(msg.properties, headers::PUBLISHED_AT_MS),
             replay_of: headers::header(msg.properties, headers::REPLAY).map(|_| {

@@ -379,7 +379,7 @@ async fn commit(
     let dedup = ctx.processor.dedup();
     let done = Done {
         claim: done.claim(),
-        event: &done.envelope.event,
+        kind: &done.kind_code,
         replay_of: done.replay_of.as_deref(),
     };
     let lookahead = lookahead.filter(|_| ctx.processor.claims_early());

@@ -151,9 +151,9 @@ impl HeldClaim {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Admission<'a> {
     pub(crate) claim: Claim<'a>,
-    /// Its kind (an earlier seq of an order that never processed this kind
-    /// cannot be a duplicate of it).
-    pub(crate) event: &'a str,
+    /// Its kind's code, `Keys::kind_code` (an earlier seq of an order that
+    /// never processed this kind cannot be a duplicate of it).
+    pub(crate) kind: &'a str,
     pub(crate) redelivered: bool,
     /// Skip the sequence gate (a replay, an applied gap, an accepted start).
     pub(crate) bypass_gate: bool,
@@ -165,8 +165,8 @@ pub(crate) struct Admission<'a> {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Done<'a> {
     pub(crate) claim: Claim<'a>,
-    /// Its kind, recorded per order for `shardline reconcile`.
-    pub(crate) event: &'a str,
+    /// Its kind's code, recorded per order for `shardline reconcile`.
+    pub(crate) kind: &'a str,
     /// A replay's dead-letter id: applied, it no longer holds its order in
     /// quarantine.
     pub(crate) replay_of: Option<&'a str>,
@@ -289,7 +289,8 @@ impl Dedup {
     }
 
     fn evalsha(script: &Script, keys: &[String], args: &[String]) -> Cmd {
-        let mut cmd = Cmd::new();
+        let bytes = keys.iter().chain(args).map(String::len).sum::<usize>() + 64;
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + args.len(), bytes);
         cmd.arg("EVALSHA")
             .arg(script.get_hash())
             .arg(keys.len())
@@ -333,7 +334,7 @@ impl Dedup {
                 epoch.to_string(),
                 self.era.get().to_string(),
                 self.order_ttl_secs.to_string(),
-                Keys::kind_code(a.event),
+                a.kind.to_owned(),
                 flag(self.kinds).to_owned(),
             ],
         )
@@ -377,7 +378,7 @@ impl Dedup {
                 self.era.get().to_string(),
                 ttl.to_string(),
                 if self.kinds {
-                    Keys::kind_code(done.event)
+                    done.kind.to_owned()
                 } else {
                     String::new()
                 },

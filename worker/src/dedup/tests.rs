@@ -75,6 +75,7 @@ struct Ev {
     kind: String,
     seq: u64,
     key: String,
+    code: String,
     token: u64,
     replay_of: Option<String>,
 }
@@ -85,6 +86,7 @@ impl Ev {
             kind: kind.to_owned(),
             seq,
             key: format!("A:{kind}:{seq}"),
+            code: Keys::kind_code(kind),
             token: rand::random(),
             replay_of: None,
         }
@@ -122,7 +124,7 @@ impl Consumer {
     async fn admit_as(&mut self, ev: &Ev, bypass: bool, redelivered: bool) -> Verdict {
         let admission = Admission {
             claim: ev.claim(),
-            event: &ev.kind,
+            kind: &ev.code,
             redelivered,
             bypass_gate: bypass || ev.replay_of.is_some(),
             replay_of: ev.replay_of.as_deref(),
@@ -133,7 +135,7 @@ impl Consumer {
     async fn commit(&mut self, ev: &Ev) -> Written {
         let done = Done {
             claim: ev.claim(),
-            event: &ev.kind,
+            kind: &ev.code,
             replay_of: ev.replay_of.as_deref(),
         };
         self.dedup.commit(&mut self.slot, &done).await
@@ -143,12 +145,12 @@ impl Consumer {
     async fn step(&mut self, done: &Ev, next: &Ev) -> (Written, Verdict) {
         let commit = Done {
             claim: done.claim(),
-            event: &done.kind,
+            kind: &done.code,
             replay_of: done.replay_of.as_deref(),
         };
         let admission = Admission {
             claim: next.claim(),
-            event: &next.kind,
+            kind: &next.code,
             redelivered: false,
             bypass_gate: next.replay_of.is_some(),
             replay_of: next.replay_of.as_deref(),
