@@ -47,24 +47,55 @@ async fn start_worker(
     .await
 }
 
+/// A fleet under load on a Sentinel set: `orders` × `per_order` ordered
+/// events published to a worker whose downstream answers after 40 ms, and
+/// `share` of them answered before it returns.
+struct Loaded {
+    env: TestEnv,
+    set: SentinelSet,
+    downstream: Downstream,
+    events: Vec<Event>,
+    worker: shardline_testkit::Worker,
+}
+
+async fn under_load(name: &str, per_order: u64, share: usize) -> Loaded {
+    let env = TestEnv::new(&format!("sentinel-{name}")).await;
+    env.apply_topology().await;
+    let set = SentinelSet::start(&env.id).await;
+    let downstream =
+        Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(40))).await;
+    let events = interleaved(
+        &orders_covering_shards(name, 20, &env),
+        per_order,
+        env.shards,
+    );
+    let worker = start_worker(&env, &set, name, &downstream).await;
+    Publisher::connect(&env).await.publish(&events).await;
+    let wanted = events.len() / share;
+    downstream
+        .wait_for("the first events", PROCESSING, |calls| {
+            ok_keys(calls).len() >= wanted
+        })
+        .await;
+    Loaded {
+        env,
+        set,
+        downstream,
+        events,
+        worker,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "kills a Redis primary under Sentinel: scripts/test runs it alone"]
 async fn a_killed_primary_pauses_the_shards_until_the_replica_is_promoted() {
-    let env = TestEnv::new("sentinel-kill").await;
-    env.apply_topology().await;
-    let mut set = SentinelSet::start(&env.id).await;
-    let downstream =
-        Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(40))).await;
-    let events = interleaved(&orders_covering_shards("sentinel", 20, &env), 5, env.shards);
-    let worker = start_worker(&env, &set, "sentinel", &downstream).await;
-    Publisher::connect(&env).await.publish(&events).await;
-
-    let third = events.len() / 3;
-    downstream
-        .wait_for("a third of the events", PROCESSING, |calls| {
-            ok_keys(calls).len() >= third
-        })
-        .await;
+    let Loaded {
+        env,
+        mut set,
+        downstream,
+        events,
+        worker,
+    } = under_load("kill", 5, 3).await;
     let killed = Instant::now();
     let old = set.kill_primary().await;
     wait_until("the worker to count the outage", PROCESSING, || async {
@@ -117,20 +148,13 @@ async fn a_killed_primary_pauses_the_shards_until_the_replica_is_promoted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "fails a Redis primary over under Sentinel: scripts/test runs it alone"]
 async fn a_manual_failover_under_load_pauses_the_shards_and_loses_nothing() {
-    let env = TestEnv::new("sentinel-load").await;
-    env.apply_topology().await;
-    let set = SentinelSet::start(&env.id).await;
-    let downstream =
-        Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(40))).await;
-    let events = interleaved(&orders_covering_shards("load", 20, &env), 10, env.shards);
-    let worker = start_worker(&env, &set, "load", &downstream).await;
-    Publisher::connect(&env).await.publish(&events).await;
-    let fifth = events.len() / 5;
-    downstream
-        .wait_for("a fifth of the events", PROCESSING, |calls| {
-            ok_keys(calls).len() >= fifth
-        })
-        .await;
+    let Loaded {
+        env,
+        set,
+        downstream,
+        events,
+        worker,
+    } = under_load("load", 10, 5).await;
     let started = Instant::now();
     let old = set.manual_failover().await;
     let new = set.wait_failed_over(old).await;
