@@ -4,11 +4,12 @@
 -- order not yet in the order state, see `upgrade`).
 -- ARGV: 1 seq, 2 lease ms, 3 redelivered, 4 bypass the gate, 5 a replay,
 -- 6 max starts, 7 claim token, 8 epoch, 9 era, 10 ttl s, 11 kind code,
--- 12 kinds recorded.
+-- 12 kinds recorded, 13 the worker's clock (ms).
 local function admit_order(KEYS, ARGV)
   local h = KEYS[1]
   local l, u, c, f, e, m, k = unpack(redis.call('HMGET', h, 'l', 'u', 'c', 'f', 'e', 'm', 'k'))
   local seq, epoch = ARGV[1], ARGV[8]
+  local fresh = not (l or u or c or f or e or m or k)
   if stale(f, epoch) then return {'fenced', 0} end
   local migrated = false
   if not l then
@@ -35,7 +36,7 @@ local function admit_order(KEYS, ARGV)
       return {'gap', 0}
     end
   end
-  local now = now_ms()
+  local now = tonumber(ARGV[13])
   local starts, verdict = 1, 'claimed'
   if c then
     local cseq, deadline, n, token = string.match(c, '^(%d+):(%d+):(%d+):(%d+):')
@@ -54,6 +55,7 @@ local function admit_order(KEYS, ARGV)
   else
     redis.call('HSET', h, 'c', claim, 'f', epoch, 'e', ARGV[9])
   end
-  redis.call('EXPIRE', h, ARGV[10])
+  -- A new order's key needs its TTL now (the commit refreshes it after).
+  if fresh then redis.call('EXPIRE', h, ARGV[10]) end
   return {verdict, starts}
 end

@@ -215,6 +215,14 @@ pub(crate) struct Dedup {
     step: Script,
 }
 
+/// The worker's clock, for claim leases (a claim's deadline is compared with
+/// the clock of whichever worker reads it next: leases are tens of seconds).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 fn flag(b: bool) -> &'static str {
     if b { "1" } else { "0" }
 }
@@ -336,6 +344,7 @@ impl Dedup {
                 self.order_ttl_secs.to_string(),
                 a.kind.to_owned(),
                 flag(self.kinds).to_owned(),
+                now_ms().to_string(),
             ],
         )
     }
