@@ -53,7 +53,16 @@ pub async fn measure(
     };
     let scratch = Scratch::create(global, "bench").await?;
     let result = async {
-        prepublish(global, &scratch, args).await?;
+        // Bounded, so that a broker that stopped confirming (a memory or disk
+        // alarm blocks publishers) ends the bench with a reason, not a hang.
+        tokio::time::timeout(drain_deadline(args.events), prepublish(global, &scratch, args))
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "publishing the load did not finish within {}: is the broker blocking publishers (memory or disk alarm: `rabbitmqctl status`)?",
+                    humantime::format_duration(drain_deadline(args.events))
+                )
+            })??;
         let started = Instant::now();
         match kind {
             Kind::Raw(baseline) => {
@@ -227,7 +236,15 @@ async fn worker_drain(config: Config, handler: Arc<dyn Handler>, total: u64) -> 
         tick.tick().await;
     }
     stop.cancel();
-    worker.await??;
+    tokio::time::timeout(WORKER_STOP, worker)
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "the worker did not stop within {} of being told to (settled {} of {total})",
+                humantime::format_duration(WORKER_STOP),
+                progress.counts().settled()
+            )
+        })???;
     let settled = progress.counts().settled();
     anyhow::ensure!(
         settled >= total,
@@ -235,6 +252,9 @@ async fn worker_drain(config: Config, handler: Arc<dyn Handler>, total: u64) -> 
     );
     Ok(())
 }
+
+/// How long a worker told to stop may take: its drain timeout (10 s) and more.
+const WORKER_STOP: Duration = Duration::from_secs(30);
 
 /// Generous: a drain slower than 200 events/s means something is broken.
 fn drain_deadline(total: u64) -> Duration {
