@@ -130,8 +130,7 @@ async fn a_killed_primary_pauses_the_shards_until_the_replica_is_promoted() {
         "the failover should be counted (and logged) once: {}",
         worker.describe()
     );
-    assert_committed_on(&set, new, &env, &events[events.len() - 1..]).await;
-    assert_era_moved_on(&set, new, &env).await;
+    assert_failed_over_to(&set, new, &env, &events[events.len() - 1..]).await;
     worker.stop().await;
     eprintln!(
         "sentinel kill: {} events, {} calls ({} repeats), primary {old} -> {new}: promoted after {promoted:?}, processing again after {resumed:?}",
@@ -164,8 +163,7 @@ async fn a_manual_failover_under_load_pauses_the_shards_and_loses_nothing() {
     assert_nothing_dead_lettered(&env).await;
     assert_in_order_and_complete(&calls, &events);
     assert_eq!(counts.gaps, 0, "{}", worker.describe());
-    assert_committed_on(&set, new, &env, &events[events.len() - 1..]).await;
-    assert_era_moved_on(&set, new, &env).await;
+    assert_failed_over_to(&set, new, &env, &events[events.len() - 1..]).await;
     worker.stop().await;
     eprintln!(
         "sentinel manual failover under load: {} events, {} calls ({} repeats), primary {old} -> {new}, converted after {failed_over:?}, {} outage(s)",
@@ -217,8 +215,7 @@ async fn after_a_manual_failover_the_worker_leaves_the_old_primary_and_resumes()
     let resumed = started.elapsed();
     assert_nothing_dead_lettered(&env).await;
     assert_in_order_and_complete(&calls, &events);
-    assert_committed_on(&set, new, &env, &after).await;
-    assert_era_moved_on(&set, new, &env).await;
+    assert_failed_over_to(&set, new, &env, &after).await;
     // No connection of the worker is left on the old primary (the test's own
     // probe aside).
     let own: i64 = redis::cmd("CLIENT")
@@ -528,6 +525,12 @@ async fn assert_committed_on(set: &SentinelSet, port: u16, env: &TestEnv, events
             e.key()
         );
     }
+}
+
+/// `events` are committed on the new primary `port`, and the era moved on.
+async fn assert_failed_over_to(set: &SentinelSet, port: u16, env: &TestEnv, events: &[Event]) {
+    assert_committed_on(set, port, env, events).await;
+    assert_era_moved_on(set, port, env).await;
 }
 
 /// The workers saw the new primary's replication id: the era moved on, so

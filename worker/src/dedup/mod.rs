@@ -431,19 +431,28 @@ impl Dedup {
         pipe: &mut Pipeline,
         a: &Admission<'_>,
     ) -> Admitted {
+        let (answer, head) = self.query_with_head(redis, pipe, a).await;
+        Admitted {
+            verdict: verdict(answer),
+            head,
+        }
+    }
+
+    /// Runs `pipe`, whose one reply is `T`, with the reads of `a`'s order's
+    /// quarantine head added in quarantine mode.
+    async fn query_with_head<T: redis::FromRedisValue>(
+        &self,
+        redis: &mut RedisSlot,
+        pipe: &mut Pipeline,
+        a: &Admission<'_>,
+    ) -> (T, Option<quarantine::Head>) {
         if self.quarantine {
             quarantine::add_head_query(pipe, &self.keys, a.claim.order_key, a.replay_of);
-            let (answer, head, own) = redis.query_pipeline(pipe).await;
-            Admitted {
-                verdict: verdict(answer),
-                head: Some((head, own)),
-            }
+            let (reply, head, own) = redis.query_pipeline(pipe).await;
+            (reply, Some((head, own)))
         } else {
-            let (answer,) = redis.query_pipeline(pipe).await;
-            Admitted {
-                verdict: verdict(answer),
-                head: None,
-            }
+            let (reply,) = redis.query_pipeline(pipe).await;
+            (reply, None)
         }
     }
 
@@ -478,34 +487,26 @@ impl Dedup {
     ) -> (Written, Verdict) {
         let epoch = self.epoch(redis).await;
         let mut pipe = redis::pipe();
-        match next.claim.seq {
-            Some(seq) => pipe.add_command(self.step_cmd(done, next, seq, epoch)),
-            // Unsequenced next: the two scripts, pipelined.
-            None => pipe
-                .add_command(self.commit_cmd(done, epoch))
-                .add_command(self.admit_cmd(next, epoch)),
-        };
-        let head = self.quarantine.then(|| {
-            quarantine::add_head_query(&mut pipe, &self.keys, next.claim.order_key, next.replay_of);
-        });
-        let ((written, kind, n), head) = match (next.claim.seq, head) {
-            (Some(_), None) => {
-                let (step,): ((i64, String, i64),) = redis.query_pipeline(&pipe).await;
-                (step, None)
+        let ((written, kind, n), head) = match next.claim.seq {
+            Some(seq) => {
+                pipe.add_command(self.step_cmd(done, next, seq, epoch));
+                self.query_with_head(redis, &mut pipe, next).await
             }
-            (Some(_), Some(())) => {
-                let (step, head, own): ((i64, String, i64), _, _) =
-                    redis.query_pipeline(&pipe).await;
-                (step, Some((head, own)))
-            }
-            (None, None) => {
-                let (written, (kind, n)): (i64, (String, i64)) = redis.query_pipeline(&pipe).await;
-                ((written, kind, n), None)
-            }
-            (None, Some(())) => {
-                let (written, (kind, n), head, own): (i64, (String, i64), _, _) =
-                    redis.query_pipeline(&pipe).await;
-                ((written, kind, n), Some((head, own)))
+            // Unsequenced next: the two scripts, pipelined (two replies).
+            None => {
+                pipe.add_command(self.commit_cmd(done, epoch))
+                    .add_command(self.admit_cmd(next, epoch));
+                if self.quarantine {
+                    let (order, replay) = (next.claim.order_key, next.replay_of);
+                    quarantine::add_head_query(&mut pipe, &self.keys, order, replay);
+                    let (written, (kind, n), head, own): (i64, (String, i64), _, _) =
+                        redis.query_pipeline(&pipe).await;
+                    ((written, kind, n), Some((head, own)))
+                } else {
+                    let (written, (kind, n)): (i64, (String, i64)) =
+                        redis.query_pipeline(&pipe).await;
+                    ((written, kind, n), None)
+                }
             }
         };
         let answers = Admitted {
