@@ -57,6 +57,12 @@ pub struct WorkerArgs {
     /// a crash then repeats up to this many calls per shard.
     #[arg(long, env = "SHARDLINE_CONCURRENCY", default_value_t = Config::default().concurrency)]
     pub concurrency: u16,
+    /// Group commit for fast handlers (serial shards): up to N deliveries
+    /// already read ahead are claimed in one Redis call, run in turn, then
+    /// committed and acked together. A crash may repeat up to a group's calls
+    /// per shard. 1: off.
+    #[arg(long, env = "SHARDLINE_GROUP_COMMIT", value_name = "N", default_value_t = Config::default().group_commit)]
+    pub group_commit: u16,
     /// At most R handler calls per second for this worker process, shared by
     /// its shards (off unless given). Waiting for a call's turn is not an attempt.
     #[arg(long, env = "SHARDLINE_MAX_RATE", value_name = "R")]
@@ -256,6 +262,7 @@ impl WorkerArgs {
             assign: assign.as_ref().map(Clone::clone).unwrap_or_default(),
             prefetch: self.prefetch,
             concurrency: self.concurrency,
+            group_commit: self.group_commit,
             max_rate: self.max_rate,
             exclusive,
             retry: RetryPolicy {
@@ -400,6 +407,7 @@ mod tests {
         assert_eq!(parsed.stuck_after, library.stuck_after);
         assert_eq!(parsed.backlog, library.backlog);
         assert_eq!(parsed.concurrency, library.concurrency);
+        assert_eq!(parsed.group_commit, library.group_commit);
         assert_eq!(
             (parsed.gap_grace, parsed.start_grace, parsed.max_held),
             (library.gap_grace, library.start_grace, library.max_held)
@@ -423,6 +431,18 @@ mod tests {
             (
                 ["--backlog-warn", "5m"],
                 "--backlog-page must not be below --backlog-warn",
+            ),
+        ] {
+            assert_eq!(config(&args).unwrap_err().to_string(), message);
+        }
+        for (args, message) in [
+            (
+                ["--group-commit", "8", "--concurrency", "4"],
+                "--group-commit cannot be combined with --concurrency above 1",
+            ),
+            (
+                ["--group-commit", "8", "--on-dead-letter", "quarantine"],
+                "--group-commit cannot be combined with --on-dead-letter quarantine",
             ),
         ] {
             assert_eq!(config(&args).unwrap_err().to_string(), message);

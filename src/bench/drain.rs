@@ -32,6 +32,7 @@ pub fn worker_config(scratch: &Scratch, args: &BenchArgs, setting: Setting) -> C
     Config {
         prefetch: setting.prefetch,
         concurrency: setting.concurrency,
+        group_commit: args.group_commit,
         on_dead_letter: args.on_dead_letter.into(),
         kinds_ttl: args.kinds_ttl,
         ..scratch.worker_config("bench")

@@ -50,6 +50,9 @@ pub struct BenchArgs {
     /// comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [1u16])]
     pub concurrency: Vec<u16>,
+    /// The worker's `--group-commit` (events per group; 1: off).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub group_commit: u16,
     /// Call a local HTTP downstream that answers 200 after this long (the
     /// worker's `http` handler) instead of the `noop` handler; the raw loops
     /// are not measured then.
@@ -144,12 +147,13 @@ pub async fn run(
         None => None,
     };
     eprintln!(
-        "bench: {} events of ~{} bytes over {} shards, prefetch {:?}, concurrency {:?}, {}, {} round(s)",
+        "bench: {} events of ~{} bytes over {} shards, prefetch {:?}, concurrency {:?}, group commit {}, {}, {} round(s)",
         args.events,
         args.event_bytes,
         global.shards,
         args.prefetch,
         args.concurrency,
+        args.group_commit,
         args.downstream_latency.map_or_else(
             || "noop handler".to_owned(),
             |l| format!("downstream latency {}", humantime::format_duration(l))

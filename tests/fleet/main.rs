@@ -21,6 +21,7 @@
 //! - [`gate`]: the sequence gate: held events, gaps, late events, start grace, max held.
 //! - [`hostile`]: a corpus of malformed bodies and odd headers: defined outcomes, no panic, no blocked shard.
 //! - [`concurrency`]: `--concurrency K`: K calls in flight per shard, never two of one order.
+//! - [`group_commit`]: `--group-commit N`: events claimed, committed and acked in groups, once and in order.
 //! - [`breaker`]: a downstream outage pauses the fleet and dead-letters nothing; a poison event still does.
 //! - [`rate`]: `--max-rate R`: the worker's calls never outrun R per second plus the burst.
 //! - [`crash`]: kill -9 mid-stream loses nothing and repeats at most the events in flight (K with `--concurrency K`).
@@ -48,6 +49,7 @@ mod duplicates;
 mod elastic;
 mod failures;
 mod gate;
+mod group_commit;
 mod hostile;
 mod observability;
 mod ordering;

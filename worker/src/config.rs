@@ -39,6 +39,14 @@ pub struct Config {
     /// downstream latency, at the price of up to this many repeated calls per
     /// shard after a crash. Default 1.
     pub concurrency: u16,
+    /// Group commit for fast handlers, on serial shards: up to this many
+    /// deliveries the broker has already sent are claimed in one Redis call,
+    /// run one after another, committed together with the next group's claims
+    /// in one call and acked with one ack (`group.rs`). The price: a worker
+    /// that dies between a group's calls and its commit repeats up to a
+    /// group's calls per shard, not only the event in the handler. Not with
+    /// `concurrency` above 1 or quarantine mode. 1 (the default) is off.
+    pub group_commit: u16,
     /// At most this many handler calls per second for the whole worker
     /// process, shared fairly by its shards (a token bucket whose burst is a
     /// tenth of a second's worth, at least one call). Waiting for a token is
@@ -140,6 +148,7 @@ impl Default for Config {
             fleet: None,
             prefetch: 1,
             concurrency: 1,
+            group_commit: 1,
             max_rate: None,
             exclusive: true,
             retry: RetryPolicy::default(),
@@ -185,6 +194,15 @@ impl Config {
             (retry.max_attempts == 0).then(|| refuse("retry.max_attempts", Problem::AT_LEAST_ONE)),
             (self.prefetch == 0).then(|| refuse("prefetch", Problem::AT_LEAST_ONE)),
             (self.concurrency == 0).then(|| refuse("concurrency", Problem::AT_LEAST_ONE)),
+            (self.group_commit == 0).then(|| refuse("group_commit", Problem::AT_LEAST_ONE)),
+            (self.group_commit > 1 && self.concurrency > 1)
+                .then(|| refuse("group_commit", Problem::NotWith("concurrency above 1"))),
+            (self.group_commit > 1 && self.on_dead_letter == OnDeadLetter::Quarantine).then(|| {
+                refuse(
+                    "group_commit",
+                    Problem::NotWith("on_dead_letter quarantine"),
+                )
+            }),
             (!(self.breaker.failure_ratio > 0.0 && self.breaker.failure_ratio <= 1.0)).then(|| {
                 refuse(
                     "breaker.failure_ratio",
@@ -333,6 +351,8 @@ pub enum Problem {
     BelowField(&'static str),
     /// The shard selection is empty.
     NoShards,
+    /// Above 1 it cannot be combined with this setting (a field, then its value).
+    NotWith(&'static str),
 }
 
 impl Problem {
@@ -352,6 +372,10 @@ impl Problem {
             Self::Below { min, got: None } => format!("must be at least {min}"),
             Self::BelowField(other) => format!("must not be below {}", name(other)),
             Self::NoShards => "selects no shard".to_owned(),
+            Self::NotWith(setting) => match setting.split_once(' ') {
+                Some((field, value)) => format!("cannot be combined with {} {value}", name(field)),
+                None => format!("cannot be combined with {}", name(setting)),
+            },
         }
     }
 }

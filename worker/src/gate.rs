@@ -82,6 +82,17 @@ impl<T: Holdable> Gate<T> {
         self.held
     }
 
+    /// Holds nothing and has released nothing that waits to run: no
+    /// delivery it took is unacked.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.held == 0 && self.runnable.is_empty()
+    }
+
+    /// An event it released waits to run (before any new delivery).
+    pub(crate) fn has_runnable(&self) -> bool {
+        !self.runnable.is_empty()
+    }
+
     /// At `--max-held`: while calls are paused the shard takes no delivery
     /// rather than give up a gap early.
     pub(crate) fn is_full(&self) -> bool {

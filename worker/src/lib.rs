@@ -57,6 +57,7 @@ mod dedup;
 mod era;
 mod error;
 mod gate;
+mod group;
 pub mod handler;
 pub mod http;
 mod live;

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use crate::dedup::{Claim, Verdict};
 use crate::gate::Holdable;
-use crate::process::{Decoded, Message, Outcome, Processor};
+use crate::process::{Decoded, Message, Outcome, ProcessTrace, Processor};
 use crate::settle::Settled;
 use crate::store::RedisSlot;
 
@@ -30,6 +30,15 @@ pub(crate) struct Ready {
     pub(crate) admitted: Option<Verdict>,
     /// When the sequence gate first held it.
     held_since: Option<Instant>,
+    /// Its first call, made in a group, failed: the serial path goes on
+    /// from there (`group.rs`).
+    pub(crate) tried: Option<Box<Tried>>,
+}
+
+/// A first call made in a group that failed: its outcome and its span.
+pub(crate) struct Tried {
+    pub(crate) outcome: Outcome,
+    pub(crate) trace: ProcessTrace,
 }
 
 impl Holdable for Ready {
@@ -50,6 +59,7 @@ impl Ready {
             decoded,
             admitted: None,
             held_since: None,
+            tried: None,
         }
     }
 
@@ -118,6 +128,38 @@ impl Lookahead {
             Some(Peeked::Ready(ready)) => Some(ready),
             _ => None,
         }
+    }
+
+    /// Up to `max` deliveries from the front that the broker has already
+    /// sent, while each `fits`; never waits. The first that does not fit
+    /// stays here.
+    pub(crate) fn take_while(
+        &mut self,
+        max: usize,
+        processor: &Processor,
+        fits: impl Fn(&Ready) -> bool,
+    ) -> Vec<Ready> {
+        let mut taken = Vec::new();
+        while taken.len() < max && self.peek(processor).is_some_and(|ready| fits(ready)) {
+            if let Some(Peeked::Ready(ready)) = self.parked.pop_front() {
+                taken.push(ready);
+            }
+        }
+        taken
+    }
+
+    /// Puts deliveries taken from the front back, in their order.
+    pub(crate) fn unpark(&mut self, deliveries: Vec<Ready>) {
+        for ready in deliveries.into_iter().rev() {
+            self.parked.push_front(Peeked::Ready(ready));
+        }
+    }
+
+    /// Whether a delivery kept here came before `tag` (it is unacked).
+    pub(crate) fn keeps_below(&self, tag: u64) -> bool {
+        self.parked
+            .iter()
+            .any(|p| matches!(p, Peeked::Ready(r) if r.delivery.delivery_tag < tag))
     }
 
     /// The evidence attempt's event: the first delivery here of an order

@@ -48,6 +48,8 @@ pub mod names {
     /// Counter: order-state writes refused because a newer consumer of the
     /// shard had written the order (this consumer lost the shard).
     pub const FENCED_WRITES: &str = "shardline_fenced_writes";
+    /// Counter: events committed and acked in groups (`--group-commit`).
+    pub const GROUPED_EVENTS: &str = "shardline_grouped_events";
     /// Gauge `{shard}`: age of the shard's oldest unprocessed event, 0 when none.
     pub const BACKLOG_AGE_SECONDS: &str = "shardline_backlog_age_seconds";
     /// Gauge `{shard}`: 0 OK, 1 WARN, 2 PAGE (thresholds: `Config::backlog`).
@@ -119,6 +121,7 @@ struct WorkerCounters {
     broker_reconnects: Counter,
     gaps: Counter,
     fenced: Counter,
+    grouped: Counter,
     /// Read by [`crate::Progress`] only (not exported: no metric of its own yet).
     takeovers: Counter,
 }
@@ -232,6 +235,11 @@ impl Metrics {
             names::FENCED_WRITES,
             "Order-state writes refused: a newer consumer of the shard had written the order",
             worker.fenced.clone(),
+        );
+        registry.register(
+            names::GROUPED_EVENTS,
+            "Events committed and acked in groups (--group-commit)",
+            worker.grouped.clone(),
         );
         let breaker = BreakerMetrics::default();
         registry.register(
@@ -349,6 +357,7 @@ impl Metrics {
             held: sum(|m| m.watch.held()),
             gaps: self.worker.gaps.get(),
             fenced_writes: self.worker.fenced.get(),
+            grouped: self.worker.grouped.get(),
             breaker_trips: self.breaker.trips.get(),
             breaker_paused_ms: (self.breaker.paused_seconds.get() * 1000.0) as u64,
             dead_letters: std::array::from_fn(|i| {
@@ -422,6 +431,11 @@ impl ShardMetrics {
     /// An order-state write was fenced.
     pub(crate) fn fenced(&self) {
         self.worker.fenced.inc();
+    }
+
+    /// Events were committed and acked as a group.
+    pub(crate) fn grouped(&self, events: usize) {
+        self.worker.grouped.inc_by(events as u64);
     }
 }
 
@@ -544,6 +558,8 @@ pub struct Counts {
     pub gaps: u64,
     /// Order-state writes refused because a newer consumer wrote the order.
     pub fenced_writes: u64,
+    /// Events committed and acked in groups (`--group-commit`).
+    pub grouped: u64,
     /// Times the downstream breaker opened.
     pub breaker_trips: u64,
     /// Milliseconds calls were paused by the breaker, over the pauses that ended.
@@ -607,6 +623,7 @@ mod tests {
             "shardline_redis_outages_total 0",
             "shardline_seq_gaps_total 0",
             "shardline_fenced_writes_total 0",
+            "shardline_grouped_events_total 0",
             "shardline_inflight_events{shard=\"1\"} 1",
             "shardline_waiting_events{shard=\"1\"} 0",
             "shardline_dlq_depth 7",

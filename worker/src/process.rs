@@ -317,7 +317,6 @@ impl Processor {
         bypass_gate: bool,
         trace: &ProcessTrace,
     ) -> Outcome {
-        let key = decoded.dedup_key.as_str();
         let permit = if attempt == 1 {
             if let (Some(limit), Some(count)) = (self.delivery_limit, decoded.delivery_count)
                 && count >= i64::from(limit.saturating_sub(1))
@@ -397,11 +396,44 @@ impl Processor {
             permit
         };
 
+        let result = self.call(msg, decoded, attempt, permit, trace).await;
+        if matches!(&result, Err(e) if e.is_retryable()) {
+            self.dedup
+                .renew(redis, &decoded.claim(), Start::Ended)
+                .await;
+        }
+        Self::outcome(result, attempt)
+    }
+
+    /// What a call's result makes of the event (a retryable failure's start
+    /// is given back by the caller).
+    pub(crate) fn outcome(result: Result<(), HandlerError>, attempt: u32) -> Outcome {
+        match result {
+            Ok(()) => Outcome::Processed,
+            Err(error) if !error.is_retryable() => Outcome::DeadLetter {
+                reason: FailReason::Handler,
+                error: error.to_string(),
+                attempts: attempt,
+            },
+            Err(error) => Outcome::Failed { error },
+        }
+    }
+
+    /// One handler call: the rate limit's token, the handler under its
+    /// timeout, the result recorded with the breaker's `permit`.
+    async fn call(
+        &self,
+        msg: &Message<'_>,
+        decoded: &Decoded,
+        attempt: u32,
+        permit: Option<Permit<'_>>,
+        trace: &ProcessTrace,
+    ) -> Result<(), HandlerError> {
         self.rate_token().await;
         let event = Event {
             envelope: &decoded.envelope,
             body: msg.body,
-            dedup_key: key,
+            dedup_key: &decoded.dedup_key,
             shard: self.shard,
             attempt,
             trace: trace.context(),
@@ -429,20 +461,23 @@ impl Processor {
                 Err(_) => breaker::Verdict::Neutral,
             });
         }
-        match result {
-            Ok(()) => Outcome::Processed,
-            Err(error) if !error.is_retryable() => Outcome::DeadLetter {
-                reason: FailReason::Handler,
-                error: error.to_string(),
-                attempts: attempt,
-            },
-            Err(error) => {
-                self.dedup
-                    .renew(redis, &decoded.claim(), Start::Ended)
-                    .await;
-                Outcome::Failed { error }
-            }
-        }
+        result
+    }
+
+    /// The first call of a claimed event of a group (`--group-commit`): the
+    /// breaker's permit (the group runs only while calls are not paused),
+    /// then the call.
+    pub(crate) async fn grouped_call(
+        &self,
+        msg: &Message<'_>,
+        decoded: &Decoded,
+        trace: &ProcessTrace,
+    ) -> Result<(), HandlerError> {
+        let permit = match &self.breaker {
+            Some(breaker) => Some(breaker.admit(&decoded.order_key).await),
+            None => None,
+        };
+        self.call(msg, decoded, 1, permit, trace).await
     }
 
     /// The dead letter of an event whose retryable attempts are used up.

@@ -68,13 +68,20 @@ pub(crate) async fn settle(
     lookahead: Option<&mut Lookahead>,
     in_flight: &mut Option<HeldClaim>,
 ) -> Result<Settled, lapin::Error> {
-    let trace = ctx
-        .processor
-        .start_trace(&Message::of(&ready.delivery), ready.decoded.as_ref().ok());
+    let mut ready = ready;
+    let (trace, tried) = match ready.tried.take() {
+        Some(tried) => (tried.trace, Some(tried.outcome)),
+        None => (
+            ctx.processor
+                .start_trace(&Message::of(&ready.delivery), ready.decoded.as_ref().ok()),
+            None,
+        ),
+    };
     let delivery = Delivery {
         ready,
         directive,
         trace,
+        tried,
     };
     settle_traced(ctx, dead_letters, redis, delivery, lookahead, in_flight).await
 }
@@ -84,6 +91,8 @@ struct Delivery {
     ready: Ready,
     directive: Directive,
     trace: ProcessTrace,
+    /// The outcome of its first call, made in a group.
+    tried: Option<Outcome>,
 }
 
 async fn settle_traced(
@@ -99,6 +108,7 @@ async fn settle_traced(
         mut ready,
         directive,
         trace,
+        mut tried,
     } = delivery;
     let msg = Message::of(&ready.delivery);
     let bypass = directive == Directive::Bypass;
@@ -114,17 +124,22 @@ async fn settle_traced(
             },
             (Ok(decoded), _) => {
                 *in_flight = Some(HeldClaim::of(decoded.claim()));
-                ctx.processor
-                    .attempt(
-                        redis,
-                        &msg,
-                        decoded,
-                        attempt,
-                        ready.admitted.take(),
-                        bypass,
-                        &trace,
-                    )
-                    .await
+                match tried.take() {
+                    Some(outcome) => outcome,
+                    None => {
+                        ctx.processor
+                            .attempt(
+                                redis,
+                                &msg,
+                                decoded,
+                                attempt,
+                                ready.admitted.take(),
+                                bypass,
+                                &trace,
+                            )
+                            .await
+                    }
+                }
             }
             (Err(outcome), _) => outcome.clone(),
         };

@@ -10,6 +10,7 @@
 //! the read-ahead and the held events in order.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 
 use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
@@ -30,6 +31,7 @@ use crate::breaker::Breaker;
 use crate::config::Config;
 use crate::dedup::HeldClaim;
 use crate::gate::{Directive, Expired, Gate, Holdable as _};
+use crate::group::{self, Group, Grouped};
 use crate::live::{ShardState, ShardWatch, published_ms, unix_ms};
 use crate::lookahead::{Lookahead, Ready};
 use crate::process::Processor;
@@ -213,8 +215,8 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
     loop {
         gauge.sync(gate);
         let (deadline, intake) = clock.gate_wait(gate);
-        let (ready, directive) = match gate.pop_runnable() {
-            Some(runnable) => runnable,
+        let (ready, directive, released) = match gate.pop_runnable() {
+            Some((ready, directive)) => (ready, directive, true),
             None => {
                 let next = tokio::select! {
                     biased;
@@ -228,10 +230,45 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
                     next = lookahead.next(&ctx.processor), if intake => next,
                 };
                 match next? {
-                    Some(ready) => (ready, Directive::Normal),
+                    Some(ready) => (ready, Directive::Normal, false),
                     None => return Err(ShardError::ConsumerCancelled),
                 }
             }
+        };
+        let grouping = config.group_commit > 1
+            && !released
+            && group::joins(&ready)
+            && ctx.processor.claims_early();
+        let max = usize::from(config.group_commit);
+        let formed = match grouping {
+            true => Group::form(ready, lookahead, max, &ctx.processor),
+            false => Err(ready),
+        };
+        let ready = match formed {
+            Ok(formed) => {
+                let mut claims = Vec::new();
+                let grouped = {
+                    let work = group::run_groups(
+                        ctx,
+                        redis,
+                        lookahead,
+                        gate,
+                        formed,
+                        max,
+                        shutdown,
+                        &mut claims,
+                    );
+                    tokio::pin!(work);
+                    to_the_end(work, config, shutdown, conn_lost).await
+                };
+                match grouped {
+                    Some(Ok(Grouped::Done)) => continue,
+                    Some(Ok(Grouped::Fenced)) => return Err(ShardError::Fenced),
+                    Some(Err(e)) => return Err(e.into()),
+                    None => return abandoned(ctx, redis, claims, shutdown).await,
+                }
+            }
+            Err(alone) => alone,
         };
         let mut in_flight = None;
         ctx.metrics
@@ -248,15 +285,7 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
                 &mut in_flight,
             );
             tokio::pin!(work);
-            tokio::select! {
-                result = &mut work => Some(result),
-                _ = shutdown.cancelled() => {
-                    tokio::time::timeout(config.drain_timeout, &mut work).await.ok()
-                }
-                // The event can no longer be acked on this connection and a
-                // standby may take it: stop working on it.
-                _ = conn_lost.cancelled() => None,
-            }
+            to_the_end(work, config, shutdown, conn_lost).await
         };
         ctx.metrics.watch.clear_inflight();
         // Events of other orders the breaker's evidence attempt settled meanwhile.
@@ -266,15 +295,44 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
         match finished {
             Some(Ok(settled)) => to_gate(ctx, gate, settled).await?,
             Some(Err(e)) => return Err(e.into()),
-            None => {
-                abandon(ctx, redis, in_flight, shutdown.is_cancelled()).await;
-                return if shutdown.is_cancelled() {
-                    Ok(())
-                } else {
-                    Err(ShardError::ConnectionLost)
-                };
-            }
+            None => return abandoned(ctx, redis, in_flight, shutdown).await,
         }
+    }
+}
+
+/// Runs a serial shard's `work` to its end; on stop, within the drain
+/// timeout. `None` when the drain timed out or the connection was lost: the
+/// event can no longer be acked on it and a standby may take it. `work`
+/// comes pinned where it was made: a settle future is kilobytes, and moving
+/// it per event showed as memcpy in the instruction counts.
+async fn to_the_end<T>(
+    mut work: Pin<&mut impl Future<Output = T>>,
+    config: &Config,
+    shutdown: &CancellationToken,
+    conn_lost: &CancellationToken,
+) -> Option<T> {
+    tokio::select! {
+        result = &mut work => Some(result),
+        _ = shutdown.cancelled() => {
+            tokio::time::timeout(config.drain_timeout, work).await.ok()
+        }
+        _ = conn_lost.cancelled() => None,
+    }
+}
+
+/// After [`to_the_end`] gave up: the claims are released, and the shard's
+/// consumer ends (an error unless it was told to stop).
+async fn abandoned(
+    ctx: &ShardContext,
+    redis: &mut RedisSlot,
+    claims: impl IntoIterator<Item = HeldClaim>,
+    shutdown: &CancellationToken,
+) -> Result<(), ShardError> {
+    abandon(ctx, redis, claims, shutdown.is_cancelled()).await;
+    if shutdown.is_cancelled() {
+        Ok(())
+    } else {
+        Err(ShardError::ConnectionLost)
     }
 }
 

@@ -390,6 +390,81 @@ mod tests {
         }
     }
 
+    /// `dlq release` lifts the quarantine and raises the order's fence to
+    /// the shard's current epoch, so a stale owner's dead letter (epoch below
+    /// it: fenced, `worker/src/dedup`) cannot quarantine the order again.
+    #[tokio::test]
+    async fn lifting_a_quarantine_raises_the_orders_fence_to_the_shards_epoch() {
+        let url = std::env::var("SHARDLINE_TEST_REDIS")
+            .unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        let client = redis::Client::open(url).unwrap();
+        let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let keys =
+            shardline_topology::Keys::new(&format!("test:lift:{}:{nanos}:", std::process::id()));
+        let (quarantine, order, fence) = (keys.quarantine("A"), keys.order("A"), keys.fence(3));
+        let lift = async |redis: &mut redis::aio::MultiplexedConnection| {
+            redis::Script::new(LIFT)
+                .key(&quarantine)
+                .key(&order)
+                .key(&fence)
+                .invoke_async::<i64>(redis)
+                .await
+                .unwrap();
+        };
+        let _: () = redis::pipe()
+            .cmd("ZADD")
+            .arg(&quarantine)
+            .arg(2)
+            .arg("dl-1")
+            .cmd("HSET")
+            .arg(&order)
+            .arg("l")
+            .arg(1)
+            .arg("f")
+            .arg(1)
+            .cmd("SET")
+            .arg(&fence)
+            .arg(3)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        lift(&mut redis).await;
+        let (held, f): (i64, Option<String>) = redis::pipe()
+            .cmd("EXISTS")
+            .arg(&quarantine)
+            .cmd("HGET")
+            .arg(&order)
+            .arg("f")
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert_eq!((held, f.as_deref()), (0, Some("3")));
+        // An order without state gets none.
+        let _: () = redis::cmd("DEL")
+            .arg(&order)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        lift(&mut redis).await;
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(&order)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert_eq!(exists, 0);
+        let _: () = redis::cmd("DEL")
+            .arg(&quarantine)
+            .arg(&order)
+            .arg(&fence)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+
     #[test]
     fn filters_match_reason_order_and_shard() {
         let l = letter("d1", "handler", Some("A1"), Some(2));

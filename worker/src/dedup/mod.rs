@@ -28,7 +28,9 @@
 //! quarantine (`dlq release` raises the order's `f` to the shard's epoch).
 //!
 //! Round trips per event: one — the commit and the next event's admit travel
-//! together when the next delivery is already here.
+//! together when the next delivery is already here. With `--group-commit`,
+//! one per group: the commits of a group's events and the admits of the
+//! next group's (`group.lua`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,6 +52,7 @@ const RENEW: &str = include_str!("renew.lua");
 const RELEASE: &str = include_str!("release.lua");
 const DEAD: &str = include_str!("dead.lua");
 const STEP: &str = include_str!("step.lua");
+const GROUP: &str = include_str!("group.lua");
 
 /// How long the evidence of an unfinished handler start of an unsequenced
 /// event is kept, whatever the lease: a process that crash-loops slowly is
@@ -183,6 +186,27 @@ pub(crate) struct DeadLettered<'a> {
     pub(crate) replay_of: Option<&'a str>,
 }
 
+/// A sequenced event of a group to admit (`--group-commit`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GroupAdmit<'a> {
+    pub(crate) admission: Admission<'a>,
+    pub(crate) seq: u64,
+    /// The next seq of an order whose earlier event is admitted in the same
+    /// group: it runs under that one's claim.
+    pub(crate) chained: bool,
+}
+
+/// What one group call wrote and decided.
+#[derive(Debug, Default)]
+pub(crate) struct GroupReply {
+    /// The commits written, from the first.
+    pub(crate) committed: usize,
+    /// The next commit was fenced: a newer consumer wrote its order.
+    pub(crate) fenced: bool,
+    /// From the first admit: claims, then at most one other verdict.
+    pub(crate) verdicts: Vec<Verdict>,
+}
+
 /// The shard's consumer epoch, taken from Redis with the consumer's first
 /// delivery (0: not yet taken).
 #[derive(Debug, Default)]
@@ -213,6 +237,7 @@ pub(crate) struct Dedup {
     release: Script,
     dead: Script,
     step: Script,
+    group: Script,
 }
 
 /// The worker's clock, for claim leases (a claim's deadline is compared with
@@ -256,6 +281,7 @@ impl Dedup {
             release: script(RELEASE),
             dead: script(DEAD),
             step: script(&format!("{COMMIT}\n{ADMIT_ORDER}\n{STEP}")),
+            group: script(&format!("{COMMIT}\n{ADMIT_ORDER}\n{GROUP}")),
         }
     }
 
@@ -269,6 +295,7 @@ impl Dedup {
             self.release.clone(),
             self.dead.clone(),
             self.step.clone(),
+            self.group.clone(),
         ]
     }
 
@@ -515,6 +542,41 @@ impl Dedup {
         };
         let verdict = self.finish_admit(redis, next, answers).await;
         (Written::of(written), verdict)
+    }
+
+    /// Commits the processed events of a group, in order, then admits the
+    /// events of the next group (`--group-commit`), in one round trip. The
+    /// verdicts end with the first that is not a claim; none when a commit
+    /// was fenced.
+    pub(crate) async fn group(
+        &self,
+        redis: &mut RedisSlot,
+        commits: &[Done<'_>],
+        admits: &[GroupAdmit<'_>],
+    ) -> GroupReply {
+        let epoch = self.epoch(redis).await;
+        let mut keys = Vec::with_capacity(3 * (commits.len() + admits.len()));
+        let mut args = Vec::with_capacity(2 + 7 * commits.len() + 14 * admits.len());
+        args.extend([commits.len().to_string(), admits.len().to_string()]);
+        for done in commits {
+            let (done_keys, done_args) = self.commit_parts(done, epoch);
+            keys.extend(done_keys);
+            args.extend(done_args);
+        }
+        for admit in admits {
+            let (admit_keys, admit_args) =
+                self.admit_order_parts(&admit.admission, admit.seq, epoch);
+            keys.extend(admit_keys);
+            args.push(flag(admit.chained).to_owned());
+            args.extend(admit_args);
+        }
+        let (committed, fenced, verdicts): (usize, i64, Vec<(String, i64)>) =
+            redis.query(&Self::evalsha(&self.group, &keys, &args)).await;
+        GroupReply {
+            committed,
+            fenced: fenced == 1,
+            verdicts: verdicts.into_iter().map(verdict).collect(),
+        }
     }
 
     /// Marks the event processed and moves its order's gate, atomically.

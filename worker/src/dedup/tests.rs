@@ -160,6 +160,33 @@ impl Consumer {
             .await
     }
 
+    /// One group call: commits `done`, admits `next` (each with its chained flag).
+    async fn group(&mut self, done: &[&Ev], next: &[(&Ev, bool)]) -> GroupReply {
+        let commits: Vec<Done<'_>> = done
+            .iter()
+            .map(|ev| Done {
+                claim: ev.claim(),
+                kind: &ev.code,
+                replay_of: None,
+            })
+            .collect();
+        let admits: Vec<GroupAdmit<'_>> = next
+            .iter()
+            .map(|(ev, chained)| GroupAdmit {
+                admission: Admission {
+                    claim: ev.claim(),
+                    kind: &ev.code,
+                    redelivered: false,
+                    bypass_gate: false,
+                    replay_of: None,
+                },
+                seq: ev.seq,
+                chained: *chained,
+            })
+            .collect();
+        self.dedup.group(&mut self.slot, &commits, &admits).await
+    }
+
     async fn dead_letter(&mut self, ev: &Ev, id: &str) -> Written {
         let dead = DeadLettered {
             claim: ev.claim(),
@@ -466,6 +493,76 @@ async fn a_step_commits_then_admits() {
     );
     assert_eq!(store.field("A", "l").await.as_deref(), Some("2"));
     assert_eq!(store.field("A", "c").await, None);
+    store.clean().await;
+}
+
+/// Group commit: chained events run under their predecessor's claim; a
+/// group's commits land in order before the next group's admits, which stop
+/// at the first that is not a claim.
+#[tokio::test]
+async fn a_group_commits_in_order_then_admits_the_next_group() {
+    let mut store = Store::new("group").await;
+    let mut c = store.consumer();
+    let evs: Vec<Ev> = (1..=4).map(|seq| Ev::new("k", seq)).collect();
+    let six = Ev::new("k", 6);
+    let first = c
+        .group(&[], &[(&evs[0], false), (&evs[1], true), (&evs[2], true)])
+        .await;
+    assert_eq!(first.verdicts, vec![Verdict::Claimed; 3]);
+    assert_eq!(store.field("A", "l").await, None, "admits commit nothing");
+    let claim = store.field("A", "c").await.unwrap_or_default();
+    assert!(
+        claim.starts_with("1:"),
+        "the order's one claim is its first event's: {claim}"
+    );
+
+    let done: Vec<&Ev> = evs[..3].iter().collect();
+    let second = c
+        .group(&done, &[(&evs[3], false), (&six, false), (&evs[0], false)])
+        .await;
+    assert_eq!((second.committed, second.fenced), (3, false));
+    assert_eq!(
+        second.verdicts,
+        vec![Verdict::Claimed, Verdict::Gap],
+        "admits stop at the first that is not a claim"
+    );
+    assert_eq!(store.field("A", "l").await.as_deref(), Some("3"));
+    assert_eq!(store.field("A", "u").await, None, "no seq was skipped");
+
+    let copy = Ev::new("k", 2);
+    let third = c.group(&[&evs[3]], &[(&copy, false)]).await;
+    assert_eq!(third.verdicts, vec![Verdict::Duplicate]);
+    assert_eq!(store.field("A", "l").await.as_deref(), Some("4"));
+    assert_eq!(store.field("A", "c").await, None);
+    store.clean().await;
+}
+
+/// A stale owner's group commit writes nothing and admits nothing.
+#[tokio::test]
+async fn a_stale_owners_group_commit_changes_nothing() {
+    let mut store = Store::new("group-fence").await;
+    let mut stale = store.consumer();
+    let mut owner = store.consumer();
+    let (one, two) = (Ev::new("k", 1), Ev::new("k", 2));
+    let admitted = stale.group(&[], &[(&one, false), (&two, true)]).await;
+    assert_eq!(admitted.verdicts, vec![Verdict::Claimed; 2]);
+    // The newer owner gets both again and processes seq 1 only.
+    let one_again = Ev::new("k", 1);
+    assert_eq!(
+        owner.admit_as(&one_again, false, true).await,
+        Verdict::TakenOver
+    );
+    owner.commit(&one_again).await;
+    let claim = store.field("A", "c").await;
+
+    let three = Ev::new("k", 3);
+    let reply = stale.group(&[&one, &two], &[(&three, false)]).await;
+    assert_eq!(
+        (reply.committed, reply.fenced, reply.verdicts.len()),
+        (0, true, 0)
+    );
+    assert_eq!(store.field("A", "l").await.as_deref(), Some("1"));
+    assert_eq!(store.field("A", "c").await, claim);
     store.clean().await;
 }
 
