@@ -35,6 +35,12 @@ pub struct Config {
     /// [`PublishError::Disconnected`](crate::PublishError::Disconnected); the
     /// unconfirmed events stay queued and a later call tries again. Default 60 s.
     pub reconnect_give_up: Duration,
+    /// How long the oldest sent event may go unconfirmed, not counting time
+    /// the broker blocked the connection (a memory or disk alarm), before the
+    /// connection is given up and made again — to another address of a
+    /// cluster if this node stopped answering — and the window re-sent.
+    /// Default 30 s.
+    pub confirm_timeout: Duration,
 }
 
 impl Default for Config {
@@ -49,6 +55,7 @@ impl Default for Config {
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(5),
             reconnect_give_up: Duration::from_secs(60),
+            confirm_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -20,7 +20,7 @@ use lapin::{BasicProperties, Confirmation, Connection, ErrorKind, ExchangeKind, 
 use opentelemetry::global::{self, BoxedTracer};
 use opentelemetry::trace::{SpanContext, SpanKind, Status, TraceContextExt as _, Tracer as _};
 use opentelemetry::{Context, KeyValue};
-use shardline_topology::broker::soft_error;
+use shardline_topology::broker::{BlockedWatch, soft_error};
 use shardline_topology::telemetry::{self, attr, op};
 use shardline_topology::{Envelope, NewEvent, ShardId, headers, w3c};
 
@@ -51,6 +51,8 @@ pub struct Publisher {
     config: Config,
     exchange: ShortString,
     conn: Option<Connection>,
+    /// The connection's flow control (a memory or disk alarm blocks it).
+    blocked: Option<BlockedWatch>,
     channel: Option<ConfirmChannel>,
     unconfirmed: Unconfirmed<PublisherConfirm>,
     /// True while the channel may hold a send we did not see complete (a
@@ -94,6 +96,7 @@ impl Publisher {
             unconfirmed: Unconfirmed::new(config.window),
             config,
             exchange,
+            blocked: Some(BlockedWatch::new(&conn, "publishing")),
             conn: Some(conn),
             channel: Some(channel),
             channel_suspect: false,
@@ -356,17 +359,50 @@ impl Publisher {
             if self.channel_suspect || self.unconfirmed.first_unsent() == 0 {
                 self.send_unsent().await?;
             }
-            let Some(confirm) = self.unconfirmed.oldest_confirm() else {
-                continue;
-            };
-            match confirm.await {
-                Ok(confirmation) => return self.settled(confirmation),
-                Err(e) => {
+            match self.oldest_confirmed().await {
+                Some(Ok(confirmation)) => return self.settled(confirmation),
+                Some(Err(e)) => {
                     self.check_recoverable(e)?;
                     self.channel_suspect = true;
                 }
+                None => {}
             }
         }
+    }
+
+    /// The oldest event's confirm, waited for at most `confirm_timeout` of
+    /// time the connection was not blocked. `None` when it was not
+    /// confirmed by then: the connection is dropped, to be made again (to
+    /// whichever address answers) and the window re-sent.
+    async fn oldest_confirmed(&mut self) -> Option<Result<Confirmation, lapin::Error>> {
+        const TICK: std::time::Duration = std::time::Duration::from_secs(1);
+        let timeout = self.config.confirm_timeout;
+        let blocked = self.blocked.as_ref();
+        let confirm = self.unconfirmed.oldest_confirm()?;
+        let mut waited = std::time::Duration::ZERO;
+        loop {
+            tokio::select! {
+                confirmed = &mut *confirm => return Some(confirmed),
+                () = tokio::time::sleep(TICK) => {}
+            }
+            if blocked.is_some_and(|b| b.blocked().is_some()) {
+                continue;
+            }
+            waited += TICK;
+            if waited >= timeout {
+                break;
+            }
+        }
+        tracing::warn!(after = ?timeout, unconfirmed = self.unconfirmed.len(), "no publisher confirm in time: reconnecting (to any address that answers) and re-sending the window");
+        if let Some(conn) = self.conn.take() {
+            tokio::spawn(async move {
+                let closing = conn.close(200, "no publisher confirms".into());
+                let _ = tokio::time::timeout(TICK, closing).await;
+            });
+        }
+        self.blocked = None;
+        self.channel_suspect = true;
+        None
     }
 
     /// Settles the confirms that have already arrived, without waiting, so that
@@ -518,6 +554,7 @@ impl Publisher {
             self.conn = None;
             let conn = shardline_topology::connect(&self.config.amqp, &self.config.connection_name)
                 .await?;
+            self.blocked = Some(BlockedWatch::new(&conn, "publishing"));
             self.conn = Some(conn);
         }
         let Some(conn) = self.conn.as_ref() else {

@@ -28,6 +28,7 @@
 //!   replica refused is never pooled again; `topology status` through Sentinels.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod alarm;
 mod broker;
 mod publisher;
 mod redis_outage;

@@ -9,6 +9,7 @@ use std::str::FromStr;
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::LongString;
 use lapin::{Connection, ConnectionProperties, ErrorKind};
+use rand::seq::SliceRandom as _;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
@@ -105,13 +106,21 @@ impl fmt::Debug for AmqpTarget {
 }
 
 /// Opens a connection named `name` (shown as `connection_name` by `rabbitmqctl
-/// list_connections` and the management UI) to the first address of `target`
-/// that answers. `amqps://` URLs use TLS.
+/// list_connections` and the management UI, with the address it went to:
+/// `name @ host:port`) to an address of `target` that answers: tried in a
+/// random order, so that a fleet given one list spreads over its nodes.
+/// `amqps://` URLs use TLS.
 pub async fn connect(target: &AmqpTarget, name: &str) -> Result<Connection, BrokerError> {
     let mut failures = Vec::new();
-    for url in &target.addresses {
+    let mut order: Vec<&String> = target.addresses.iter().collect();
+    order.shuffle(&mut rand::rng());
+    for url in order {
+        let named = match target.addresses.len() {
+            1 => name.to_owned(),
+            _ => format!("{name} @ {}", host_port(url)),
+        };
         let props = ConnectionProperties::default()
-            .with_connection_name(LongString::from(name.as_bytes().to_vec()));
+            .with_connection_name(LongString::from(named.into_bytes()));
         match Connection::connect(&with_default_heartbeat(url), props).await {
             Ok(conn) => return Ok(conn),
             Err(e) => failures.push((redact_url(url), scrub(&e.to_string(), url))),
@@ -133,6 +142,70 @@ pub async fn connect(target: &AmqpTarget, name: &str) -> Result<Connection, Brok
     })
 }
 
+/// Follows a connection's flow control: RabbitMQ blocks every publishing
+/// connection while a memory or disk alarm is in effect (`connection.blocked`,
+/// which lapin asks for). Logs the block and its end at once, and answers
+/// whether the connection is blocked now (a publisher's confirm timeout stops
+/// while it is: an alarm blocks every node, so another address would not help).
+/// The watch ends with the value.
+#[derive(Debug)]
+pub struct BlockedWatch {
+    reason: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BlockedWatch {
+    /// Watches `conn`; `who` names what waits in the log line (`load`'s
+    /// publisher, the worker's dead letters).
+    pub fn new(conn: &Connection, who: &str) -> Self {
+        use futures_util::StreamExt as _;
+        let reason = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let mut events = Box::pin(conn.events_listener());
+        let (shared, who) = (reason.clone(), who.to_owned());
+        let task = tokio::spawn(async move {
+            while let Some(event) = events.next().await {
+                let now = match event {
+                    lapin::Event::ConnectionBlocked(reason) => {
+                        tracing::warn!(reason = %reason, "broker blocked: {}; {who} waits until it clears", alarm(&reason));
+                        Some(reason)
+                    }
+                    lapin::Event::ConnectionUnblocked => {
+                        tracing::info!("broker unblocked: {who} goes on");
+                        None
+                    }
+                    _ => continue,
+                };
+                if let Ok(mut blocked) = shared.lock() {
+                    *blocked = now;
+                }
+            }
+        });
+        Self { reason, task }
+    }
+
+    /// The broker's reason while the connection is blocked.
+    pub fn blocked(&self) -> Option<String> {
+        self.reason.lock().ok().and_then(|r| r.clone())
+    }
+}
+
+impl Drop for BlockedWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The alarm a `connection.blocked` reason names ("low on memory" → "memory alarm").
+pub fn alarm(reason: &str) -> String {
+    if reason.contains("memory") {
+        "memory alarm".to_owned()
+    } else if reason.contains("disk") {
+        "disk alarm".to_owned()
+    } else {
+        format!("\"{reason}\"")
+    }
+}
+
 /// The AMQP heartbeat asked for when the URL names none, in seconds: a peer
 /// that vanishes without closing its TCP connection (a machine lost) is
 /// noticed within about two of these, so that its exclusive consumers are
@@ -147,6 +220,15 @@ fn with_default_heartbeat(url: &str) -> String {
     }
     let sep = if url.contains('?') { '&' } else { '?' };
     format!("{url}{sep}heartbeat={DEFAULT_HEARTBEAT_SECS}")
+}
+
+/// The `host:port` part of an AMQP URL (what a connection name shows).
+fn host_port(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host)
 }
 
 /// A comma-separated list with the password of anything URL-like redacted.
@@ -251,6 +333,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(bad.contains("amqp://") && !bad.contains("secret"), "{bad}");
+    }
+
+    #[test]
+    fn block_reasons_name_the_alarm() {
+        assert_eq!(alarm("low on memory"), "memory alarm");
+        assert_eq!(alarm("low on disk"), "disk alarm");
+        assert_eq!(alarm("other"), "\"other\"");
+    }
+
+    #[test]
+    fn connection_names_show_the_node_address() {
+        assert_eq!(host_port("amqp://a:p,w@h1:5672/v"), "h1:5672");
+        assert_eq!(host_port("amqps://h2/v?heartbeat=5"), "h2");
+        assert_eq!(host_port("amqp://127.0.0.1:5673"), "127.0.0.1:5673");
     }
 
     #[test]

@@ -239,6 +239,10 @@ impl Worker {
 struct Broker {
     consume: Connection,
     dead_letters: Connection,
+    /// Logs a memory or disk alarm's block of the dead letters' connection
+    /// (a blocked dead letter keeps its event unacked; deliveries and acks
+    /// go on, on the other connection).
+    _blocked: broker::BlockedWatch,
 }
 
 impl Broker {
@@ -256,6 +260,7 @@ impl Broker {
             }
         };
         Ok(Self {
+            _blocked: broker::BlockedWatch::new(&dead_letters, "dead-lettering"),
             consume,
             dead_letters,
         })
