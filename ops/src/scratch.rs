@@ -25,8 +25,9 @@ pub async fn declare(fleet: &Fleet, connection_name: &str) -> Result<(), Error> 
         shards: fleet.shards,
         ..TopologyOptions::default()
     };
-    let declared = declare::apply(&conn, &fleet.names, &options).await;
-    close(&conn).await;
+    let conns = [conn];
+    let declared = declare::apply(&conns, &fleet.names, &options).await;
+    close(&conns[0]).await;
     declared?;
     Ok(())
 }

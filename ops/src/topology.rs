@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use shardline_topology::declare::{self, QueueType, TopologyOptions};
+use shardline_topology::declare::{self, DlqKind, QueueType, TopologyOptions};
 use shardline_topology::fleet::{FleetAssignment, MemberRecord};
 use shardline_topology::status::{
     BreakerState, Level, ShardReport, Thresholds, WorkerReport, unix_ms,
@@ -37,11 +37,15 @@ pub struct Applied {
 /// Declares the exchanges, shard queues, bindings and the DLQ (idempotent).
 pub async fn apply(fleet: &Fleet, options: &TopologyOptions) -> Result<Applied, Error> {
     let url = fleet.amqp.to_string();
-    let conn = fleet.connect("shardline topology apply").await?;
-    let report = declare::apply(&conn, &fleet.names, options)
+    // One connection per node given: each declares its share of the shard
+    // queues, so that a cluster's queue leaders spread.
+    let conns = shardline_topology::connect_each(&fleet.amqp, "shardline topology apply").await?;
+    let report = declare::apply(&conns, &fleet.names, options)
         .await
         .map_err(Error::queue(format!("topology apply on {url}")));
-    close(&conn).await;
+    for conn in &conns {
+        close(conn).await;
+    }
     Ok(Applied {
         url,
         names: fleet.names.clone(),
@@ -79,9 +83,23 @@ impl Applied {
             names.exchange,
             report.shard_queues.len().saturating_sub(1),
         );
+        if report.nodes > 1 {
+            let _ = writeln!(
+                out,
+                "  shard queues declared through {} nodes in turn: their leaders spread over them",
+                report.nodes
+            );
+        }
+        let dlq = match report.dead_letter_queue {
+            DlqKind::Classic => "classic, durable",
+            DlqKind::Quorum => "quorum, no delivery limit",
+            DlqKind::ClassicKept => {
+                "classic, durable: kept from an earlier apply; it does not survive its node's loss"
+            }
+        };
         let _ = writeln!(
             out,
-            "  queue {} (classic, durable), bound to {} with #\n  consumers: {consumers}",
+            "  queue {} ({dlq}), bound to {} with #\n  consumers: {consumers}",
             names.dead_letter_queue, names.dead_letter_exchange
         );
         match &report.publishers_must_declare {
@@ -885,15 +903,21 @@ mod tests {
             report: ApplyReport {
                 shard_queues: vec!["order.events.shard.0".into()],
                 publishers_must_declare: Some("x-queue-type=quorum".into()),
+                dead_letter_queue: DlqKind::Quorum,
+                nodes: 3,
             },
         };
         let text = applied.text();
         assert!(text.contains("NOTE: publishers"), "{text}");
+        assert!(text.contains("through 3 nodes"), "{text}");
+        assert!(text.contains("(quorum, no delivery limit)"), "{text}");
         assert!(text.contains("x-queue-type=quorum"), "{text}");
         let plain = Applied {
             options: TopologyOptions::default(),
             report: ApplyReport {
                 publishers_must_declare: None,
+                dead_letter_queue: DlqKind::Classic,
+                nodes: 1,
                 ..applied.report.clone()
             },
             ..applied

@@ -4,7 +4,7 @@
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 
-use shardline_testkit::{SHARDS, TestEnv};
+use shardline_testkit::{QueueType, SHARDS, TestEnv};
 
 /// Queues (name, durable, arguments), exchanges and bindings of the vhost, sorted.
 async fn snapshot(env: &TestEnv) -> Vec<String> {
@@ -172,4 +172,72 @@ async fn apply_refuses_a_queue_with_other_arguments_in_one_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apply_refuses_a_quorum_queue_in_one_line() {
     apply_against_conflicting_queue("x-queue-type", long_string("quorum")).await;
+}
+
+/// The queue types in the environment's vhost, by name.
+async fn queue_types(env: &TestEnv) -> std::collections::BTreeMap<String, String> {
+    let listed = env
+        .broker()
+        .run(&[
+            "-q",
+            "list_queues",
+            "-p",
+            &env.vhost,
+            "--no-table-headers",
+            "name",
+            "type",
+        ])
+        .await;
+    listed
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(name, kind)| (name.to_owned(), kind.trim().to_owned()))
+        .collect()
+}
+
+/// With quorum shard queues the DLQ is a quorum queue too (it survives a node
+/// loss); a classic DLQ from an earlier apply is kept, with a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_topology_has_a_quorum_dlq_and_keeps_a_classic_one_it_finds() {
+    let env = TestEnv::with_queue_type("topo-qdlq", QueueType::Quorum).await;
+    env.apply_topology().await;
+    let dlq = env.names.dead_letter_queue.clone();
+    let types = queue_types(&env).await;
+    assert_eq!(
+        types.get(&dlq).map(String::as_str),
+        Some("quorum"),
+        "{types:?}"
+    );
+    assert_eq!(
+        types.get(&env.shard_queue(0)).map(String::as_str),
+        Some("quorum")
+    );
+
+    let older = TestEnv::with_queue_type("topo-qdlq-old", QueueType::Quorum).await;
+    let conn = older.connect().await;
+    let channel = conn.create_channel().await.unwrap();
+    channel
+        .queue_declare(
+            older.names.dead_letter_queue.as_str().into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let out = older.cli(&["topology", "apply"]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("kept from an earlier apply"), "{stdout}");
+    assert!(
+        stderr.contains("a classic queue from an earlier apply"),
+        "{stderr}"
+    );
+    let types = queue_types(&older).await;
+    assert_eq!(
+        types
+            .get(&older.names.dead_letter_queue)
+            .map(String::as_str),
+        Some("classic")
+    );
 }

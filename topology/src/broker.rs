@@ -142,6 +142,30 @@ pub async fn connect(target: &AmqpTarget, name: &str) -> Result<Connection, Brok
     })
 }
 
+/// One connection to each address of `target` that answers, in the order
+/// given (a cluster's nodes, for declaring queues on each); an error only
+/// when none answers.
+pub async fn connect_each(target: &AmqpTarget, name: &str) -> Result<Vec<Connection>, BrokerError> {
+    let mut conns = Vec::with_capacity(target.addresses.len());
+    let mut last = None;
+    for url in &target.addresses {
+        let one = AmqpTarget {
+            addresses: vec![url.clone()],
+        };
+        match connect(&one, &format!("{name} @ {}", host_port(url))).await {
+            Ok(conn) => conns.push(conn),
+            Err(e) => {
+                tracing::warn!(error = %e, "a broker address did not answer: nothing is declared through it");
+                last = Some(e);
+            }
+        }
+    }
+    match (conns.is_empty(), last) {
+        (true, Some(e)) => Err(e),
+        _ => Ok(conns),
+    }
+}
+
 /// Follows a connection's flow control: RabbitMQ blocks every publishing
 /// connection while a memory or disk alarm is in effect (`connection.blocked`,
 /// which lapin asks for). Logs the block and its end at once, and answers

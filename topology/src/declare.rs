@@ -118,6 +118,9 @@ pub struct ApplyReport {
     pub shard_queues: Vec<String>,
     /// The x-arguments publishers must declare the shard queues with, when any.
     pub publishers_must_declare: Option<String>,
+    pub dead_letter_queue: DlqKind,
+    /// Broker nodes the shard queues were declared through.
+    pub nodes: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -140,13 +143,19 @@ pub enum DeclareError {
     },
     #[error("queue `{0}` does not exist: run `shardline topology apply`")]
     Missing(String),
+    #[error("no broker connection to declare through")]
+    NoConnection,
     #[error("broker error: {0}")]
     Broker(#[from] lapin::Error),
 }
 
-/// Declares exchanges, shard queues, bindings and the dead-letter queue. Idempotent.
+/// Declares exchanges, shard queues, bindings and the dead-letter queue.
+/// Idempotent. With connections to several nodes of a cluster, shard queue
+/// `i` is declared through `conns[i mod n]`: RabbitMQ 3.x puts a new quorum
+/// queue's leader (and a classic queue) on the node that declared it, so the
+/// leaders spread over the nodes with no queue argument and no policy.
 pub async fn apply(
-    conn: &Connection,
+    conns: &[Connection],
     names: &Names,
     opts: &TopologyOptions,
 ) -> Result<ApplyReport, DeclareError> {
@@ -154,7 +163,14 @@ pub async fn apply(
         durable: true,
         ..ExchangeDeclareOptions::default()
     };
+    let Some(conn) = conns.first() else {
+        return Err(DeclareError::NoConnection);
+    };
     let ch = conn.create_channel().await?;
+    let mut node_channels = Vec::with_capacity(conns.len());
+    for other in &conns[1..] {
+        node_channels.push(other.create_channel().await?);
+    }
     declare_exchange(&ch, &names.exchange, ExchangeKind::Direct, durable).await?;
     declare_exchange(
         &ch,
@@ -166,9 +182,13 @@ pub async fn apply(
 
     let args = opts.shard_queue_arguments(names);
     let mut shard_queues = Vec::with_capacity(usize::from(opts.shards.get()));
-    for shard in opts.shards.ids() {
+    for (i, shard) in opts.shards.ids().enumerate() {
         let queue = names.shard_queue(shard);
-        declare_queue(&ch, &queue, &args).await?;
+        let on = match i % conns.len() {
+            0 => &ch,
+            n => &node_channels[n - 1],
+        };
+        declare_queue(on, &queue, &args).await?;
         ch.queue_bind(
             queue.as_str().into(),
             names.exchange.as_str().into(),
@@ -179,7 +199,11 @@ pub async fn apply(
         .await?;
         shard_queues.push(queue);
     }
-    declare_queue(&ch, &names.dead_letter_queue, &FieldTable::default()).await?;
+    for other in &node_channels {
+        close_quietly(other).await;
+    }
+    let dead_letter_queue = declare_dead_letter_queue(conn, ch, names, opts).await?;
+    let ch = dead_letter_queue.channel;
     ch.queue_bind(
         names.dead_letter_queue.as_str().into(),
         names.dead_letter_exchange.as_str().into(),
@@ -192,7 +216,65 @@ pub async fn apply(
     Ok(ApplyReport {
         shard_queues,
         publishers_must_declare: (!args.inner().is_empty()).then(|| describe(&args)),
+        dead_letter_queue: dead_letter_queue.kind,
+        nodes: conns.len(),
     })
+}
+
+/// The dead-letter queue as declared, and the channel to go on with.
+struct DeadLetterQueue {
+    channel: Channel,
+    kind: DlqKind,
+}
+
+/// What kind of dead-letter queue the topology has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DlqKind {
+    Classic,
+    /// With quorum shard queues: it survives the loss of a node. No
+    /// delivery limit (browsing by requeue would spend it; 3.x has none by
+    /// default).
+    Quorum,
+    /// Quorum shard queues, but the DLQ was made classic before (an earlier
+    /// version): kept, as a queue's type cannot change in place.
+    ClassicKept,
+}
+
+/// Declares the DLQ: quorum when the shard queues are. A classic DLQ made
+/// before is kept (its type cannot change; the channel the refusal closed is
+/// opened again).
+async fn declare_dead_letter_queue(
+    conn: &Connection,
+    ch: Channel,
+    names: &Names,
+    opts: &TopologyOptions,
+) -> Result<DeadLetterQueue, DeclareError> {
+    let queue = &names.dead_letter_queue;
+    if opts.queue_type == QueueType::Classic {
+        declare_queue(&ch, queue, &FieldTable::default()).await?;
+        return Ok(DeadLetterQueue {
+            channel: ch,
+            kind: DlqKind::Classic,
+        });
+    }
+    let mut quorum = FieldTable::default();
+    quorum.insert("x-queue-type".into(), text("quorum"));
+    match declare_queue(&ch, queue, &quorum).await {
+        Ok(()) => Ok(DeadLetterQueue {
+            channel: ch,
+            kind: DlqKind::Quorum,
+        }),
+        Err(DeclareError::Conflict { argument, .. }) if argument == "x-queue-type" => {
+            tracing::warn!(%queue, "the dead-letter queue is a classic queue from an earlier apply: kept (a queue's type cannot change); it does not survive the loss of its node — drain it (`shardline dlq replay`), delete it and apply again to make it a quorum queue");
+            let ch = conn.create_channel().await?;
+            declare_queue(&ch, queue, &FieldTable::default()).await?;
+            Ok(DeadLetterQueue {
+                channel: ch,
+                kind: DlqKind::ClassicKept,
+            })
+        }
+        Err(e) => Err(e),
+    }
 }
 
 async fn declare_exchange(
