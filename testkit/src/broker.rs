@@ -9,7 +9,7 @@
 //! the server and for `rabbitmqctl`), so neither it nor its `rabbitmqctl` can
 //! reach the machine's default node. It registers with the machine's epmd,
 //! which nothing here stops. A start takes about 4 s on an idle machine.
-//! A cluster is several such nodes, joined.
+//! Three such nodes, joined, are a [`Cluster`](crate::Cluster).
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

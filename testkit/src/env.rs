@@ -14,6 +14,7 @@ use shardline_topology::{Keys, Names, QueueType, ShardCount, ShardId, TopologyOp
 use shardline_worker::{Config, Handler, RetryPolicy};
 
 use crate::broker::{BrokerNode, Ctl};
+use crate::cluster::Cluster;
 use crate::process::assert_exited_ok;
 use crate::wait::wait_until;
 
@@ -62,6 +63,18 @@ impl TestEnv {
     /// [`Self::with_queue_type`] on a private node instead of the machine's.
     pub async fn on_node(name: &str, queue_type: QueueType, node: &BrokerNode) -> Self {
         Self::create(name, queue_type, node.ctl().clone(), node.amqp_base()).await
+    }
+
+    /// [`Self::with_queue_type`] on node `node` of a private [`Cluster`]: the
+    /// vhost is the cluster's, the environment's URL and `rabbitmqctl` that node's.
+    pub async fn on_cluster(
+        name: &str,
+        queue_type: QueueType,
+        cluster: &Cluster,
+        node: usize,
+    ) -> Self {
+        let (ctl, base) = (cluster.ctl(node).clone(), cluster.amqp_base(node));
+        Self::create(name, queue_type, ctl, base).await
     }
 
     async fn create(name: &str, queue_type: QueueType, broker: Ctl, amqp_base: String) -> Self {
@@ -570,7 +583,8 @@ fn glob_escape(s: &str) -> String {
     out
 }
 
-fn percent_encode(s: &str) -> String {
+/// `s` as one URL path segment (a vhost in an AMQP URL).
+pub(crate) fn percent_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {

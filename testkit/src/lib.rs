@@ -10,6 +10,8 @@
 //! - [`broker`]: `rabbitmqctl` against the machine's node or a private
 //!   [`BrokerNode`] (own name, ports, files and Erlang cookie) that a test may
 //!   stop and start.
+//! - [`cluster`]: a private three-node [`Cluster`] (`scripts/cluster`) whose
+//!   nodes a test may kill -9, pause and restart.
 //! - [`env`](mod@env): [`TestEnv`], one per test.
 //! - [`downstream`]: the HTTP service the worker calls, recording and scripted.
 //! - [`worker`]: [`Worker`], an in-process `shardline_worker::Worker` run under a
@@ -37,6 +39,7 @@
 pub mod broker;
 pub mod checks;
 pub mod child;
+pub mod cluster;
 pub mod dlq;
 pub mod downstream;
 pub mod env;
@@ -61,6 +64,7 @@ pub use checks::{
     repeats_per_shard, wait_all_answered,
 };
 pub use child::ChildWorker;
+pub use cluster::Cluster;
 pub use downstream::{Call, Downstream, Reply, describe};
 pub use env::{SHARDS, TestEnv};
 pub use pg::OrdersDb;

@@ -1,0 +1,20 @@
+//! Cluster tests: shardline on a private three-node RabbitMQ cluster
+//! ([`shardline_testkit::Cluster`], started by `scripts/cluster` with free ports
+//! and node names of its own, stopped and removed when the test ends, also on
+//! failure), whose nodes the tests kill -9, pause and restart.
+//!
+//! None of them touches the machine's RabbitMQ. They are `#[ignore]`d so that
+//! the parallel suite skips them: a cluster costs three VMs and about 20 s of
+//! start on two cores, and their timing matters. `scripts/test` runs them
+//! after the outage tests, one at a time:
+//!
+//! ```sh
+//! cargo test --features test-support --test cluster -- --ignored --test-threads=1
+//! ```
+//!
+//! - [`smoke`]: the cluster itself: a quorum queue has a member on each node,
+//!   a killed node leaves the other two serving, it rejoins after a restart,
+//!   and nothing runs after the handle is dropped.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod smoke;
