@@ -311,26 +311,43 @@ impl TestEnv {
     /// `(messages, messages_unacknowledged)` of every queue in the vhost, as
     /// `rabbitmqctl` sees it (`messages` counts ready and unacked).
     pub async fn queue_depths(&self) -> BTreeMap<String, (u64, u64)> {
-        let text = self
-            .broker
-            .run(&[
-                "-q",
-                "list_queues",
-                "-p",
-                &self.vhost,
-                "--no-table-headers",
-                "name",
-                "messages",
-                "messages_unacknowledged",
-            ])
-            .await;
+        self.list_queues(&["messages", "messages_unacknowledged"])
+            .await
+            .into_iter()
+            .filter_map(|(name, fields)| {
+                let messages = fields.first()?.parse().ok()?;
+                let unacked = fields.get(1)?.parse().ok()?;
+                Some((name, (messages, unacked)))
+            })
+            .collect()
+    }
+
+    /// `rabbitmqctl list_queues name COLUMNS…` in the vhost: each queue's
+    /// columns by name (through `via`, another node's `rabbitmqctl`, when given).
+    pub async fn list_queues(&self, columns: &[&str]) -> BTreeMap<String, Vec<String>> {
+        self.list_queues_via(&self.broker, columns).await
+    }
+
+    /// [`Self::list_queues`] through `ctl` (a cluster node's).
+    pub async fn list_queues_via(
+        &self,
+        ctl: &Ctl,
+        columns: &[&str],
+    ) -> BTreeMap<String, Vec<String>> {
+        let mut args = vec![
+            "-q",
+            "list_queues",
+            "-p",
+            &self.vhost,
+            "--no-table-headers",
+            "name",
+        ];
+        args.extend(columns);
+        let text = ctl.run(&args).await;
         text.lines()
             .filter_map(|line| {
-                let mut parts = line.split_whitespace();
-                let name = parts.next()?.to_owned();
-                let messages = parts.next()?.parse().ok()?;
-                let unacked = parts.next()?.parse().ok()?;
-                Some((name, (messages, unacked)))
+                let mut parts = line.split('\t').map(|p| p.trim().to_owned());
+                Some((parts.next()?, parts.collect()))
             })
             .collect()
     }

@@ -15,6 +15,9 @@
 //! - [`smoke`]: the cluster itself: a quorum queue has a member on each node,
 //!   a killed node leaves the other two serving, it rejoins after a restart,
 //!   and nothing runs after the handle is dropped.
+//! - [`spread`]: `topology apply` spreads quorum leaders over the nodes; a
+//!   worker and a publisher given the three addresses process everything.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod smoke;
+mod spread;

@@ -176,22 +176,10 @@ async fn apply_refuses_a_quorum_queue_in_one_line() {
 
 /// The queue types in the environment's vhost, by name.
 async fn queue_types(env: &TestEnv) -> std::collections::BTreeMap<String, String> {
-    let listed = env
-        .broker()
-        .run(&[
-            "-q",
-            "list_queues",
-            "-p",
-            &env.vhost,
-            "--no-table-headers",
-            "name",
-            "type",
-        ])
-        .await;
+    let listed = env.list_queues(&["type"]).await;
     listed
-        .lines()
-        .filter_map(|l| l.split_once('\t'))
-        .map(|(name, kind)| (name.to_owned(), kind.trim().to_owned()))
+        .into_iter()
+        .filter_map(|(name, mut fields)| Some((name, fields.pop()?)))
         .collect()
 }
 
