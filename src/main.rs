@@ -71,6 +71,16 @@ pub struct GlobalArgs {
     /// Number of shards N. Queue arguments are immutable, so growing N is a migration.
     #[arg(long, global = true, help_heading = "Names", env = "SHARDLINE_SHARDS", default_value_t = ShardCount::default())]
     pub shards: ShardCount,
+    /// Publish and consume although the topology has another shard count than
+    /// --shards (queue N-1 missing or queue N present): only during a
+    /// shard-count migration; otherwise one order's events would land in two queues.
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Names",
+        env = "SHARDLINE_ALLOW_SHARD_MISMATCH"
+    )]
+    pub allow_shard_mismatch: bool,
     /// Serve Prometheus metrics and health on this address (off unless given).
     #[arg(
         long,
@@ -180,6 +190,7 @@ impl GlobalArgs {
             keys: Keys::new(&self.redis_prefix),
             names: self.names(),
             shards: self.shards,
+            allow_shard_mismatch: self.allow_shard_mismatch,
         }
     }
 }

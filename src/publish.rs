@@ -86,6 +86,7 @@ pub fn publisher_config(global: &GlobalArgs, window: usize, connection_name: &st
         shards: global.shards,
         window,
         connection_name: connection_name.into(),
+        check_shard_count: !global.allow_shard_mismatch,
         ..Config::default()
     }
 }

@@ -298,6 +298,7 @@ impl WorkerArgs {
             on_dead_letter: self.on_dead_letter.into(),
             kinds_ttl: self.kinds_ttl,
             max_deliveries: self.max_deliveries,
+            allow_shard_mismatch: global.allow_shard_mismatch,
             delivery_limit: (self.queue_type == QueueType::Quorum).then_some(self.delivery_limit),
             metrics_addr: global.metrics_addr,
             backlog: Thresholds {

@@ -18,6 +18,9 @@ pub struct Fleet {
     pub names: Names,
     /// Number of shards N (default 16).
     pub shards: ShardCount,
+    /// Publish even where the topology has another shard count (a
+    /// shard-count migration only). Default false.
+    pub allow_shard_mismatch: bool,
 }
 
 impl Fleet {
@@ -29,6 +32,7 @@ impl Fleet {
             shards: self.shards,
             window: 1,
             connection_name: connection_name.into(),
+            check_shard_count: !self.allow_shard_mismatch,
             ..shardline_publisher::Config::default()
         }
     }

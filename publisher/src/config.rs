@@ -41,6 +41,11 @@ pub struct Config {
     /// cluster if this node stopped answering — and the window re-sent.
     /// Default 30 s.
     pub confirm_timeout: Duration,
+    /// Check at connect that the topology has `shards` shard queues (queue
+    /// N−1 exists, queue N does not): a publisher with another N than the
+    /// workers' would split one order over two queues. Off only during a
+    /// shard-count migration. Default on.
+    pub check_shard_count: bool,
 }
 
 impl Default for Config {
@@ -56,6 +61,7 @@ impl Default for Config {
             reconnect_max: Duration::from_secs(5),
             reconnect_give_up: Duration::from_secs(60),
             confirm_timeout: Duration::from_secs(30),
+            check_shard_count: true,
         }
     }
 }

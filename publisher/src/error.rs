@@ -57,6 +57,9 @@ pub enum PublishError {
         unconfirmed: usize,
         cause: String,
     },
+    /// The topology does not have the configured shard count.
+    #[error(transparent)]
+    Topology(#[from] shardline_topology::DeclareError),
     /// A broker operation failed while opening the publishing channel.
     #[error("broker error: {0}")]
     Broker(#[from] lapin::Error),

@@ -85,6 +85,10 @@ impl Publisher {
         let exchange = short("exchange", &config.names.exchange)?;
         let conn = shardline_topology::connect(&config.amqp, &config.connection_name).await?;
         let channel = open_channel(&conn, &exchange, &config.names.exchange).await?;
+        if config.check_shard_count {
+            shardline_topology::declare::check_shard_count(&conn, &config.names, config.shards)
+                .await?;
+        }
         tracing::debug!(
             amqp = %config.amqp,
             exchange = %config.names.exchange,

@@ -229,3 +229,65 @@ async fn quorum_topology_has_a_quorum_dlq_and_keeps_a_classic_one_it_finds() {
         Some("classic")
     );
 }
+
+/// A publisher or worker whose `--shards` is not the topology's is refused
+/// at start with one line (it would split an order over two queues), unless
+/// told it is a migration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_count_that_is_not_the_topologys_is_refused() {
+    let env = TestEnv::new("topo-shards").await;
+    env.apply_topology().await;
+    let run = |shards: u32, extra: &'static [&'static str]| {
+        let mut args: Vec<String> = env
+            .global_args()
+            .into_iter()
+            .take_while(|a| a != "--shards")
+            .collect();
+        args.extend(["--shards".to_owned(), shards.to_string()]);
+        let mut cmd = env.shardline_command();
+        cmd.args([
+            "publish",
+            "--order-id",
+            "S1",
+            "--event",
+            "order.created",
+            "--seq",
+            "1",
+        ])
+        .args(args)
+        .args(extra);
+        async move { cmd.output().await.unwrap() }
+    };
+    let n = u32::from(SHARDS);
+    for (shards, found) in [
+        (
+            n * 2,
+            format!(
+                "queue `{}` does not exist",
+                env.names.shard_queue_named(n * 2 - 1)
+            ),
+        ),
+        (
+            n / 2,
+            format!("queue `{}` exists", env.names.shard_queue_named(n / 2)),
+        ),
+    ] {
+        let out = run(shards, &[]).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error")).collect();
+        assert_eq!(errors.len(), 1, "{stderr}");
+        assert!(
+            errors[0].contains(&format!("--shards {shards} does not match the topology"))
+                && errors[0].contains(&found),
+            "{stderr}"
+        );
+    }
+    let out = run(n / 2, &["--allow-shard-mismatch"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(env.shard_backlog().await, 1);
+}

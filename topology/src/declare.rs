@@ -145,6 +145,11 @@ pub enum DeclareError {
     Missing(String),
     #[error("no broker connection to declare through")]
     NoConnection,
+    /// The configured shard count is not the topology's.
+    #[error(
+        "--shards {configured} does not match the topology: {found}; every publisher and worker must use the topology's shard count,          or one order's events would land in two queues (during a shard-count migration, pass --allow-shard-mismatch)"
+    )]
+    ShardCount { configured: u32, found: String },
     #[error("broker error: {0}")]
     Broker(#[from] lapin::Error),
 }
@@ -330,6 +335,62 @@ fn conflict(queue: &str, reply: &str) -> DeclareError {
         argument: first_quoted(head).unwrap_or_else(|| "an argument".into()),
         current: value(current),
         declared: value(declared),
+    }
+}
+
+/// Checks that the topology has `shards` shard queues: queue N−1 exists and
+/// queue N does not (a passive declare each, on a throwaway channel: a
+/// missing queue closes it). A publisher with another N than the workers'
+/// would split an order over two queues.
+pub async fn check_shard_count(
+    conn: &Connection,
+    names: &Names,
+    shards: ShardCount,
+) -> Result<(), DeclareError> {
+    let n = u32::from(shards.get());
+    let mismatch = |found: String| DeclareError::ShardCount {
+        configured: n,
+        found,
+    };
+    let last = names.shard_queue_named(n - 1);
+    if !queue_exists(conn, &last).await? {
+        let first = names.shard_queue_named(0);
+        if !queue_exists(conn, &first).await? {
+            return Err(DeclareError::Missing(first));
+        }
+        return Err(mismatch(format!(
+            "queue `{last}` does not exist (the topology has fewer shards)"
+        )));
+    }
+    let beyond = names.shard_queue_named(n);
+    if queue_exists(conn, &beyond).await? {
+        return Err(mismatch(format!(
+            "queue `{beyond}` exists (the topology has more shards)"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `queue` exists (a passive declare on a channel of its own).
+async fn queue_exists(conn: &Connection, queue: &str) -> Result<bool, DeclareError> {
+    let ch = conn.create_channel().await?;
+    let declared = ch
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    match declared {
+        Ok(_) => {
+            close_quietly(&ch).await;
+            Ok(true)
+        }
+        Err(e) if soft_error(&e, AMQPSoftError::NOTFOUND).is_some() => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -45,6 +45,12 @@ impl Names {
         format!("{}{}", self.queue_prefix, shard)
     }
 
+    /// Shard queue `i`'s name for any `i`, also beyond the configured count
+    /// (what a shard-count check looks for).
+    pub fn shard_queue_named(&self, i: u32) -> String {
+        format!("{}{i}", self.queue_prefix)
+    }
+
     pub fn routing_key(shard: ShardId) -> String {
         format!("shard.{shard}")
     }

@@ -104,6 +104,9 @@ pub struct Config {
     /// Quorum queues: the queue's `x-delivery-limit`; the worker dead-letters an
     /// event itself when `x-delivery-count` reaches it − 1. None for classic queues.
     pub delivery_limit: Option<u32>,
+    /// Consume although the topology has another shard count (queue N−1
+    /// missing or queue N present): a shard-count migration only. Default false.
+    pub allow_shard_mismatch: bool,
     /// Serve `/metrics`, `/healthz` and `/readyz` here. Default none (off).
     pub metrics_addr: Option<SocketAddr>,
     /// Backlog age from which a shard is at WARN and at PAGE (metrics, status).
@@ -166,6 +169,7 @@ impl Default for Config {
             on_dead_letter: OnDeadLetter::Continue,
             kinds_ttl: None,
             max_deliveries: 5,
+            allow_shard_mismatch: false,
             delivery_limit: None,
             metrics_addr: None,
             backlog: Thresholds::default(),

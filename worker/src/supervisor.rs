@@ -503,6 +503,9 @@ async fn check_queues(conn: &Connection, config: &Config) -> Result<(), WorkerEr
     for &shard in &config.assign {
         declare::queue_status(conn, &config.names.shard_queue(shard)).await?;
     }
+    if !config.allow_shard_mismatch {
+        declare::check_shard_count(conn, &config.names, config.shards).await?;
+    }
     Ok(())
 }
 
