@@ -17,7 +17,11 @@
 //!   and nothing runs after the handle is dropped.
 //! - [`spread`]: `topology apply` spreads quorum leaders over the nodes; a
 //!   worker and a publisher given the three addresses process everything.
+//! - [`home_node`]: classic shard queues on a cluster: a shard whose node is
+//!   down waits (404 "home node … is down" is not a missing topology) while
+//!   the others run; it resumes when its node is back.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod home_node;
 mod smoke;
 mod spread;

@@ -143,6 +143,10 @@ pub enum DeclareError {
     },
     #[error("queue `{0}` does not exist: run `shardline topology apply`")]
     Missing(String),
+    /// A classic queue of a cluster whose node is down: it exists, and
+    /// comes back with its node.
+    #[error("queue `{queue}` is on a broker node that is down: {reply}")]
+    HomeNodeDown { queue: String, reply: String },
     #[error("no broker connection to declare through")]
     NoConnection,
     /// The configured shard count is not the topology's.
@@ -371,6 +375,25 @@ pub async fn check_shard_count(
     Ok(())
 }
 
+/// A 404 on `queue`: missing, or (a classic queue on a cluster) its home
+/// node is down.
+fn not_found(queue: &str, e: lapin::Error) -> DeclareError {
+    match soft_error(&e, AMQPSoftError::NOTFOUND) {
+        Some(reply) if is_home_node_down(&reply) => DeclareError::HomeNodeDown {
+            queue: queue.to_owned(),
+            reply,
+        },
+        Some(_) => DeclareError::Missing(queue.to_owned()),
+        None => e.into(),
+    }
+}
+
+/// RabbitMQ's 404 for a classic queue whose node is down: "home node
+/// 'rabbit@b' of durable queue 'q' in vhost '/' is down or inaccessible".
+pub fn is_home_node_down(reply: &str) -> bool {
+    reply.contains("home node") && reply.contains("is down")
+}
+
 /// Whether `queue` exists (a passive declare on a channel of its own).
 async fn queue_exists(conn: &Connection, queue: &str) -> Result<bool, DeclareError> {
     let ch = conn.create_channel().await?;
@@ -389,8 +412,11 @@ async fn queue_exists(conn: &Connection, queue: &str) -> Result<bool, DeclareErr
             close_quietly(&ch).await;
             Ok(true)
         }
-        Err(e) if soft_error(&e, AMQPSoftError::NOTFOUND).is_some() => Ok(false),
-        Err(e) => Err(e.into()),
+        Err(e) => match not_found(queue, e) {
+            DeclareError::Missing(_) => Ok(false),
+            DeclareError::HomeNodeDown { .. } => Ok(true),
+            other => Err(other),
+        },
     }
 }
 
@@ -415,10 +441,7 @@ pub async fn queue_status(conn: &Connection, queue: &str) -> Result<ShardStatus,
             FieldTable::default(),
         )
         .await
-        .map_err(|e| match soft_error(&e, AMQPSoftError::NOTFOUND) {
-            Some(_) => DeclareError::Missing(queue.to_owned()),
-            None => e.into(),
-        })?;
+        .map_err(|e| not_found(queue, e))?;
     close_quietly(&ch).await;
     Ok(ShardStatus {
         queue: queue.to_owned(),

@@ -20,6 +20,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
 use shardline_publisher::ConfirmChannel;
 use shardline_topology::broker::soft_error;
+use shardline_topology::declare;
 use shardline_topology::status::HeldRef;
 use std::time::Duration;
 
@@ -129,6 +130,7 @@ async fn take_shard(
 ) -> Result<Option<(Channel, Consumer)>, ShardError> {
     let queue = ctx.names.shard_queue(ctx.shard);
     let mut standing_by = false;
+    let mut home_down = false;
     loop {
         if shutdown.is_cancelled() {
             return Ok(None);
@@ -158,6 +160,20 @@ async fn take_shard(
                     tracing::info!(shard = %ctx.shard, %queue, "consuming; the queue's single-active-consumer picks the active worker");
                 }
                 return Ok(Some((channel, consumer)));
+            }
+            Err(e)
+                if soft_error(&e, AMQPSoftError::NOTFOUND)
+                    .is_some_and(|reply| declare::is_home_node_down(&reply)) =>
+            {
+                if !home_down {
+                    tracing::warn!(shard = %ctx.shard, %queue, error = %e, "the shard queue's broker node is down (classic queue on a cluster): retrying until it is back");
+                    home_down = true;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(config.standby_retry) => {}
+                    _ = shutdown.cancelled() => return Ok(None),
+                    _ = conn_lost.cancelled() => return Err(ShardError::ConnectionLost),
+                }
             }
             Err(e) if soft_error(&e, AMQPSoftError::ACCESSREFUSED).is_some() => {
                 if !standing_by {

@@ -501,7 +501,14 @@ fn connection_name(config: &Config) -> String {
 /// Fails at start-up, naming the queue, when the topology was not applied.
 async fn check_queues(conn: &Connection, config: &Config) -> Result<(), WorkerError> {
     for &shard in &config.assign {
-        declare::queue_status(conn, &config.names.shard_queue(shard)).await?;
+        match declare::queue_status(conn, &config.names.shard_queue(shard)).await {
+            Ok(_) => {}
+            // Its shard waits for the node (`shard.rs`); the others run.
+            Err(e @ declare::DeclareError::HomeNodeDown { .. }) => {
+                tracing::warn!(shard = %shard, error = %e, "shard queue unavailable at start: its consumer keeps trying");
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     if !config.allow_shard_mismatch {
         declare::check_shard_count(conn, &config.names, config.shards).await?;
