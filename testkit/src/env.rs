@@ -77,6 +77,17 @@ impl TestEnv {
         Self::create(name, queue_type, ctl, base).await
     }
 
+    /// [`Self::on_cluster`] whose `amqp_url` lists every node (what a fleet
+    /// on a cluster is given): tools connect to any node that answers.
+    pub async fn on_all_nodes(name: &str, queue_type: QueueType, cluster: &Cluster) -> Self {
+        let mut env = Self::on_cluster(name, queue_type, cluster, 0).await;
+        env.amqp_url = (0..crate::cluster::NODES)
+            .map(|i| cluster.amqp_url(i, &env.vhost))
+            .collect::<Vec<_>>()
+            .join(",");
+        env
+    }
+
     async fn create(name: &str, queue_type: QueueType, broker: Ctl, amqp_base: String) -> Self {
         let name = match queue_type {
             QueueType::Classic => name.to_owned(),

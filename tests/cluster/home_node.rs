@@ -14,11 +14,7 @@ use shardline_testkit::{
 #[ignore = "starts a three-node RabbitMQ cluster: scripts/test runs it alone"]
 async fn a_shard_whose_node_is_down_waits_while_the_others_run() {
     let cluster = Cluster::start().await;
-    let mut env = TestEnv::on_cluster("cluster-home", QueueType::Classic, &cluster, 0).await;
-    env.amqp_url = (0..NODES)
-        .map(|i| cluster.amqp_url(i, &env.vhost))
-        .collect::<Vec<_>>()
-        .join(",");
+    let env = TestEnv::on_all_nodes("cluster-home", QueueType::Classic, &cluster).await;
     env.apply_topology().await;
     // Shard i was declared through node i mod 3: node 2 (index 1) holds 1, 4, 7.
     let down = 1;

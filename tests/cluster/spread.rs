@@ -17,11 +17,7 @@ use shardline_testkit::{
 #[ignore = "starts a three-node RabbitMQ cluster: scripts/test runs it alone"]
 async fn quorum_leaders_spread_over_the_nodes_and_every_tool_takes_the_three_addresses() {
     let cluster = Cluster::start().await;
-    let mut env = TestEnv::on_cluster("cluster-spread", QueueType::Quorum, &cluster, 0).await;
-    env.amqp_url = (0..NODES)
-        .map(|i| cluster.amqp_url(i, &env.vhost))
-        .collect::<Vec<_>>()
-        .join(",");
+    let env = TestEnv::on_all_nodes("cluster-spread", QueueType::Quorum, &cluster).await;
     let out = env.cli(&["topology", "apply"]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
