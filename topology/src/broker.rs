@@ -121,9 +121,18 @@ pub async fn connect(target: &AmqpTarget, name: &str) -> Result<Connection, Brok
         };
         let props = ConnectionProperties::default()
             .with_connection_name(LongString::from(named.into_bytes()));
-        match Connection::connect(&with_default_heartbeat(url), props).await {
-            Ok(conn) => return Ok(conn),
-            Err(e) => failures.push((redact_url(url), scrub(&e.to_string(), url))),
+        let with_heartbeat = with_default_heartbeat(url);
+        let connecting = Connection::connect(&with_heartbeat, props);
+        match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
+            Ok(Ok(conn)) => return Ok(conn),
+            Ok(Err(e)) => failures.push((redact_url(url), scrub(&e.to_string(), url))),
+            Err(_) => failures.push((
+                redact_url(url),
+                format!(
+                    "no AMQP handshake within {}s (a node that accepts TCP but does not answer: paused, overloaded?)",
+                    CONNECT_TIMEOUT.as_secs()
+                ),
+            )),
         }
     }
     Err(match failures.as_slice() {
@@ -229,6 +238,11 @@ pub fn alarm(reason: &str) -> String {
         format!("\"{reason}\"")
     }
 }
+
+/// How long one address may take to complete the TCP connect and the AMQP
+/// handshake before the next is tried: a node that is paused (or hung)
+/// accepts the TCP connection in the kernel and never answers.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The AMQP heartbeat asked for when the URL names none, in seconds: a peer
 /// that vanishes without closing its TCP connection (a machine lost) is
@@ -357,6 +371,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(bad.contains("amqp://") && !bad.contains("secret"), "{bad}");
+    }
+
+    /// A node that accepts TCP and never speaks AMQP (paused, hung) costs one
+    /// connect timeout, then the next address is tried.
+    #[tokio::test]
+    async fn a_silent_address_times_out_and_the_error_says_so() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                open.push(socket);
+            }
+        });
+        let target = AmqpTarget::parse(&format!("amqp://u:secret@127.0.0.1:{port}/%2f")).unwrap();
+        let started = std::time::Instant::now();
+        let error = connect(&target, "test").await.unwrap_err().to_string();
+        assert!(started.elapsed() >= CONNECT_TIMEOUT, "{error}");
+        assert!(error.contains("no AMQP handshake within 10s"), "{error}");
+        assert!(!error.contains("secret"), "{error}");
+        held.abort();
     }
 
     #[test]
