@@ -1,13 +1,17 @@
 //! Broker flow control: a memory alarm on the (private) node blocks every
 //! publishing connection. `shardline load` says so at once and waits inside
-//! its window; once the alarm clears it completes, nothing lost.
+//! its window; once the alarm clears it completes, nothing lost. A worker
+//! keeps consuming and acking meanwhile; its dead letter waits, unacked.
 
 use std::time::Instant;
 
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 use shardline_testkit::broker::NODE_START;
-use shardline_testkit::{BrokerNode, PROCESSING, QueueType, TestEnv, wait_until};
+use shardline_testkit::{
+    BrokerNode, Downstream, PROCESSING, Publisher, QueueType, Reply, TestEnv, all_ok,
+    assert_in_order_and_complete, interleaved, order_ids, wait_until,
+};
 
 /// A watermark far below what any node uses: the alarm goes off at once.
 const ALARM: &str = "0.0000001";
@@ -73,4 +77,81 @@ async fn a_memory_alarm_blocks_load_which_says_so_and_completes_when_it_clears()
     })
     .await;
     eprintln!("`load` reported the block {told_after:?} after it started");
+}
+
+/// Under the alarm a worker keeps consuming and acking what was published
+/// before it (its deliveries and acks travel on a connection that publishes
+/// nothing); a dead letter waits, blocked, with its event unacked, and goes
+/// out when the alarm clears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "starts a private RabbitMQ node: scripts/test runs it alone"]
+async fn a_worker_keeps_consuming_under_a_memory_alarm_and_its_dead_letter_waits() {
+    let node = BrokerNode::start().await;
+    let env = TestEnv::on_node("alarm-worker", QueueType::Classic, &node).await;
+    env.apply_topology().await;
+    let mut events = interleaved(&order_ids("alarm", 40), 3, env.shards);
+    // The last event published: the last of its shard, so nothing waits
+    // behind its dead letter.
+    let bad = events.pop().unwrap();
+    let bad_key = bad.key();
+    let downstream = Downstream::scripted(move |call, _| match call.key() == bad_key {
+        true => Reply::status(422),
+        false => Reply::ok(),
+    })
+    .await;
+    let publisher = Publisher::connect(&env).await;
+    publisher.publish(&events).await;
+    publisher.publish(std::slice::from_ref(&bad)).await;
+    node.ctl()
+        .run(&["set_vm_memory_high_watermark", ALARM])
+        .await;
+
+    let worker = env.start_worker("w1", &downstream, |_| {}).await;
+    let calls = downstream
+        .wait_for(
+            "every other event processed under the alarm",
+            PROCESSING,
+            |calls| all_ok(calls, &events),
+        )
+        .await;
+    let processed: Vec<_> = calls.into_iter().filter(|c| c.ok()).collect();
+    assert_in_order_and_complete(&processed, &events);
+    // The dead-letter connection is blocked by the broker, its event unacked.
+    let dead_letters = "shardline worker w1 dead letters";
+    wait_until("the dead-letter connection blocked", PROCESSING, || async {
+        let listed = node
+            .ctl()
+            .run(&[
+                "-q",
+                "list_connections",
+                "--no-table-headers",
+                "client_properties",
+                "state",
+            ])
+            .await;
+        match listed
+            .lines()
+            .any(|l| l.contains(dead_letters) && l.ends_with("blocked"))
+        {
+            true => Ok(()),
+            false => Err(listed),
+        }
+    })
+    .await;
+    assert_eq!(worker.counts().dead_lettered_total(), 0);
+    let bad_queue = env.shard_queue(bad.shard);
+    assert_eq!(
+        env.queue_depths().await.get(&bad_queue).map(|d| d.1),
+        Some(1)
+    );
+
+    node.ctl()
+        .run(&["set_vm_memory_high_watermark", "0.4"])
+        .await;
+    let counts = worker
+        .wait_counts("the dead letter published after the alarm", |c| {
+            c.dead_lettered_total() == 1
+        })
+        .await;
+    assert_eq!(counts.processed, events.len() as u64, "{counts:?}");
 }
