@@ -128,40 +128,34 @@ impl Cluster {
         assert_exited_ok(&format!("{tool} {args:?} on {}", self.names[i]), &out)
     }
 
-    /// kill -9 of node `i`'s Erlang VM; returns once it is gone. Its data stays.
-    pub async fn kill9(&self, i: usize) {
+    /// `scripts/cluster VERB N` for node `i` (numbered from 1 there), `what`
+    /// naming it in a failure.
+    async fn cluster_node_script(&self, verb: &str, i: usize, what: &str) {
         self.cluster_script(
-            &["kill9", &(i + 1).to_string()],
-            &format!("kill -9 of {}", self.names[i]),
+            &[verb, &(i + 1).to_string()],
+            &format!("{what} {}", self.names[i]),
         )
         .await;
+    }
+
+    /// kill -9 of node `i`'s Erlang VM; returns once it is gone. Its data stays.
+    pub async fn kill9(&self, i: usize) {
+        self.cluster_node_script("kill9", i, "kill -9 of").await;
     }
 
     /// Starts node `i` again with its data; returns once it is back in the cluster.
     pub async fn restart(&self, i: usize) {
-        self.cluster_script(
-            &["restart", &(i + 1).to_string()],
-            &format!("restarting {}", self.names[i]),
-        )
-        .await;
+        self.cluster_node_script("restart", i, "restarting").await;
     }
 
     /// SIGSTOP of node `i`'s VM: a partition once `net_ticktime` (10 s) passes.
     pub async fn pause(&self, i: usize) {
-        self.cluster_script(
-            &["pause", &(i + 1).to_string()],
-            &format!("pausing {}", self.names[i]),
-        )
-        .await;
+        self.cluster_node_script("pause", i, "pausing").await;
     }
 
     /// SIGCONT of node `i`'s VM.
     pub async fn resume(&self, i: usize) {
-        self.cluster_script(
-            &["resume", &(i + 1).to_string()],
-            &format!("resuming {}", self.names[i]),
-        )
-        .await;
+        self.cluster_node_script("resume", i, "resuming").await;
     }
 
     /// The nodes that node `i` sees running in its cluster (itself included).

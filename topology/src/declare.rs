@@ -394,29 +394,12 @@ pub fn is_home_node_down(reply: &str) -> bool {
     reply.contains("home node") && reply.contains("is down")
 }
 
-/// Whether `queue` exists (a passive declare on a channel of its own).
+/// Whether `queue` exists ([`queue_status`]: a queue whose node is down does).
 async fn queue_exists(conn: &Connection, queue: &str) -> Result<bool, DeclareError> {
-    let ch = conn.create_channel().await?;
-    let declared = ch
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await;
-    match declared {
-        Ok(_) => {
-            close_quietly(&ch).await;
-            Ok(true)
-        }
-        Err(e) => match not_found(queue, e) {
-            DeclareError::Missing(_) => Ok(false),
-            DeclareError::HomeNodeDown { .. } => Ok(true),
-            other => Err(other),
-        },
+    match queue_status(conn, queue).await {
+        Ok(_) | Err(DeclareError::HomeNodeDown { .. }) => Ok(true),
+        Err(DeclareError::Missing(_)) => Ok(false),
+        Err(e) => Err(e),
     }
 }
 

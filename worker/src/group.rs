@@ -211,9 +211,10 @@ pub(crate) async fn run_groups(
         } else {
             Vec::new()
         };
-        reply = match group.is_empty() && next.is_empty() {
-            true => GroupReply::default(),
-            false => call(ctx, redis, &group, &next).await,
+        reply = if group.is_empty() && next.is_empty() {
+            GroupReply::default()
+        } else {
+            call(ctx, redis, &group, &next).await
         };
         let committed = reply.committed.min(group.len());
         ack(lookahead, gate, &group[..committed]).await?;

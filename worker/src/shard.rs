@@ -256,9 +256,10 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
             && group::joins(&ready)
             && ctx.processor.claims_early();
         let max = usize::from(config.group_commit);
-        let formed = match grouping {
-            true => Group::form(ready, lookahead, max, &ctx.processor),
-            false => Err(ready),
+        let formed = if grouping {
+            Group::form(ready, lookahead, max, &ctx.processor)
+        } else {
+            Err(ready)
         };
         let ready = match formed {
             Ok(formed) => {
