@@ -39,6 +39,11 @@ pub struct ApplyArgs {
     /// well above the worker's `--max-deliveries`).
     #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = TopologyOptions::default().delivery_limit)]
     pub delivery_limit: u32,
+    /// Apply `--single-active-consumer` although the broker is older than
+    /// 3.10.13 (3.11.5), whose classic-queue single-active-consumer can crash
+    /// the queue when the active consumer changes (rabbitmq-server#5460).
+    #[arg(long, env = "SHARDLINE_ACCEPT_CLASSIC_SAC_RISK", value_parser = clap::builder::BoolishValueParser::new())]
+    pub accept_classic_sac_risk: bool,
 }
 
 #[derive(Debug, Args)]
@@ -66,6 +71,8 @@ pub async fn run(global: &GlobalArgs, cmd: TopologyCommand) -> anyhow::Result<Ex
                 single_active_consumer: args.single_active_consumer,
                 queue_type: args.queue_type,
                 delivery_limit: args.delivery_limit,
+                accept_classic_sac_risk: args.accept_classic_sac_risk,
+                broker_version: None,
             };
             print!(
                 "{}",

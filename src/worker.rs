@@ -131,6 +131,11 @@ pub struct WorkerArgs {
     /// The shard queues were applied with `--single-active-consumer`.
     #[arg(long, env = "SHARDLINE_SINGLE_ACTIVE_CONSUMER")]
     pub single_active_consumer: bool,
+    /// Consume with `--single-active-consumer` although the broker is older
+    /// than 3.10.13 (3.11.5), whose classic-queue single-active-consumer can
+    /// crash the queue when the active consumer changes (rabbitmq-server#5460).
+    #[arg(long, env = "SHARDLINE_ACCEPT_CLASSIC_SAC_RISK", value_parser = clap::builder::BoolishValueParser::new())]
+    pub accept_classic_sac_risk: bool,
     /// How long an event that arrived ahead of its order's sequence waits for
     /// the gap to fill (from its arrival).
     #[arg(long, env = "SHARDLINE_GAP_GRACE", default_value = shown(Config::default().gap_grace), value_parser = humantime::parse_duration)]
@@ -299,6 +304,7 @@ impl WorkerArgs {
             kinds_ttl: self.kinds_ttl,
             max_deliveries: self.max_deliveries,
             allow_shard_mismatch: global.allow_shard_mismatch,
+            accept_classic_sac_risk: self.accept_classic_sac_risk,
             delivery_limit: (self.queue_type == QueueType::Quorum).then_some(self.delivery_limit),
             metrics_addr: global.metrics_addr,
             backlog: Thresholds {

@@ -53,6 +53,10 @@ pub enum Error {
         #[source]
         source: PublishError,
     },
+    /// The broker probe refused the operation: the line names the problem
+    /// and the fix.
+    #[error("{0}")]
+    Refused(String),
     /// `dlq show`: no such letter.
     #[error("no dead letter with x-dead-letter-id {id}")]
     NotFound { id: String },

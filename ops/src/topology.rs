@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use shardline_topology::declare::{self, DlqKind, QueueType, TopologyOptions};
 use shardline_topology::fleet::{FleetAssignment, MemberRecord};
+use shardline_topology::probe::{self, Finding, Version};
 use shardline_topology::status::{
     BreakerState, Level, ShardReport, Thresholds, WorkerReport, unix_ms,
 };
@@ -32,11 +33,25 @@ pub struct Applied {
     pub names: Names,
     pub options: TopologyOptions,
     pub report: ApplyReport,
+    /// What the broker probe found.
+    pub broker: Vec<Finding>,
 }
 
-/// Declares the exchanges, shard queues, bindings and the DLQ (idempotent).
+/// Declares the exchanges, shard queues, bindings and the DLQ (idempotent),
+/// once the broker probe has found nothing to refuse (classic
+/// single-active-consumer on a broker with its failover bug).
 pub async fn apply(fleet: &Fleet, options: &TopologyOptions) -> Result<Applied, Error> {
     let url = fleet.amqp.to_string();
+    let facts = probe::read_facts(&fleet.amqp).await;
+    let broker = probe::assess(&facts, &options.plan());
+    if let Some(line) = probe::refusal(&broker) {
+        return Err(Error::Refused(line));
+    }
+    probe::log(&broker);
+    let options = &TopologyOptions {
+        broker_version: facts.lowest_version(),
+        ..options.clone()
+    };
     // One connection per node given: each declares its share of the shard
     // queues, so that a cluster's queue leaders spread.
     let conns = shardline_topology::connect_each(&fleet.amqp, "shardline topology apply").await?;
@@ -51,6 +66,7 @@ pub async fn apply(fleet: &Fleet, options: &TopologyOptions) -> Result<Applied, 
         names: fleet.names.clone(),
         options: options.clone(),
         report: report?,
+        broker,
     })
 }
 
@@ -76,6 +92,9 @@ impl Applied {
             "topology applied on {}\n  exchange {} (direct, durable)\n  exchange {} (topic, durable)\n",
             self.url, names.exchange, names.dead_letter_exchange
         );
+        for f in self.broker.iter().filter(|f| f.topic == "version") {
+            let _ = writeln!(out, "  broker: {}", f.text);
+        }
         let _ = writeln!(
             out,
             "  {} {queue_type} shard queues {first} .. {last} (durable), bound to {} with shard.0 .. shard.{}",
@@ -92,6 +111,13 @@ impl Applied {
         }
         let dlq = match report.dead_letter_queue {
             DlqKind::Classic => "classic, durable",
+            DlqKind::Quorum
+                if opts
+                    .broker_version
+                    .is_some_and(Version::quorum_limit_by_default) =>
+            {
+                "quorum, x-delivery-limit -1 (none)"
+            }
             DlqKind::Quorum => "quorum, no delivery limit",
             DlqKind::ClassicKept => {
                 "classic, durable: kept from an earlier apply; it does not survive its node's loss"
@@ -205,6 +231,8 @@ pub struct StatusReport {
     pub read_at_ms: u64,
     /// The elastic fleet (`--assign auto`), when it has members or an assignment.
     pub fleet: Option<FleetView>,
+    /// What the broker probe found: version, capabilities and their rules.
+    pub broker: Vec<Finding>,
 }
 
 /// The elastic fleet as Redis has it: its members and the assignment.
@@ -236,6 +264,10 @@ pub async fn status(fleet: &Fleet, config: &StatusConfig) -> Result<StatusReport
         ));
     }
     let url = fleet.amqp.to_string();
+    let broker = probe::assess(
+        &probe::read_facts(&fleet.amqp).await,
+        &probe::Plan::default(),
+    );
     let conn = fleet.connect("shardline topology status").await?;
     let read = read_queues(fleet, &conn, &url, config.dlq_browse).await;
     close(&conn).await;
@@ -261,6 +293,7 @@ pub async fn status(fleet: &Fleet, config: &StatusConfig) -> Result<StatusReport
         status_error,
         read_at_ms: now,
         fleet: elastic,
+        broker,
     })
 }
 
@@ -490,6 +523,12 @@ impl StatusReport {
                     "shard": shard, "assigned": member, "consumed_by": consumer,
                 })).collect::<Vec<_>>(),
             })),
+            "broker": self.broker.iter().map(|f| serde_json::json!({
+                "topic": f.topic,
+                "verdict": f.verdict.as_str(),
+                "text": f.text,
+                "source": f.source.to_string(),
+            })).collect::<Vec<_>>(),
             "needs_attention": self.needs_attention(),
         })
     }
@@ -641,6 +680,16 @@ impl StatusReport {
                 shards.len()
             );
         }
+        for f in &self.broker {
+            let _ = writeln!(
+                out,
+                "broker {}: {} ({}) [{}]",
+                f.topic,
+                f.text,
+                f.verdict.as_str(),
+                f.source
+            );
+        }
         out
     }
 }
@@ -691,6 +740,7 @@ mod tests {
             status_error: None,
             read_at_ms: 1_000_000,
             fleet: None,
+            broker: Vec::new(),
         }
     }
 
@@ -906,11 +956,24 @@ mod tests {
                 dead_letter_queue: DlqKind::Quorum,
                 nodes: 3,
             },
+            broker: Vec::new(),
         };
         let text = applied.text();
         assert!(text.contains("NOTE: publishers"), "{text}");
         assert!(text.contains("through 3 nodes"), "{text}");
         assert!(text.contains("(quorum, no delivery limit)"), "{text}");
+        let on_4 = Applied {
+            options: TopologyOptions {
+                broker_version: Some(Version::new(4, 1, 0)),
+                ..applied.options.clone()
+            },
+            ..applied.clone()
+        };
+        assert!(
+            on_4.text().contains("(quorum, x-delivery-limit -1 (none))"),
+            "{}",
+            on_4.text()
+        );
         assert!(text.contains("x-queue-type=quorum"), "{text}");
         let plain = Applied {
             options: TopologyOptions::default(),

@@ -21,6 +21,7 @@ use opentelemetry::global::{self, BoxedTracer};
 use opentelemetry::trace::{SpanContext, SpanKind, Status, TraceContextExt as _, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use shardline_topology::broker::{BlockedWatch, soft_error};
+use shardline_topology::probe;
 use shardline_topology::telemetry::{self, attr, op};
 use shardline_topology::{Envelope, NewEvent, ShardId, headers, w3c};
 
@@ -89,6 +90,14 @@ impl Publisher {
             shardline_topology::declare::check_shard_count(&conn, &config.names, config.shards)
                 .await?;
         }
+        // Nothing a publisher does depends on the broker's version: it is
+        // read in the background and logged for the operator (the worker and
+        // `topology apply` decide on it).
+        let amqp = config.amqp.clone();
+        tokio::spawn(async move {
+            let facts = probe::read_facts(&amqp).await;
+            probe::log(&probe::assess(&facts, &probe::Plan::default()));
+        });
         tracing::debug!(
             amqp = %config.amqp,
             exchange = %config.names.exchange,

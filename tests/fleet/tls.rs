@@ -52,6 +52,9 @@ async fn amqps_and_rediss_with_a_private_ca() {
 
     let out = tls.run(&["topology", "apply"]).await;
     assert_success("topology apply", &out, &secrets);
+    // The broker probe reads the server properties over TLS too.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("broker: RabbitMQ 3.10.8"), "{stdout}");
 
     let downstream = Downstream::start().await;
     let mut worker = tls.worker(&downstream.url());

@@ -291,3 +291,135 @@ async fn a_shard_count_that_is_not_the_topologys_is_refused() {
     );
     assert_eq!(env.shard_backlog().await, 1);
 }
+
+/// The one `error` line of a command that refused, after checking it exited 1.
+fn refusal(out: &std::process::Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    errors[0].to_owned()
+}
+
+/// The broker probe on the machine's 3.10.8: `topology status` reports the
+/// version read from the server properties; classic single-active-consumer
+/// (rabbitmq-server#5460, fixed in 3.10.13) is refused in one line by
+/// `topology apply` and by the worker, unless the risk is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classic_single_active_consumer_is_refused_on_this_broker_unless_accepted() {
+    let env = TestEnv::new("topo-sac-probe").await;
+    let out = env
+        .cli(&["topology", "apply", "--single-active-consumer"])
+        .await;
+    let line = refusal(&out);
+    assert!(
+        line.contains("single-active-consumer: RabbitMQ 3.10.8")
+            && line.contains("rabbitmq-server#5460")
+            && line.contains("--accept-classic-sac-risk"),
+        "{line}"
+    );
+    assert!(
+        env.queue_depths().await.is_empty(),
+        "a refused apply declares nothing"
+    );
+    let out = env
+        .cli(&[
+            "topology",
+            "apply",
+            "--single-active-consumer",
+            "--accept-classic-sac-risk",
+        ])
+        .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("broker: RabbitMQ 3.10.8"));
+
+    let worker = |extra: &'static [&'static str]| {
+        let mut cmd = env.shardline_command();
+        cmd.args(["worker", "--handler", "noop", "--single-active-consumer"])
+            .args(extra)
+            .args(env.global_args());
+        async move { cmd.output().await.unwrap() }
+    };
+    let line = refusal(&worker(&[]).await);
+    assert!(
+        line.contains("RabbitMQ 3.10.8") && line.contains("--accept-classic-sac-risk"),
+        "{line}"
+    );
+    // Accepted, the worker consumes every shard (an in-process one: the
+    // binary would run until stopped).
+    let downstream = shardline_testkit::Downstream::start().await;
+    let _worker = env
+        .start_worker("sac", &downstream, |c| {
+            c.exclusive = false;
+            c.accept_classic_sac_risk = true;
+        })
+        .await;
+
+    let out = env.cli(&["topology", "status", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let version = json["broker"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["topic"] == "version")
+        .unwrap()
+        .clone();
+    assert!(
+        version["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("RabbitMQ 3.10.8"),
+        "{version}"
+    );
+    assert_eq!(version["verdict"], "ok");
+    assert!(
+        version["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("server properties of 127.0.0.1:"),
+        "{version}"
+    );
+}
+
+/// A worker whose flags do not match the queues' arguments (the only check
+/// AMQP allows: a non-passive redeclare on a throwaway channel, 406 on a
+/// mismatch) refuses to start, naming the queue, the argument and both values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_flags_are_not_the_queues_arguments_is_refused() {
+    let env = TestEnv::with_queue_type("topo-args-probe", QueueType::Quorum).await;
+    let out = env
+        .cli(&["topology", "apply", "--delivery-limit", "12"])
+        .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let worker = |extra: &'static [&'static str]| {
+        let mut cmd = env.shardline_command();
+        cmd.args(["worker", "--handler", "noop"])
+            .args(extra)
+            .args(env.global_args());
+        async move { cmd.output().await.unwrap() }
+    };
+    let line = refusal(&worker(&["--delivery-limit", "20"]).await);
+    assert!(
+        line.contains(&format!("`{}`", env.shard_queue(0)))
+            && line.contains("x-delivery-limit = '12'")
+            && line.contains("expects '20'")
+            && line.contains("--delivery-limit"),
+        "{line}"
+    );
+    // RabbitMQ names the first argument that differs.
+    let line = refusal(&worker(&["--queue-type", "classic"]).await);
+    assert!(line.contains("but this command expects none"), "{line}");
+    assert_eq!(
+        env.queue_depths().await.len(),
+        usize::from(SHARDS) + 1,
+        "the check created nothing"
+    );
+}

@@ -26,6 +26,9 @@
 //! - [`redis_sentinel`]: Redis behind Sentinel: a killed primary and a manual
 //!   failover pause the shards until the new primary answers; a connection a
 //!   replica refused is never pooled again; `topology status` through Sentinels.
+//! - [`sac_failover`]: classic-queue single-active-consumer failover on this
+//!   3.10.8 (rabbitmq-server#5460): the cancel-then-close crashes the
+//!   queue; the worker's graceful stop and a lost connection hand over.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod alarm;
@@ -33,6 +36,7 @@ mod broker;
 mod publisher;
 mod redis_outage;
 mod redis_sentinel;
+mod sac_failover;
 
 use shardline_testkit::TestEnv;
 

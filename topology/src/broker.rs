@@ -261,7 +261,7 @@ fn with_default_heartbeat(url: &str) -> String {
 }
 
 /// The `host:port` part of an AMQP URL (what a connection name shows).
-fn host_port(url: &str) -> &str {
+pub(crate) fn host_port(url: &str) -> &str {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
     authority

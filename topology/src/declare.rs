@@ -14,9 +14,10 @@ use lapin::{Channel, Connection, ExchangeKind};
 
 use crate::broker::soft_error;
 use crate::names::Names;
+use crate::probe::{Plan, Version};
 use crate::shard::ShardCount;
 
-/// Queue type of the shard queues. The dead-letter queue is always classic.
+/// Queue type of the shard queues (the dead-letter queue is quorum when they are).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum QueueType {
     #[default]
@@ -49,6 +50,12 @@ pub struct TopologyOptions {
     /// crash-loop limit because on 3.x reconnects and failovers count too.
     /// Default 20.
     pub delivery_limit: u32,
+    /// Declare classic single-active-consumer queues although the broker
+    /// has the bug that can stop their failover (`probe`). Default false.
+    pub accept_classic_sac_risk: bool,
+    /// The broker's version as the probe read it (the lowest of a
+    /// cluster's): from 4.0 a quorum DLQ says "no delivery limit" with -1.
+    pub broker_version: Option<Version>,
 }
 
 impl Default for TopologyOptions {
@@ -58,6 +65,8 @@ impl Default for TopologyOptions {
             single_active_consumer: false,
             queue_type: QueueType::Classic,
             delivery_limit: 20,
+            accept_classic_sac_risk: false,
+            broker_version: None,
         }
     }
 }
@@ -67,6 +76,17 @@ impl TopologyOptions {
     /// on the queue's single-active-consumer (false).
     pub fn exclusive_consumers(&self) -> bool {
         !self.single_active_consumer && self.queue_type == QueueType::Classic
+    }
+
+    /// What the broker probe checks for consumers of this topology.
+    pub fn plan(&self) -> Plan {
+        Plan {
+            queue_type: self.queue_type,
+            classic_single_active_consumer: self.single_active_consumer
+                && self.queue_type == QueueType::Classic,
+            accept_classic_sac_risk: self.accept_classic_sac_risk,
+            ..Plan::default()
+        }
     }
 
     /// The x-arguments of every shard queue: none by default.
@@ -135,6 +155,16 @@ pub enum DeclareError {
         current: String,
         declared: String,
     },
+    /// A shard queue exists with other arguments than the command expects.
+    #[error(
+        "shard queue `{queue}` has {found}: \
+         give it the flags the topology was applied with (--queue-type, --single-active-consumer, --delivery-limit)"
+    )]
+    Mismatch {
+        queue: String,
+        /// `x-delivery-limit = '12' but this command expects '20'`.
+        found: String,
+    },
     #[error("{what} `{name}` was refused: {reply}")]
     Refused {
         what: &'static str,
@@ -151,7 +181,8 @@ pub enum DeclareError {
     NoConnection,
     /// The configured shard count is not the topology's.
     #[error(
-        "--shards {configured} does not match the topology: {found}; every publisher and worker must use the topology's shard count,          or one order's events would land in two queues (during a shard-count migration, pass --allow-shard-mismatch)"
+        "--shards {configured} does not match the topology: {found}; every publisher and worker must use the topology's shard count, \
+         or one order's events would land in two queues (during a shard-count migration, pass --allow-shard-mismatch)"
     )]
     ShardCount { configured: u32, found: String },
     #[error("broker error: {0}")]
@@ -268,6 +299,12 @@ async fn declare_dead_letter_queue(
     }
     let mut quorum = FieldTable::default();
     quorum.insert("x-queue-type".into(), text("quorum"));
+    if opts
+        .broker_version
+        .is_some_and(Version::quorum_limit_by_default)
+    {
+        quorum.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(-1));
+    }
     match declare_queue(&ch, queue, &quorum).await {
         Ok(()) => Ok(DeadLetterQueue {
             channel: ch,
@@ -280,6 +317,17 @@ async fn declare_dead_letter_queue(
             Ok(DeadLetterQueue {
                 channel: ch,
                 kind: DlqKind::ClassicKept,
+            })
+        }
+        Err(DeclareError::Conflict { argument, .. }) if argument == "x-delivery-limit" => {
+            tracing::warn!(%queue, "the dead-letter queue was declared before RabbitMQ 4.0 without x-delivery-limit, which from 4.0 means a limit of 20: browsing it by requeue would dead-letter its letters; give it a policy with `delivery-limit: -1`, or drain it, delete it and apply again");
+            let ch = conn.create_channel().await?;
+            let mut without_limit = FieldTable::default();
+            without_limit.insert("x-queue-type".into(), text("quorum"));
+            declare_queue(&ch, queue, &without_limit).await?;
+            Ok(DeadLetterQueue {
+                channel: ch,
+                kind: DlqKind::Quorum,
             })
         }
         Err(e) => Err(e),
@@ -371,6 +419,52 @@ pub async fn check_shard_count(
         return Err(mismatch(format!(
             "queue `{beyond}` exists (the topology has more shards)"
         )));
+    }
+    Ok(())
+}
+
+/// Checks that the shard queues that exist carry the arguments `opts`
+/// gives them, the only way AMQP allows: a passive declare ignores every
+/// field but the name, so each is redeclared non-passively with the
+/// expected arguments (a no-op when they agree, a 406 naming the argument
+/// when not). A queue that is missing, or whose node is down, is skipped
+/// rather than created. A policy is not an argument: it is not seen.
+pub async fn check_queue_arguments(
+    conn: &Connection,
+    names: &Names,
+    opts: &TopologyOptions,
+) -> Result<(), DeclareError> {
+    let args = opts.shard_queue_arguments(names);
+    let mut open: Option<Channel> = None;
+    for shard in opts.shards.ids() {
+        let queue = names.shard_queue(shard);
+        match queue_status(conn, &queue).await {
+            Ok(_) => {}
+            Err(DeclareError::Missing(_) | DeclareError::HomeNodeDown { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+        let ch = match open.take() {
+            Some(ch) => ch,
+            None => conn.create_channel().await?,
+        };
+        match declare_queue(&ch, &queue, &args).await {
+            Ok(()) => open = Some(ch),
+            Err(DeclareError::Conflict {
+                queue,
+                argument,
+                current,
+                declared,
+            }) => {
+                return Err(DeclareError::Mismatch {
+                    queue,
+                    found: format!("{argument} = {current} but this command expects {declared}"),
+                });
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if let Some(ch) = open {
+        close_quietly(&ch).await;
     }
     Ok(())
 }

@@ -11,6 +11,7 @@
 //! - [`w3c`]: the W3C trace context (`traceparent`/`tracestate`) codec.
 //! - [`broker`]: broker addresses and connecting to RabbitMQ, with redacted URLs in every error.
 //! - [`declare`]: declaring the topology (`topology apply`) and reading it back (`status`).
+//! - [`probe`]: what the broker can do (its server properties) and the decision table built on it.
 //! - [`redis_target`]: Redis addresses (direct or through Sentinels), connections and pools.
 //! - [`keys`]: the Redis keyspace.
 //! - [`status`]: the shard and worker status documents in Redis, and backlog levels.
@@ -26,6 +27,7 @@ pub mod fleet;
 pub mod headers;
 pub mod keys;
 pub mod names;
+pub mod probe;
 pub mod redis_target;
 pub mod shard;
 pub mod status;

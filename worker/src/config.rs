@@ -5,8 +5,11 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use shardline_topology::probe::Plan;
 use shardline_topology::status::Thresholds;
-use shardline_topology::{AmqpTarget, Keys, Names, RedisTarget, ShardCount, ShardId};
+use shardline_topology::{
+    AmqpTarget, Keys, Names, QueueType, RedisTarget, ShardCount, ShardId, TopologyOptions,
+};
 
 /// Everything one worker process needs to consume its shards.
 #[derive(Debug, Clone)]
@@ -107,6 +110,9 @@ pub struct Config {
     /// Consume although the topology has another shard count (queue N−1
     /// missing or queue N present): a shard-count migration only. Default false.
     pub allow_shard_mismatch: bool,
+    /// Consume classic single-active-consumer queues although the broker has
+    /// the bug that can stop their failover (rabbitmq-server#5460). Default false.
+    pub accept_classic_sac_risk: bool,
     /// Serve `/metrics`, `/healthz` and `/readyz` here. Default none (off).
     pub metrics_addr: Option<SocketAddr>,
     /// Backlog age from which a shard is at WARN and at PAGE (metrics, status).
@@ -170,6 +176,7 @@ impl Default for Config {
             kinds_ttl: None,
             max_deliveries: 5,
             allow_shard_mismatch: false,
+            accept_classic_sac_risk: false,
             delivery_limit: None,
             metrics_addr: None,
             backlog: Thresholds::default(),
@@ -278,6 +285,43 @@ impl Config {
     /// The Redis keys under [`Config::redis_prefix`].
     pub(crate) fn keys(&self) -> Keys {
         Keys::new(&self.redis_prefix)
+    }
+
+    /// The longest one event may be held unacked by its retries: every
+    /// attempt timing out, every backoff at its longest (or at the longest
+    /// `Retry-After`). An open breaker holds it longer.
+    pub fn longest_hold(&self) -> Duration {
+        let retry = &self.retry;
+        let backoffs: Duration = (1..retry.max_attempts)
+            .map(|failed| retry.delay(failed, 1.0).max(retry.retry_after_cap))
+            .sum();
+        self.handler_timeout * retry.max_attempts + backoffs
+    }
+
+    /// The topology these consumers expect: the arguments their shard
+    /// queues must have.
+    pub fn topology(&self) -> TopologyOptions {
+        TopologyOptions {
+            shards: self.shards,
+            single_active_consumer: !self.exclusive && self.delivery_limit.is_none(),
+            queue_type: if self.delivery_limit.is_some() {
+                QueueType::Quorum
+            } else {
+                QueueType::Classic
+            },
+            delivery_limit: self.delivery_limit.unwrap_or_default(),
+            accept_classic_sac_risk: self.accept_classic_sac_risk,
+            broker_version: None,
+        }
+    }
+
+    /// What the broker probe checks for this worker.
+    pub fn probe_plan(&self) -> Plan {
+        Plan {
+            largest_body: Some(self.max_body_bytes),
+            longest_hold: Some(self.longest_hold()),
+            ..self.topology().plan()
+        }
     }
 
     /// The claim lease: one handler attempt plus 30 s, renewed before each attempt.

@@ -26,6 +26,9 @@ pub enum WorkerError {
     /// The Redis pool could not be built.
     #[error(transparent)]
     Redis(#[from] shardline_topology::RedisError),
+    /// The broker probe refused the start: the line names the problem and the fix.
+    #[error("{0}")]
+    Refused(String),
     /// `metrics_addr` cannot be served.
     #[error("metrics_addr {0}")]
     MetricsAddr(#[from] BindError),

@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use lapin::Connection;
 use shardline_topology::broker::{self, BrokerError};
-use shardline_topology::{Keys, RedisPool, ShardId, declare};
+use shardline_topology::{Keys, RedisPool, ShardId, declare, probe};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -513,6 +513,12 @@ async fn check_queues(conn: &Connection, config: &Config) -> Result<(), WorkerEr
     if !config.allow_shard_mismatch {
         declare::check_shard_count(conn, &config.names, config.shards).await?;
     }
+    declare::check_queue_arguments(conn, &config.names, &config.topology()).await?;
+    let findings = probe::assess(&probe::read_facts(&config.amqp).await, &config.probe_plan());
+    if let Some(line) = probe::refusal(&findings) {
+        return Err(WorkerError::Refused(line));
+    }
+    probe::log(&findings);
     Ok(())
 }
 
