@@ -17,6 +17,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use shardline_ops::Fleet;
+use shardline_topology::management::ManagementTarget;
 use shardline_topology::{AmqpTarget, Keys, Names, RedisTarget, ShardCount};
 use tokio_util::sync::CancellationToken;
 
@@ -59,6 +60,18 @@ pub struct GlobalArgs {
         value_parser = UrlParser::<RedisTarget>::new()
     )]
     pub redis_url: RedisTarget,
+    /// RabbitMQ's management API, `http(s)://user:password@host:15672`
+    /// (optional): the broker probe then also checks the policies in effect
+    /// on the shard queues and the DLQ, which AMQP cannot show.
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Connection",
+        env = "SHARDLINE_MANAGEMENT_URL",
+        hide_env_values = true,
+        value_parser = UrlParser::<ManagementTarget>::new()
+    )]
+    pub management_url: Option<ManagementTarget>,
     /// Prefix of every Redis key shardline writes.
     #[arg(
         long,
@@ -191,6 +204,7 @@ impl GlobalArgs {
             names: self.names(),
             shards: self.shards,
             allow_shard_mismatch: self.allow_shard_mismatch,
+            management: self.management_url.clone(),
         }
     }
 }

@@ -305,6 +305,7 @@ impl WorkerArgs {
             max_deliveries: self.max_deliveries,
             allow_shard_mismatch: global.allow_shard_mismatch,
             accept_classic_sac_risk: self.accept_classic_sac_risk,
+            management: global.management_url.clone(),
             delivery_limit: (self.queue_type == QueueType::Quorum).then_some(self.delivery_limit),
             metrics_addr: global.metrics_addr,
             backlog: Thresholds {

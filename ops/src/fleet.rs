@@ -1,6 +1,7 @@
 //! Where the fleet is: the broker, Redis and its key prefix, the names and
 //! the shard count. Every operation takes one.
 
+use shardline_topology::management::ManagementTarget;
 use shardline_topology::{AmqpTarget, Keys, Names, RedisTarget, ShardCount};
 
 /// The fleet an operation works on. `Default` is the local default fleet
@@ -21,6 +22,9 @@ pub struct Fleet {
     /// Publish even where the topology has another shard count (a
     /// shard-count migration only). Default false.
     pub allow_shard_mismatch: bool,
+    /// RabbitMQ's management API, for the policies the broker probe checks.
+    /// Default none.
+    pub management: Option<ManagementTarget>,
 }
 
 impl Fleet {
@@ -35,6 +39,18 @@ impl Fleet {
             check_shard_count: !self.allow_shard_mismatch,
             ..shardline_publisher::Config::default()
         }
+    }
+
+    /// What the broker probe reads: every address's server properties and,
+    /// with a management API, the policies on the shard queues and the DLQ.
+    pub(crate) async fn probe(&self) -> shardline_topology::probe::Facts {
+        shardline_topology::probe::read_all(
+            &self.amqp,
+            self.management.as_ref(),
+            &self.names,
+            self.shards,
+        )
+        .await
     }
 
     /// A broker connection named `name`.

@@ -42,7 +42,7 @@ pub struct Applied {
 /// single-active-consumer on a broker with its failover bug).
 pub async fn apply(fleet: &Fleet, options: &TopologyOptions) -> Result<Applied, Error> {
     let url = fleet.amqp.to_string();
-    let facts = probe::read_facts(&fleet.amqp).await;
+    let facts = fleet.probe().await;
     let broker = probe::assess(&facts, &options.plan());
     if let Some(line) = probe::refusal(&broker) {
         return Err(Error::Refused(line));
@@ -264,10 +264,7 @@ pub async fn status(fleet: &Fleet, config: &StatusConfig) -> Result<StatusReport
         ));
     }
     let url = fleet.amqp.to_string();
-    let broker = probe::assess(
-        &probe::read_facts(&fleet.amqp).await,
-        &probe::Plan::default(),
-    );
+    let broker = probe::assess(&fleet.probe().await, &probe::Plan::default());
     let conn = fleet.connect("shardline topology status").await?;
     let read = read_queues(fleet, &conn, &url, config.dlq_browse).await;
     close(&conn).await;

@@ -113,6 +113,8 @@ pub struct BrokerNode {
     pub name: String,
     pub amqp_port: u16,
     pub dist_port: u16,
+    /// The management API's port, when the node has the plugin.
+    pub management_port: Option<u16>,
     dir: PathBuf,
     ctl: Ctl,
 }
@@ -120,6 +122,34 @@ pub struct BrokerNode {
 impl BrokerNode {
     /// Starts a node and waits until it serves AMQP (guest/guest from loopback).
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// [`Self::start`] with the management plugin, and waits until its HTTP
+    /// API listens too (the plugin costs the start a few seconds).
+    pub async fn start_with_management() -> Self {
+        let node = Self::start_with(Some(free_port())).await;
+        let port = node.management_port.unwrap_or_default();
+        crate::wait::wait_until("the management API listens", NODE_START, || async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        node
+    }
+
+    /// `http://guest:guest@127.0.0.1:<port>`: the management API (a node
+    /// started with [`Self::start_with_management`]).
+    pub fn management_url(&self) -> String {
+        format!(
+            "http://guest:guest@127.0.0.1:{}",
+            self.management_port
+                .expect("the node was started without the management plugin")
+        )
+    }
+
+    async fn start_with(management_port: Option<u16>) -> Self {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let script = crate::paths::scripts().join("rabbitmq-node");
         // A node left behind by a test process that was killed goes first.
@@ -142,10 +172,15 @@ impl BrokerNode {
             name,
             amqp_port,
             dist_port,
+            management_port,
             dir,
         };
         let started = std::time::Instant::now();
-        let out = tokio::process::Command::new(&script)
+        let mut start = tokio::process::Command::new(&script);
+        if let Some(port) = management_port {
+            start.env("RABBITMQ_NODE_MANAGEMENT_PORT", port.to_string());
+        }
+        let out = start
             .arg("start")
             .arg(&node.dir)
             .args([

@@ -20,6 +20,8 @@
 //!
 //! - [`broker`]: the worker survives `close_connection` and a broker restart, on
 //!   classic and on quorum shard queues.
+//! - [`probe_policies`]: with `--management-url`, policies on the shard queues
+//!   that would undercut the worker (a lower delivery limit, a TTL) refuse it.
 //! - [`publisher`]: the publisher re-sends, in order, across the same outages.
 //! - [`redis_outage`]: a Redis outage pauses the shards, counted once; they resume by themselves;
 //!   at `--concurrency` too; and an elastic fleet moves no shard across it.
@@ -33,6 +35,7 @@
 
 mod alarm;
 mod broker;
+mod probe_policies;
 mod publisher;
 mod redis_outage;
 mod redis_sentinel;

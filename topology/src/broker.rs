@@ -67,6 +67,15 @@ impl AmqpTarget {
         self.addresses.first().map_or("", String::as_str)
     }
 
+    /// The vhost of the first address (its URL's path, decoded; `/` when
+    /// there is none).
+    pub fn vhost(&self) -> String {
+        match self.primary().parse::<lapin::uri::AMQPUri>() {
+            Ok(uri) => uri.vhost,
+            Err(_) => "/".to_owned(),
+        }
+    }
+
     /// `text` with every address's password blanked out.
     pub fn scrub(&self, text: &str) -> String {
         self.addresses
@@ -406,6 +415,14 @@ mod tests {
         assert_eq!(host_port("amqp://a:p,w@h1:5672/v"), "h1:5672");
         assert_eq!(host_port("amqps://h2/v?heartbeat=5"), "h2");
         assert_eq!(host_port("amqp://127.0.0.1:5673"), "127.0.0.1:5673");
+    }
+
+    #[test]
+    fn the_vhost_is_the_first_addresss_path() {
+        let vhost = |text: &str| AmqpTarget::parse(text).unwrap().vhost();
+        assert_eq!(vhost("amqp://h:5672/%2f"), "/");
+        assert_eq!(vhost("amqp://h/shop%2Feu,amqp://g/other"), "shop/eu");
+        assert_eq!(vhost("amqp://h"), "/");
     }
 
     #[test]

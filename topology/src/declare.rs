@@ -85,6 +85,7 @@ impl TopologyOptions {
             classic_single_active_consumer: self.single_active_consumer
                 && self.queue_type == QueueType::Classic,
             accept_classic_sac_risk: self.accept_classic_sac_risk,
+            delivery_limit: (self.queue_type == QueueType::Quorum).then_some(self.delivery_limit),
             ..Plan::default()
         }
     }

@@ -12,6 +12,7 @@
 //! - [`broker`]: broker addresses and connecting to RabbitMQ, with redacted URLs in every error.
 //! - [`declare`]: declaring the topology (`topology apply`) and reading it back (`status`).
 //! - [`probe`]: what the broker can do (its server properties) and the decision table built on it.
+//! - [`management`]: the management HTTP API, for the policies AMQP cannot show.
 //! - [`redis_target`]: Redis addresses (direct or through Sentinels), connections and pools.
 //! - [`keys`]: the Redis keyspace.
 //! - [`status`]: the shard and worker status documents in Redis, and backlog levels.
@@ -26,6 +27,7 @@ pub mod envelope;
 pub mod fleet;
 pub mod headers;
 pub mod keys;
+pub mod management;
 pub mod names;
 pub mod probe;
 pub mod redis_target;

@@ -24,6 +24,9 @@ use lapin::types::{AMQPValue, FieldTable};
 
 use crate::broker::host_port;
 use crate::declare::QueueType;
+use crate::management::{ManagementError, ManagementFacts, ManagementTarget, QueueFacts};
+use crate::names::Names;
+use crate::shard::ShardCount;
 
 /// How long reading one node's server properties may take (TCP, TLS and the
 /// first frame).
@@ -271,6 +274,8 @@ pub enum Source {
     VersionDefault(Version),
     /// A redeclare of the shard queues with the arguments this command expects.
     Redeclare,
+    /// The management API at this URL (password redacted).
+    Management(String),
     /// This command's own settings.
     Flags,
 }
@@ -286,6 +291,7 @@ impl fmt::Display for Source {
                 "RabbitMQ {v}'s default; the node's own setting is not visible over AMQP"
             ),
             Self::Redeclare => f.write_str("redeclare of the shard queues"),
+            Self::Management(url) => write!(f, "management API {url}"),
             Self::Flags => f.write_str("this command's flags"),
         }
     }
@@ -324,18 +330,24 @@ pub struct Finding {
 }
 
 /// What the broker told us.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Facts {
     /// The nodes read; a cluster in a rolling upgrade may run two versions.
     pub servers: Vec<ServerInfo>,
     /// Nodes whose server properties could not be read.
     pub unread: Vec<ProbeError>,
+    /// What `--management-url` showed, when given and it answered.
+    pub management: Option<ManagementFacts>,
+    /// Why `--management-url` could not be read.
+    pub management_error: Option<ManagementError>,
 }
 
 impl Facts {
-    /// The lowest version among the nodes read (the one a rule must hold for).
+    /// The lowest version among the nodes read (the one a rule must hold
+    /// for); the management API's when no node's server properties were read.
     pub fn lowest_version(&self) -> Option<Version> {
-        self.servers.iter().filter_map(|s| s.version).min()
+        let servers = self.servers.iter().filter_map(|s| s.version).min();
+        servers.or_else(|| self.management.as_ref().and_then(|m| m.version))
     }
 
     fn source(&self) -> Source {
@@ -358,6 +370,9 @@ pub struct Plan {
     /// How long the worker may hold one event unacked (attempts, handler
     /// timeouts and backoff), against `consumer_timeout`.
     pub longest_hold: Option<Duration>,
+    /// Quorum consumers: the `--delivery-limit` they count against (a
+    /// policy's lower limit would dead-letter before them).
+    pub delivery_limit: Option<u32>,
 }
 
 /// RabbitMQ's default `consumer_timeout` (from 3.8.15): a delivery unacked
@@ -400,7 +415,114 @@ pub fn assess(facts: &Facts, plan: &Plan) -> Vec<Finding> {
     if let Some(hold) = plan.longest_hold {
         findings.push(consumer_timeout(hold, version));
     }
+    findings.extend(policies(facts, plan));
     findings
+}
+
+/// The policies in effect on the shard queues and the DLQ, as the
+/// management API shows them: a TTL or a length limit that drops would lose
+/// events; a lower delivery limit would dead-letter before the worker does.
+fn policies(facts: &Facts, plan: &Plan) -> Vec<Finding> {
+    let Some(m) = &facts.management else {
+        let text = match &facts.management_error {
+            Some(e) => format!("not checked: {e}"),
+            None => "not checked: policies are visible only through --management-url".into(),
+        };
+        return vec![Finding {
+            topic: "policies",
+            verdict: if facts.management_error.is_some() {
+                Verdict::Warn
+            } else {
+                Verdict::Ok
+            },
+            text,
+            source: Source::Flags,
+        }];
+    };
+    let source = || Source::Management(m.address.clone());
+    let mut found: Vec<Finding> = m
+        .queues
+        .iter()
+        .filter_map(|q| queue_policy(q, plan).map(|(verdict, text)| (q, verdict, text)))
+        .map(|(q, verdict, text)| Finding {
+            topic: "policies",
+            verdict,
+            text: format!(
+                "queue `{}` (policy `{}`): {text}",
+                q.name,
+                q.policy.as_deref().unwrap_or("-")
+            ),
+            source: source(),
+        })
+        .collect();
+    found.sort_by_key(|f| std::cmp::Reverse(f.verdict));
+    if found.is_empty() {
+        let with_policy = m.queues.iter().filter(|q| q.policy.is_some()).count();
+        found.push(Finding {
+            topic: "policies",
+            verdict: Verdict::Ok,
+            text: format!(
+                "{} queues read, {with_policy} with a policy; none sets a TTL, a dropping length limit or a lower delivery limit",
+                m.queues.len()
+            ),
+            source: source(),
+        });
+    }
+    found
+}
+
+/// What one queue's policy means for us, when anything.
+fn queue_policy(q: &QueueFacts, plan: &Plan) -> Option<(Verdict, String)> {
+    let fix = "exclude the queue from the policy (its pattern) or remove those keys";
+    for key in ["message-ttl", "expires"] {
+        if let Some(ms) = q.policy_number(key) {
+            return Some((
+                Verdict::Refuse,
+                format!(
+                    "{key} {ms} ms: events would expire or the queue be deleted, unseen by the worker; {fix}"
+                ),
+            ));
+        }
+    }
+    let limit = ["max-length", "max-length-bytes"]
+        .into_iter()
+        .find_map(|key| q.policy_number(key).map(|n| (key, n)));
+    if let Some((key, n)) = limit {
+        return Some(match q.overflow() {
+            "drop-head" => (
+                Verdict::Refuse,
+                format!(
+                    "{key} {n} with overflow drop-head: the broker would drop the oldest messages; {fix}, or set overflow reject-publish"
+                ),
+            ),
+            overflow => (
+                Verdict::Warn,
+                format!(
+                    "{key} {n} with overflow {overflow}: publishes past it are refused (publishers retry)"
+                ),
+            ),
+        });
+    }
+    let policy_limit = q.policy_number("delivery-limit")?;
+    let argument = q
+        .arguments
+        .get("x-delivery-limit")
+        .and_then(serde_json::Value::as_i64);
+    let effective = argument.map_or(policy_limit, |a| a.min(policy_limit));
+    match plan.delivery_limit {
+        Some(ours) if q.kind == "quorum" && effective < i64::from(ours) => Some((
+            Verdict::Refuse,
+            format!(
+                "delivery-limit {effective} is below --delivery-limit {ours}: the broker would dead-letter events before the worker counts them; start the workers with --delivery-limit {effective} or raise the policy's"
+            ),
+        )),
+        _ => Some((
+            Verdict::Warn,
+            format!(
+                "delivery-limit {effective} set by the policy (the lower of policy and argument applies)"
+            ),
+        )),
+    }
 }
 
 /// The broker's version, or why it is not known.
@@ -429,7 +551,11 @@ fn version_finding(facts: &Facts) -> Finding {
         ),
     };
     let (verdict, text) = match (versions.as_slice(), facts.lowest_version()) {
-        ([], _) => (Verdict::Warn, format!("unknown{unread}")),
+        ([], Some(v)) => (
+            Verdict::Ok,
+            format!("RabbitMQ {v} (management API){cluster}{unread}"),
+        ),
+        ([], None) => (Verdict::Warn, format!("unknown{unread}")),
         ([one], Some(_)) => (Verdict::Ok, format!("{one}{cluster}{unread}")),
         (_, Some(low)) => (
             Verdict::Warn,
@@ -564,6 +690,26 @@ pub async fn read_facts(target: &crate::AmqpTarget) -> Facts {
     facts
 }
 
+/// [`read_facts`], and with a management API also the policies on the
+/// shard queues and the DLQ of `names` (the vhost is `target`'s).
+pub async fn read_all(
+    target: &crate::AmqpTarget,
+    management: Option<&ManagementTarget>,
+    names: &Names,
+    shards: ShardCount,
+) -> Facts {
+    let mut facts = read_facts(target).await;
+    if let Some(api) = management {
+        let mut queues: Vec<String> = shards.ids().map(|s| names.shard_queue(s)).collect();
+        queues.push(names.dead_letter_queue.clone());
+        match api.read(&target.vhost(), &queues).await {
+            Ok(m) => facts.management = Some(m),
+            Err(e) => facts.management_error = Some(e),
+        }
+    }
+    facts
+}
+
 /// `findings` as log lines: refusals are the caller's to report.
 pub fn log(findings: &[Finding]) {
     for f in findings {
@@ -597,7 +743,7 @@ mod tests {
     fn facts(versions: &[&str]) -> Facts {
         Facts {
             servers: versions.iter().map(|v| server(v)).collect(),
-            unread: Vec::new(),
+            ..Facts::default()
         }
     }
 
@@ -677,11 +823,11 @@ mod tests {
     #[test]
     fn an_unknown_version_cannot_rule_the_bug_out() {
         let none = Facts {
-            servers: Vec::new(),
             unread: vec![ProbeError {
                 address: "h:5671".into(),
                 cause: "TLS handshake".into(),
             }],
+            ..Facts::default()
         };
         let findings = assess(&none, &sac(false));
         assert_eq!(verdict_of(&findings, "version"), Some(Verdict::Warn));
@@ -741,6 +887,108 @@ mod tests {
         assert_eq!(refusal(&long), None);
         let short = assess(&facts(&["3.10.8"]), &plan(2));
         assert_eq!(verdict_of(&short, "consumer-timeout"), Some(Verdict::Ok));
+    }
+
+    fn with_policy(
+        kind: &str,
+        effective: serde_json::Value,
+        arguments: serde_json::Value,
+    ) -> Facts {
+        Facts {
+            management: Some(ManagementFacts {
+                address: "http://guest:***@h:15672/".into(),
+                version_text: "3.10.8".into(),
+                version: Some(Version::new(3, 10, 8)),
+                cluster_name: None,
+                queues: vec![QueueFacts {
+                    name: "order.events.shard.0".into(),
+                    kind: kind.into(),
+                    arguments: arguments.as_object().cloned().unwrap(),
+                    policy: Some("shop-wide".into()),
+                    effective: effective.as_object().cloned().unwrap(),
+                }],
+            }),
+            ..Facts::default()
+        }
+    }
+
+    #[test]
+    fn policies_that_would_lose_events_are_refused() {
+        use serde_json::json;
+        let quorum = Plan {
+            queue_type: QueueType::Quorum,
+            delivery_limit: Some(20),
+            ..Plan::default()
+        };
+        let refused = |facts: Facts| refusal(&assess(&facts, &quorum));
+        let ttl = refused(with_policy(
+            "quorum",
+            json!({"message-ttl": 60000}),
+            json!({}),
+        ))
+        .unwrap();
+        assert!(
+            ttl.contains("message-ttl 60000") && ttl.contains("`shop-wide`"),
+            "{ttl}"
+        );
+        let drop = refused(with_policy(
+            "classic",
+            json!({"max-length": 100}),
+            json!({}),
+        ))
+        .unwrap();
+        assert!(drop.contains("drop-head"), "{drop}");
+        // The topology's quorum queues carry x-overflow reject-publish: a
+        // length limit then refuses publishes instead of dropping.
+        let rejecting = with_policy(
+            "quorum",
+            json!({"max-length": 100}),
+            json!({"x-overflow": "reject-publish"}),
+        );
+        let findings = assess(&rejecting, &quorum);
+        assert_eq!(refusal(&findings), None);
+        assert_eq!(verdict_of(&findings, "policies"), Some(Verdict::Warn));
+        let low = refused(with_policy(
+            "quorum",
+            json!({"delivery-limit": 5}),
+            json!({"x-delivery-limit": 20}),
+        ))
+        .unwrap();
+        assert!(
+            low.contains("delivery-limit 5 is below --delivery-limit 20"),
+            "{low}"
+        );
+        let higher = with_policy(
+            "quorum",
+            json!({"delivery-limit": 50}),
+            json!({"x-delivery-limit": 20}),
+        );
+        assert_eq!(refusal(&assess(&higher, &quorum)), None);
+        let harmless = with_policy("quorum", json!({"ha-mode": "all"}), json!({}));
+        let findings = assess(&harmless, &quorum);
+        assert_eq!(verdict_of(&findings, "policies"), Some(Verdict::Ok));
+        assert!(matches!(
+            findings
+                .iter()
+                .find(|f| f.topic == "policies")
+                .unwrap()
+                .source,
+            Source::Management(_)
+        ));
+    }
+
+    #[test]
+    fn without_the_management_api_policies_are_not_checked_and_it_says_so() {
+        let findings = assess(&facts(&["3.10.8"]), &Plan::default());
+        let f = findings.iter().find(|f| f.topic == "policies").unwrap();
+        assert_eq!(f.verdict, Verdict::Ok);
+        assert!(f.text.contains("--management-url"), "{}", f.text);
+        let only_api = with_policy("quorum", serde_json::json!({}), serde_json::json!({}));
+        assert_eq!(only_api.lowest_version(), Some(Version::new(3, 10, 8)));
+        assert_eq!(
+            verdict_of(&assess(&only_api, &Plan::default()), "version"),
+            Some(Verdict::Ok)
+        );
     }
 
     fn frame(payload: &[u8]) -> ([u8; 7], Vec<u8>) {

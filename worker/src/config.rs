@@ -5,6 +5,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use shardline_topology::management::ManagementTarget;
 use shardline_topology::probe::Plan;
 use shardline_topology::status::Thresholds;
 use shardline_topology::{
@@ -113,6 +114,9 @@ pub struct Config {
     /// Consume classic single-active-consumer queues although the broker has
     /// the bug that can stop their failover (rabbitmq-server#5460). Default false.
     pub accept_classic_sac_risk: bool,
+    /// RabbitMQ's management API: the broker probe then also checks the
+    /// policies on the shard queues and the DLQ. Default none.
+    pub management: Option<ManagementTarget>,
     /// Serve `/metrics`, `/healthz` and `/readyz` here. Default none (off).
     pub metrics_addr: Option<SocketAddr>,
     /// Backlog age from which a shard is at WARN and at PAGE (metrics, status).
@@ -177,6 +181,7 @@ impl Default for Config {
             max_deliveries: 5,
             allow_shard_mismatch: false,
             accept_classic_sac_risk: false,
+            management: None,
             delivery_limit: None,
             metrics_addr: None,
             backlog: Thresholds::default(),
@@ -319,6 +324,7 @@ impl Config {
     pub fn probe_plan(&self) -> Plan {
         Plan {
             largest_body: Some(self.max_body_bytes),
+            delivery_limit: self.delivery_limit,
             longest_hold: Some(self.longest_hold()),
             ..self.topology().plan()
         }

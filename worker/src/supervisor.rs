@@ -514,7 +514,14 @@ async fn check_queues(conn: &Connection, config: &Config) -> Result<(), WorkerEr
         declare::check_shard_count(conn, &config.names, config.shards).await?;
     }
     declare::check_queue_arguments(conn, &config.names, &config.topology()).await?;
-    let findings = probe::assess(&probe::read_facts(&config.amqp).await, &config.probe_plan());
+    let facts = probe::read_all(
+        &config.amqp,
+        config.management.as_ref(),
+        &config.names,
+        config.shards,
+    )
+    .await;
+    let findings = probe::assess(&facts, &config.probe_plan());
     if let Some(line) = probe::refusal(&findings) {
         return Err(WorkerError::Refused(line));
     }
