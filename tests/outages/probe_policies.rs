@@ -49,35 +49,17 @@ async fn policies_seen_through_the_management_api_refuse_a_worker_they_would_und
         "{clean:?}"
     );
 
-    let pattern = format!("^{}", regex_escape(&env.names.queue_prefix));
-    env.broker()
-        .run(&[
-            "set_policy",
-            "-p",
-            &env.vhost,
-            "--apply-to",
-            "queues",
-            "shop-wide",
-            &pattern,
-            r#"{"delivery-limit": 5}"#,
-        ])
-        .await;
-    let seen = wait_until(
-        "the policy applies",
-        std::time::Duration::from_secs(30),
-        || async {
-            let f = findings(&env, &management, "policies").await;
-            if f.iter().any(|l| l.contains("delivery-limit 5")) {
-                Ok(f)
-            } else {
-                Err(format!("{f:?}"))
-            }
-        },
+    let seen = set_policy(
+        &env,
+        &management,
+        r#"{"delivery-limit": 5}"#,
+        "\"warn\"",
+        "delivery-limit 5",
     )
     .await;
     assert!(
-        seen[0].starts_with("\"warn\""),
-        "status has no --delivery-limit to judge by: {seen:?}"
+        seen.contains("`shop-wide`"),
+        "status has no --delivery-limit to judge by: {seen}"
     );
 
     let worker = |extra: &[&str]| {
@@ -103,6 +85,27 @@ async fn policies_seen_through_the_management_api_refuse_a_worker_they_would_und
         "the password printed: {stderr}"
     );
 
+    set_policy(
+        &env,
+        &management,
+        r#"{"message-ttl": 60000}"#,
+        "\"refuse\"",
+        "message-ttl 60000",
+    )
+    .await;
+}
+
+/// Sets the policy `shop-wide` on the shard queues to `definition` and waits
+/// until `topology status` reports a `policies` finding with `verdict` that
+/// mentions `seen` (policies apply asynchronously); returns that finding.
+async fn set_policy(
+    env: &TestEnv,
+    management: &str,
+    definition: &str,
+    verdict: &str,
+    seen: &str,
+) -> String {
+    let pattern = format!("^{}", regex_escape(&env.names.queue_prefix));
     env.broker()
         .run(&[
             "set_policy",
@@ -112,24 +115,24 @@ async fn policies_seen_through_the_management_api_refuse_a_worker_they_would_und
             "queues",
             "shop-wide",
             &pattern,
-            r#"{"message-ttl": 60000}"#,
+            definition,
         ])
         .await;
     wait_until(
-        "the TTL policy applies",
+        &format!("the policy {definition} applies"),
         std::time::Duration::from_secs(30),
         || async {
-            let f = findings(&env, &management, "policies").await;
-            if f.iter()
-                .any(|l| l.starts_with("\"refuse\"") && l.contains("message-ttl 60000"))
+            let found = findings(env, management, "policies").await;
+            match found
+                .iter()
+                .find(|l| l.starts_with(verdict) && l.contains(seen))
             {
-                Ok(())
-            } else {
-                Err(format!("{f:?}"))
+                Some(line) => Ok(line.clone()),
+                None => Err(format!("{found:?}")),
             }
         },
     )
-    .await;
+    .await
 }
 
 /// `s` with the regex metacharacters a queue prefix may hold escaped.
