@@ -164,8 +164,9 @@ pub struct WorkerArgs {
     /// dead-lettered `crash-loop`.
     #[arg(long, env = "SHARDLINE_MAX_DELIVERIES", default_value_t = Config::default().max_deliveries, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_deliveries: u32,
-    /// Quorum queues: the `x-delivery-limit` they were applied with.
-    #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = 20)]
+    /// Quorum queues: the `x-delivery-limit` they were applied with (at least
+    /// --max-deliveries + 2: the worker dead-letters at the limit − 1).
+    #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = shardline_topology::declare::DEFAULT_DELIVERY_LIMIT)]
     pub delivery_limit: u32,
     /// Backlog age (oldest unprocessed event of a shard) from which the shard
     /// is at WARN (`shardline_backlog_level` 1).

@@ -25,7 +25,7 @@ pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
 /// The machine's RabbitMQ, shared by the tests (each in its own vhost).
 pub const AMQP_BASE: &str = "amqp://guest:guest@127.0.0.1:5672";
 /// The quorum queues' `x-delivery-limit` that `topology apply` sets by default.
-const DELIVERY_LIMIT: u32 = 20;
+const DELIVERY_LIMIT: u32 = shardline_topology::declare::DEFAULT_DELIVERY_LIMIT;
 
 pub struct TestEnv {
     /// Unique slug of this test run: names the vhost, the Redis prefix, the

@@ -55,7 +55,7 @@ struct Args {
     #[arg(long, env = "SHARDLINE_QUEUE_TYPE", default_value = "classic")]
     queue_type: QueueType,
     /// Quorum queues: the `x-delivery-limit` they were applied with.
-    #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = 20)]
+    #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = shardline_topology::declare::DEFAULT_DELIVERY_LIMIT)]
     delivery_limit: u32,
 }
 

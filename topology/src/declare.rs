@@ -38,6 +38,15 @@ impl std::str::FromStr for QueueType {
     }
 }
 
+/// The default `x-delivery-limit` of quorum shard queues, from the budget
+/// in ARCHITECTURE.md ("Delivery-count budget"): every return of an
+/// unacked delivery spends one, for every event in the consumer's window —
+/// two poison events' crash loops (2 × `--max-deliveries` 5), a rolling
+/// restart of three nodes (3), a deploy that moves the shard (2), a
+/// partition (1) and two hours of downstream outage at RabbitMQ's 30 min
+/// consumer timeout (4).
+pub const DEFAULT_DELIVERY_LIMIT: u32 = 2 * 5 + 3 + 2 + 1 + 4;
+
 /// How the shard queues are declared.
 #[derive(Debug, Clone)]
 pub struct TopologyOptions {
@@ -47,8 +56,8 @@ pub struct TopologyOptions {
     pub single_active_consumer: bool,
     pub queue_type: QueueType,
     /// Quorum queues only: `x-delivery-limit`. Kept well above the worker's
-    /// crash-loop limit because on 3.x reconnects and failovers count too.
-    /// Default 20.
+    /// crash-loop limit because reconnects, handovers and failovers count
+    /// too. Default [`DEFAULT_DELIVERY_LIMIT`] (20).
     pub delivery_limit: u32,
     /// Declare classic single-active-consumer queues although the broker
     /// has the bug that can stop their failover (`probe`). Default false.
@@ -64,7 +73,7 @@ impl Default for TopologyOptions {
             shards: ShardCount::default(),
             single_active_consumer: false,
             queue_type: QueueType::Classic,
-            delivery_limit: 20,
+            delivery_limit: DEFAULT_DELIVERY_LIMIT,
             accept_classic_sac_risk: false,
             broker_version: None,
         }

@@ -254,6 +254,17 @@ impl Config {
                         },
                     )
                 }),
+            self.delivery_limit
+                .filter(|&limit| limit < self.max_deliveries.saturating_add(2))
+                .map(|limit| {
+                    refuse(
+                        "delivery_limit",
+                        Problem::Below {
+                            min: "max-deliveries + 2 (the worker dead-letters at the limit - 1; reconnects and handovers spend it too)",
+                            got: Some(limit.to_string()),
+                        },
+                    )
+                }),
             (self.backlog.page < self.backlog.warn)
                 .then(|| refuse("backlog.page", Problem::BelowField("backlog.warn"))),
             self.assign
@@ -608,6 +619,20 @@ mod tests {
     fn validation_names_the_field_and_the_problem() {
         assert_eq!(Config::default().validate(), Ok(()));
         let refused = |config: Config| config.validate().unwrap_err().to_string();
+        let quorum = |limit| Config {
+            delivery_limit: Some(limit),
+            ..Config::default()
+        };
+        assert!(
+            refused(quorum(6)).starts_with("delivery_limit must be at least max-deliveries + 2"),
+            "{}",
+            refused(quorum(6))
+        );
+        assert_eq!(quorum(7).validate(), Ok(()));
+        assert_eq!(
+            quorum(shardline_topology::declare::DEFAULT_DELIVERY_LIMIT).validate(),
+            Ok(())
+        );
         let retry = |retry: RetryPolicy| Config {
             retry,
             ..Config::default()
