@@ -20,8 +20,17 @@
 //! - [`home_node`]: classic shard queues on a cluster: a shard whose node is
 //!   down waits (404 "home node … is down" is not a missing topology) while
 //!   the others run; it resumes when its node is back.
+//! - [`failover`]: under load, kill -9 of the node the worker and the publisher
+//!   are on, which leads the most shard queues: nothing lost, order kept, at
+//!   most one repeated call per shard, publishing resumed within seconds, the
+//!   DLQ still there; the node rejoins.
+//!
+//! [`load`] is what the tests under load share: the pinned clients, the
+//! steady stream of confirmed batches and the guarantees they check.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod failover;
 mod home_node;
+mod load;
 mod smoke;
 mod spread;
