@@ -24,6 +24,8 @@
 //!   are on, which leads the most shard queues: nothing lost, order kept, at
 //!   most one repeated call per shard, publishing resumed within seconds, the
 //!   DLQ still there; the node rejoins.
+//! - [`rolling`]: under load, `stop_app` and `start_app` of each node in turn,
+//!   the next only once no node is quorum-critical: the same guarantees.
 //!
 //! [`load`] is what the tests under load share: the pinned clients, the
 //! steady stream of confirmed batches and the guarantees they check.
@@ -32,5 +34,6 @@
 mod failover;
 mod home_node;
 mod load;
+mod rolling;
 mod smoke;
 mod spread;
