@@ -26,6 +26,10 @@
 //!   DLQ still there; the node rejoins.
 //! - [`rolling`]: under load, `stop_app` and `start_app` of each node in turn,
 //!   the next only once no node is quorum-critical: the same guarantees.
+//! - [`partition`]: under load, SIGSTOP of the active worker's node for twice
+//!   the net tick time while a standby waits on another: the paused side's
+//!   consumer, still working, is fenced; nothing lost, order kept, the order
+//!   state in Redis intact.
 //!
 //! [`load`] is what the tests under load share: the pinned clients, the
 //! steady stream of confirmed batches and the guarantees they check.
@@ -34,6 +38,7 @@
 mod failover;
 mod home_node;
 mod load;
+mod partition;
 mod rolling;
 mod smoke;
 mod spread;
