@@ -192,7 +192,7 @@ async fn a_paused_node_s_consumer_is_fenced_and_corrupts_nothing() {
         .await;
     let published = load.stop().await;
     let events = published.events;
-    let calls = assert_guarantees(&env, &downstream, &events, &[&active, &standby]).await;
+    let calls = assert_guarantees(&env, &downstream, &events, &[&active, &standby], 1).await;
     let repeats = shardline_testkit::repeats_per_shard(&calls, &env);
     let (before_drop, stale) = (
         at_drop.handler_attempts - at_pause.handler_attempts,
