@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use shardline_ops::Fleet;
 use shardline_topology::management::ManagementTarget;
-use shardline_topology::{AmqpTarget, Keys, Names, RedisTarget, ShardCount};
+use shardline_topology::{AddressOrder, AmqpTarget, Keys, Names, RedisTarget, ShardCount};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
@@ -48,6 +48,17 @@ pub struct GlobalArgs {
         value_parser = UrlParser::<AmqpTarget>::new()
     )]
     pub amqp_url: AmqpTarget,
+    /// In which order the addresses of --amqp-url are tried at every connect:
+    /// `random` (a fleet spreads over a cluster's nodes) or `given` (as listed:
+    /// the first that answers, the others as fallbacks).
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Connection",
+        env = "SHARDLINE_AMQP_ADDRESS_ORDER",
+        default_value_t = AddressOrder::Random
+    )]
+    pub amqp_address_order: AddressOrder,
     /// Redis URL (`rediss://` for TLS); a path `/N` selects database N;
     /// `redis+sentinel://host[:port],…/service[/N]` finds the primary through Sentinels.
     #[arg(
@@ -267,7 +278,12 @@ enum Command {
 pub const EXIT_ATTENTION: u8 = 3;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // Every command reads the target from here, so each one honours the order.
+    cli.global.amqp_url = cli
+        .global
+        .amqp_url
+        .with_order(cli.global.amqp_address_order);
     // Held to the end: dropping it flushes the last spans.
     let _telemetry = telemetry::init(cli.global.log_format);
     let runtime = match tokio::runtime::Runtime::new() {

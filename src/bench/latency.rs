@@ -231,6 +231,10 @@ fn spawn_publisher(
         .arg(format!("--events-per-order={}", args.events_per_order))
         .arg(format!("--event-bytes={}", args.event_bytes))
         .env("SHARDLINE_AMQP_URL", global.amqp_url.addresses().join(","))
+        .env(
+            "SHARDLINE_AMQP_ADDRESS_ORDER",
+            global.amqp_url.order().to_string(),
+        )
         .env("SHARDLINE_SHARDS", global.shards.to_string())
         .env("SHARDLINE_EXCHANGE", &scratch.names.exchange)
         .env("SHARDLINE_QUEUE_PREFIX", &scratch.names.queue_prefix)

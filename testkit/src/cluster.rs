@@ -128,6 +128,30 @@ impl Cluster {
         assert_exited_ok(&format!("{tool} {args:?} on {}", self.names[i]), &out)
     }
 
+    /// `Ok` when stopping node `i` would leave every quorum queue a majority
+    /// (`rabbitmq-queues check_if_node_is_quorum_critical` exits 0); `Err`
+    /// with the tool's answer while a queue would lose its quorum (exit 69)
+    /// or the node cannot answer. A probe for [`crate::wait_until`].
+    pub async fn check_not_quorum_critical(&self, i: usize) -> Result<(), String> {
+        let out = self
+            .node_script(
+                i,
+                "cli",
+                &["rabbitmq-queues", "-q", "check_if_node_is_quorum_critical"],
+            )
+            .await;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(format!(
+            "{} ({}): {}{}",
+            self.names[i],
+            out.status,
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+
     /// `scripts/cluster VERB N` for node `i` (numbered from 1 there), `what`
     /// naming it in a failure.
     async fn cluster_node_script(&self, verb: &str, i: usize, what: &str) {

@@ -20,8 +20,25 @@
 //! - [`home_node`]: classic shard queues on a cluster: a shard whose node is
 //!   down waits (404 "home node … is down" is not a missing topology) while
 //!   the others run; it resumes when its node is back.
+//! - [`failover`]: under load, kill -9 of the node the worker and the publisher
+//!   are on, which leads the most shard queues: nothing lost, order kept, at
+//!   most one repeated call per shard, publishing resumed within seconds, the
+//!   DLQ still there; the node rejoins.
+//! - [`rolling`]: under load, `stop_app` and `start_app` of each node in turn,
+//!   the next only once no node is quorum-critical: the same guarantees.
+//! - [`partition`]: under load, SIGSTOP of the active worker's node for twice
+//!   the net tick time while a standby waits on another: the paused side's
+//!   consumer, still working, is fenced; nothing lost, order kept, the order
+//!   state in Redis intact.
+//!
+//! [`load`] is what the tests under load share: the pinned clients, the
+//! steady stream of confirmed batches and the guarantees they check.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod failover;
 mod home_node;
+mod load;
+mod partition;
+mod rolling;
 mod smoke;
 mod spread;

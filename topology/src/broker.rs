@@ -1,7 +1,8 @@
 //! Connecting to RabbitMQ. Every error names the URL with its password redacted.
 //!
 //! A connection goes to an [`AmqpTarget`]: one address or several (a cluster),
-//! parsed once from the configured text and tried in turn.
+//! parsed once from the configured text and tried in turn, in a random order or
+//! as listed ([`AddressOrder`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -9,6 +10,7 @@ use std::str::FromStr;
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::LongString;
 use lapin::{Connection, ConnectionProperties, ErrorKind};
+use rand::Rng;
 use rand::seq::SliceRandom as _;
 
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +31,40 @@ pub enum BrokerError {
 #[derive(Clone, PartialEq, Eq)]
 pub struct AmqpTarget {
     addresses: Vec<String>,
+    order: AddressOrder,
+}
+
+/// In which order [`connect`] tries the addresses of a target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AddressOrder {
+    /// Shuffled on every connect, so that a fleet given one list spreads over
+    /// a cluster's nodes.
+    #[default]
+    Random,
+    /// As listed: the first address that answers, the others only when it
+    /// does not (a preferred node with fallbacks).
+    Given,
+}
+
+impl FromStr for AddressOrder {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "random" => Ok(Self::Random),
+            "given" => Ok(Self::Given),
+            other => Err(format!("expected `random` or `given`, got `{other}`")),
+        }
+    }
+}
+
+impl fmt::Display for AddressOrder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Random => "random",
+            Self::Given => "given",
+        })
+    }
 }
 
 impl AmqpTarget {
@@ -54,7 +90,31 @@ impl AmqpTarget {
         if addresses.is_empty() {
             return Err(problem("no address given"));
         }
-        Ok(Self { addresses })
+        Ok(Self {
+            addresses,
+            order: AddressOrder::default(),
+        })
+    }
+
+    /// The same addresses, tried in `order`.
+    #[must_use]
+    pub fn with_order(mut self, order: AddressOrder) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// The order [`connect`] tries the addresses in.
+    pub fn order(&self) -> AddressOrder {
+        self.order
+    }
+
+    /// The addresses in the order one connect tries them.
+    fn attempt_order<R: Rng + ?Sized>(&self, rng: &mut R) -> Vec<&String> {
+        let mut order: Vec<&String> = self.addresses.iter().collect();
+        if self.order == AddressOrder::Random {
+            order.shuffle(rng);
+        }
+        order
     }
 
     /// The addresses, in the order given.
@@ -88,6 +148,7 @@ impl Default for AmqpTarget {
     fn default() -> Self {
         Self {
             addresses: vec!["amqp://guest:guest@127.0.0.1:5672/%2f".into()],
+            order: AddressOrder::default(),
         }
     }
 }
@@ -117,12 +178,11 @@ impl fmt::Debug for AmqpTarget {
 /// Opens a connection named `name` (shown as `connection_name` by `rabbitmqctl
 /// list_connections` and the management UI, with the address it went to:
 /// `name @ host:port`) to an address of `target` that answers: tried in a
-/// random order, so that a fleet given one list spreads over its nodes.
-/// `amqps://` URLs use TLS.
+/// random order, so that a fleet given one list spreads over its nodes, or in
+/// the order listed ([`AddressOrder::Given`]). `amqps://` URLs use TLS.
 pub async fn connect(target: &AmqpTarget, name: &str) -> Result<Connection, BrokerError> {
     let mut failures = Vec::new();
-    let mut order: Vec<&String> = target.addresses.iter().collect();
-    order.shuffle(&mut rand::rng());
+    let order = target.attempt_order(&mut rand::rng());
     for url in order {
         let named = match target.addresses.len() {
             1 => name.to_owned(),
@@ -169,6 +229,7 @@ pub async fn connect_each(target: &AmqpTarget, name: &str) -> Result<Vec<Connect
     for url in &target.addresses {
         let one = AmqpTarget {
             addresses: vec![url.clone()],
+            order: AddressOrder::Given,
         };
         match connect(&one, &format!("{name} @ {}", host_port(url))).await {
             Ok(conn) => conns.push(conn),
@@ -380,6 +441,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(bad.contains("amqp://") && !bad.contains("secret"), "{bad}");
+    }
+
+    #[test]
+    fn addresses_are_tried_shuffled_by_default_and_as_listed_when_given() {
+        use rand::SeedableRng as _;
+        let three = AmqpTarget::parse("amqp://h1/v,amqp://h2/v,amqp://h3/v").unwrap();
+        assert_eq!(three.order(), AddressOrder::Random);
+        let listed: Vec<&String> = three.addresses().iter().collect();
+        let mut firsts = std::collections::BTreeSet::new();
+        for seed in 0..32 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let mut tried = three.attempt_order(&mut rng);
+            firsts.insert(tried[0].clone());
+            tried.sort();
+            assert_eq!(tried, listed, "every address once (seed {seed})");
+        }
+        assert_eq!(firsts.len(), 3, "each address comes first for some seed");
+
+        let given = three.clone().with_order(AddressOrder::Given);
+        assert_eq!(given.addresses(), three.addresses());
+        for seed in 0..32 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            assert_eq!(given.attempt_order(&mut rng), listed);
+        }
+        assert_eq!("given".parse(), Ok(AddressOrder::Given));
+        assert_eq!("random".parse(), Ok(AddressOrder::Random));
+        assert!("first".parse::<AddressOrder>().is_err());
+        assert_eq!(AddressOrder::Given.to_string(), "given");
     }
 
     /// A node that accepts TCP and never speaks AMQP (paused, hung) costs one

@@ -36,7 +36,7 @@ pub mod status;
 pub mod telemetry;
 pub mod w3c;
 
-pub use broker::{AmqpTarget, BrokerError, connect, connect_each, redact_url};
+pub use broker::{AddressOrder, AmqpTarget, BrokerError, connect, connect_each, redact_url};
 pub use declare::{ApplyReport, DeclareError, DlqKind, QueueType, ShardStatus, TopologyOptions};
 pub use envelope::{Envelope, EnvelopeError, NewEvent};
 pub use keys::Keys;

@@ -754,10 +754,15 @@ async fn abandon(
 /// Closes the shard's channels, without cancelling the consumer first: the
 /// broker requeues the unacked read-ahead and held events in order.
 async fn close(channel: &Channel, dead_letters: &ConfirmChannel) {
-    if let Err(e) = channel.close(200, "shutdown".into()).await {
-        tracing::debug!(error = %e, "closing the shard channel");
-    }
-    if let Err(e) = dead_letters.channel().close(200, "shutdown".into()).await {
-        tracing::debug!(error = %e, "closing the dead-letter channel");
+    for (channel, what) in [
+        (channel, "the shard channel"),
+        (dead_letters.channel(), "the dead-letter channel"),
+    ] {
+        let closing = channel.close(200, "shutdown".into());
+        match tokio::time::timeout(crate::supervisor::CLOSE_TIMEOUT, closing).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "closing {what}"),
+            Err(_) => tracing::debug!("closing {what}: no close-ok in time; dropped"),
+        }
     }
 }

@@ -41,6 +41,11 @@ const RECONNECT_MIN: Duration = Duration::from_millis(200);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
 /// How often queue depths are read (passive declare), for the depth gauges.
 const DEPTH_POLL: Duration = Duration::from_secs(5);
+/// How long closing a channel or a connection may take. lapin's close waits
+/// for the broker's close-ok, and on a connection whose I/O failed a moment
+/// before (its node killed) that answer never comes: unbounded, the worker
+/// would never reconnect.
+pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Runs the worker until `shutdown` is cancelled: one consumer per assigned
 /// shard, reconnecting as long as it takes once the first connection worked.
@@ -268,8 +273,10 @@ impl Broker {
 }
 
 async fn close_connection(conn: &Connection) {
-    if let Err(e) = conn.close(200, "shutdown".into()).await {
-        tracing::debug!(error = %e, "closing a broker connection");
+    match tokio::time::timeout(CLOSE_TIMEOUT, conn.close(200, "shutdown".into())).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, "closing a broker connection"),
+        Err(_) => tracing::debug!("closing a broker connection: no close-ok in time; dropped"),
     }
 }
 

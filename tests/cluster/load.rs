@@ -1,0 +1,402 @@
+//! What the cluster tests under load share: a cluster with the quorum
+//! topology spread over its nodes; workers and a publisher pinned to a node
+//! (its address first, the others after, tried in the given order, so they
+//! fail over to the others and nowhere else first); a steady stream of
+//! confirmed batches ([`Load`]); and the guarantees every fault must keep
+//! ([`assert_guarantees`]).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use shardline_publisher::{Counts, PublishError};
+use shardline_testkit::cluster::NODES;
+use shardline_testkit::wait::check;
+use shardline_testkit::{
+    Call, Cluster, Downstream, Event, PROCESSING, QueueType, TestEnv, Worker,
+    assert_in_order_and_complete, describe, repeats_per_shard, wait_all_answered, wait_until,
+};
+use shardline_topology::{AddressOrder, AmqpTarget};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Events per publish batch; every batch is confirmed before the next.
+pub const BATCH: usize = 16;
+/// One batch per this long: 160 events a second, well within what a worker
+/// drains on two busy cores, so a backlog means an outage.
+pub const PACE: Duration = Duration::from_millis(100);
+/// Orders of the load per shard (48 orders on 8 shards).
+pub const ORDERS_PER_SHARD: usize = 6;
+/// The load's connection name (before ` @ host:port`).
+pub const LOAD_CONNECTION: &str = "cluster-load";
+/// Generous bound on the time between the last confirm before a fault and
+/// the first after it: a node's loss costs a reconnect and a queue leader
+/// election, seconds.
+pub const RESUME_BOUND: Duration = Duration::from_secs(30);
+
+/// A cluster, an environment on all three nodes and `topology apply
+/// --queue-type quorum` through them (leaders spread, the DLQ a quorum queue).
+pub async fn quorum_cluster(name: &str) -> (Cluster, TestEnv) {
+    let cluster = Cluster::start().await;
+    let env = TestEnv::on_all_nodes(name, QueueType::Quorum, &cluster).await;
+    env.apply_topology().await;
+    (cluster, env)
+}
+
+/// The shard queues each node leads (by node index), as node `via` sees them.
+pub async fn leaders(cluster: &Cluster, env: &TestEnv, via: usize) -> [Vec<String>; NODES] {
+    let listed = env.list_queues_via(cluster.ctl(via), &["leader"]).await;
+    let mut led: [Vec<String>; NODES] = Default::default();
+    for (queue, fields) in &listed {
+        let node = fields
+            .first()
+            .and_then(|leader| cluster.names.iter().position(|n| n == leader));
+        if let (true, Some(node)) = (queue.starts_with(&env.names.queue_prefix), node) {
+            led[node].push(queue.clone());
+        }
+    }
+    led
+}
+
+/// The node leading the most shard queues (the first of equals).
+pub fn busiest(led: &[Vec<String>; NODES]) -> usize {
+    (0..NODES)
+        .max_by_key(|&i| (led[i].len(), NODES - i))
+        .unwrap_or(0)
+}
+
+/// The three addresses of `env`'s vhost with node `first`'s first, then the
+/// others in node order, each with `query` (`""` or `"?heartbeat=60"`), tried
+/// in the order given.
+pub fn pinned(cluster: &Cluster, env: &TestEnv, first: usize, query: &str) -> AmqpTarget {
+    let urls: Vec<String> = (0..NODES)
+        .map(|k| (first + k) % NODES)
+        .map(|i| format!("{}{query}", cluster.amqp_url(i, &env.vhost)))
+        .collect();
+    let target: AmqpTarget = urls.join(",").parse().unwrap();
+    target.with_order(AddressOrder::Given)
+}
+
+/// The client connections of `env`'s vhost, as node `via` lists them: the
+/// node each is on (from its pid, `<node.x.y.z>`) and its name.
+pub async fn connections(cluster: &Cluster, env: &TestEnv, via: usize) -> Vec<(usize, String)> {
+    let text = cluster
+        .ctl(via)
+        .run(&[
+            "-q",
+            "list_connections",
+            "--no-table-headers",
+            "pid",
+            "vhost",
+            "client_properties",
+        ])
+        .await;
+    let needle = "{\"connection_name\",\"";
+    text.lines()
+        .filter_map(|line| {
+            let mut cols = line.splitn(3, '\t');
+            let (pid, vhost, props) = (cols.next()?, cols.next()?, cols.next()?);
+            if vhost != env.vhost {
+                return None;
+            }
+            let node = cluster
+                .names
+                .iter()
+                .position(|n| pid.starts_with(&format!("<{n}.")))?;
+            let name = props.split_once(needle)?.1.split('"').next()?;
+            Some((node, name.to_owned()))
+        })
+        .collect()
+}
+
+/// Waits until each of `prefixes` names at least one connection of `env`'s
+/// vhost and every such connection is on node `node`, its name ending in that
+/// node's address; fails loudly otherwise.
+pub async fn wait_connected_to(cluster: &Cluster, env: &TestEnv, node: usize, prefixes: &[&str]) {
+    let via = (node + 1) % NODES;
+    let suffix = format!(" @ 127.0.0.1:{}", cluster.amqp_ports[node]);
+    wait_until(
+        &format!("{prefixes:?} connected to {}", cluster.names[node]),
+        shardline_testkit::STARTUP,
+        || async {
+            let all = connections(cluster, env, via).await;
+            let placed = prefixes.iter().all(|prefix| {
+                let ours: Vec<&(usize, String)> =
+                    all.iter().filter(|(_, n)| n.starts_with(prefix)).collect();
+                !ours.is_empty()
+                    && ours
+                        .iter()
+                        .all(|(on, name)| *on == node && name.ends_with(&suffix))
+            });
+            check(placed, || format!("connections (node, name): {all:?}"))
+        },
+    )
+    .await;
+}
+
+/// The same stream of events as a shop's publisher would send it: seq 1 of
+/// every order, then seq 2, …, in batches of [`BATCH`], one per [`PACE`],
+/// each flushed (every confirm awaited) before the next, through a
+/// `shardline_publisher::Publisher`, which reconnects and re-sends what was
+/// unconfirmed by itself; a batch with a nacked event is sent again. A stop
+/// ends it between batches, so every event it returns was confirmed.
+pub struct Load {
+    stop: CancellationToken,
+    /// When each batch was confirmed.
+    confirmed: Arc<Mutex<Vec<Instant>>>,
+    task: Option<JoinHandle<Result<Published, PublishError>>>,
+}
+
+/// What a [`Load`] published.
+#[derive(Debug, Default)]
+pub struct Published {
+    /// Every event, each confirmed (acked) at least once.
+    pub events: Vec<Event>,
+    /// Summed over the publisher's connections.
+    pub counts: Counts,
+    /// Batches published again (on a new connection) because the broker
+    /// nacked an event of theirs.
+    pub nacked_batches: u64,
+}
+
+fn add(total: &mut Counts, more: Counts) {
+    total.published += more.published;
+    total.confirmed += more.confirmed;
+    total.resent += more.resent;
+    total.reconnects += more.reconnects;
+}
+
+/// Publishes `batch` once and waits for every confirm; whether the broker
+/// nacked any of its events (the batch is then sent again, whole: a nack is
+/// a typed result the caller acts on, and copies of events that were stored
+/// are duplicates, which dedup absorbs).
+async fn publish_batch(
+    publisher: &mut shardline_publisher::Publisher,
+    batch: &[Event],
+) -> Result<bool, PublishError> {
+    let mut nacked = false;
+    for event in batch {
+        // A nack of an earlier event of the batch surfaces here, before this
+        // one is queued; the batch is sent again anyway.
+        match publisher.publish(event.body.clone()).await {
+            Err(PublishError::Nacked { routing_key, .. }) => {
+                tracing::warn!(%routing_key, "load: an event was nacked");
+                nacked = true;
+            }
+            other => other?,
+        }
+    }
+    loop {
+        match publisher.flush().await {
+            Ok(()) => return Ok(nacked),
+            Err(PublishError::Nacked { routing_key, .. }) => {
+                tracing::warn!(%routing_key, "load: an event was nacked");
+                nacked = true;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+impl Load {
+    /// Connects through `target` (failing the test if it cannot) and starts
+    /// publishing `orders`' events.
+    pub async fn start(env: &TestEnv, target: AmqpTarget, orders: Vec<String>) -> Self {
+        let config = shardline_publisher::Config {
+            amqp: target,
+            names: env.names.clone(),
+            shards: env.shards,
+            connection_name: LOAD_CONNECTION.into(),
+            ..shardline_publisher::Config::default()
+        };
+        let mut publisher = shardline_publisher::Publisher::connect(config.clone())
+            .await
+            .unwrap_or_else(|e| panic!("the load's publisher cannot connect: {e}"));
+        let (stop, confirmed) = (CancellationToken::new(), Arc::new(Mutex::new(Vec::new())));
+        let shards = env.shards;
+        let (stopped, stamps) = (stop.clone(), confirmed.clone());
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(PACE);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut out = Published::default();
+            'rounds: for seq in 1.. {
+                let round: Vec<Event> = orders.iter().map(|o| Event::new(o, seq, shards)).collect();
+                for batch in round.chunks(BATCH) {
+                    tokio::select! {
+                        () = stopped.cancelled() => break 'rounds,
+                        _ = tick.tick() => {}
+                    }
+                    // A channel that a survivor opened just after a node was
+                    // lost may nack every publish to a queue that node led
+                    // (RabbitMQ 3.10.8, seen for minutes): send the batch
+                    // again on a new connection, one pace later.
+                    while publish_batch(&mut publisher, batch).await? {
+                        out.nacked_batches += 1;
+                        tick.tick().await;
+                        add(&mut out.counts, publisher.counts());
+                        publisher.close().await?;
+                        publisher = shardline_publisher::Publisher::connect(config.clone()).await?;
+                    }
+                    stamps.lock().unwrap().push(Instant::now());
+                    out.events.extend_from_slice(batch);
+                }
+            }
+            add(&mut out.counts, publisher.counts());
+            publisher.close().await?;
+            Ok(out)
+        });
+        Self {
+            stop,
+            confirmed,
+            task: Some(task),
+        }
+    }
+
+    /// Batches confirmed so far.
+    pub fn batches(&self) -> usize {
+        self.confirmed.lock().unwrap().len()
+    }
+
+    /// Waits until `n` batches in all are confirmed; fails at once, with the
+    /// publisher's error, if the load ended.
+    pub async fn wait_batches(&mut self, what: &str, n: usize) {
+        self.wait(what, |stamps| stamps.len() >= n).await;
+    }
+
+    /// Waits for the first batch confirmed after `fault`, and returns the
+    /// time since the last one confirmed before it: how long publishing
+    /// stalled.
+    pub async fn wait_resumed(&mut self, fault: Instant) -> Duration {
+        self.wait("publishing to resume (a batch confirmed)", |stamps| {
+            stamps.last().is_some_and(|t| *t > fault)
+        })
+        .await;
+        let stamps = self.confirmed.lock().unwrap();
+        let before = stamps.iter().rev().find(|t| **t <= fault).copied();
+        let after = stamps.iter().find(|t| **t > fault).copied();
+        match (before, after) {
+            (Some(before), Some(after)) => after - before,
+            _ => panic!("no confirm before the fault: start the fault after the load"),
+        }
+    }
+
+    async fn wait(&mut self, what: &str, done: impl Fn(&[Instant]) -> bool) {
+        let ended = wait_until(what, PROCESSING, || async {
+            if self.task.as_ref().is_some_and(JoinHandle::is_finished) {
+                return Ok(true);
+            }
+            let stamps = self.confirmed.lock().unwrap();
+            check(done(&stamps), || {
+                format!("{} batches confirmed", stamps.len())
+            })
+            .map(|()| false)
+        })
+        .await;
+        if ended {
+            let result = self.task.take().unwrap().await.unwrap();
+            panic!(
+                "the load ended while waiting for {what}: {:?}",
+                result.err()
+            );
+        }
+    }
+
+    /// Stops between two batches; what it published.
+    pub async fn stop(mut self) -> Published {
+        self.stop.cancel();
+        let task = self.task.take().unwrap();
+        tokio::time::timeout(PROCESSING, task)
+            .await
+            .expect("the load did not stop")
+            .unwrap()
+            .unwrap_or_else(|e| panic!("the load's publisher failed: {e}"))
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Keys answered 2xx so far (cheap enough to check on every call).
+pub fn answered(calls: &[Call]) -> usize {
+    calls.iter().filter(|c| c.ok() && c.completed).count()
+}
+
+/// Waits until the downstream answered more than `than` calls 2xx: the
+/// workers process again.
+pub async fn wait_processing(downstream: &Downstream, what: &str, than: usize) {
+    downstream
+        .wait_for(what, PROCESSING, |calls| answered(calls) > than)
+        .await;
+}
+
+/// What every fault must leave: once every event was answered and the shard
+/// queues drained, each order's events reached the downstream in seq order,
+/// each of them; a shard repeated at most one call per time its consumer was
+/// lost (`handovers`: the event in its handler then); nothing was
+/// dead-lettered and no gap given up on; and every order's state in Redis
+/// says its last seq was processed, with nothing skipped and no claim left.
+/// Returns the calls.
+pub async fn assert_guarantees(
+    env: &TestEnv,
+    downstream: &Downstream,
+    events: &[Event],
+    workers: &[&Worker],
+    handovers: u64,
+) -> Vec<Call> {
+    let calls = wait_all_answered(env, downstream, events).await;
+    assert_in_order_and_complete(&calls, events);
+    let repeats = repeats_per_shard(&calls, env);
+    assert!(
+        repeats.values().all(|n| *n as u64 <= handovers),
+        "more than the in-flight event per handover ({handovers}) repeated on a shard: \
+         {repeats:?}\n{}",
+        describe(&calls[calls.len().saturating_sub(40)..])
+    );
+    assert_eq!(env.dlq_backlog().await, 0, "events were dead-lettered");
+    for worker in workers {
+        assert_eq!(worker.counts().gaps, 0, "{}", worker.describe());
+    }
+    assert_order_state(env, events).await;
+    calls
+}
+
+/// Every order's state (`{prefix}order:{order}`): the gate `l` at the order's
+/// last published seq, no seq marked never-processed (`u`), no claim left
+/// (`c`), and its epoch `f` not above its shard's fence counter.
+pub async fn assert_order_state(env: &TestEnv, events: &[Event]) {
+    let mut last: BTreeMap<&str, u64> = BTreeMap::new();
+    for e in events {
+        let seq = last.entry(e.order_id.as_str()).or_default();
+        *seq = (*seq).max(e.seq);
+    }
+    let mut conn = redis::Client::open(shardline_testkit::env::REDIS_URL)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    for (order, seq) in last {
+        let state: BTreeMap<String, String> = redis::cmd("HGETALL")
+            .arg(env.keys().order(order))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let fence: Option<u64> = redis::cmd("GET")
+            .arg(env.keys().fence(env.shard_of(order)))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let epoch: Option<u64> = state.get("f").and_then(|f| f.parse().ok());
+        assert!(
+            state.get("l") == Some(&seq.to_string())
+                && !state.contains_key("u")
+                && !state.contains_key("c")
+                && epoch.is_some_and(|f| fence.is_some_and(|top| f <= top)),
+            "order {order}: state {state:?} (fence {fence:?}), expected l = {seq}, no u, no c"
+        );
+    }
+}
