@@ -41,6 +41,14 @@ pub struct Config {
     /// cluster if this node stopped answering — and the window re-sent.
     /// Default 30 s.
     pub confirm_timeout: Duration,
+    /// A nacked event is sent again, on a new connection, this many times in
+    /// a row (pausing 1 s, 2 s, … up to 5 s between) before publishing
+    /// fails with [`PublishError::Nacked`](crate::PublishError::Nacked): on
+    /// a cluster a channel opened right after a node's loss may nack every
+    /// publish to a queue that node led while a new connection is served,
+    /// and a full queue with `x-overflow=reject-publish` takes events again
+    /// once drained. 0 fails on the first nack. Default 10 (about 40 s).
+    pub nack_retries: u32,
     /// Check at connect that the topology has `shards` shard queues (queue
     /// N−1 exists, queue N does not): a publisher with another N than the
     /// workers' would split one order over two queues. Off only during a
@@ -61,6 +69,7 @@ impl Default for Config {
             reconnect_max: Duration::from_secs(5),
             reconnect_give_up: Duration::from_secs(60),
             confirm_timeout: Duration::from_secs(30),
+            nack_retries: 10,
             check_shard_count: true,
         }
     }

@@ -66,6 +66,19 @@ pub struct Publisher {
     span_name: std::borrow::Cow<'static, str>,
     /// The trace context sent with the last traced event.
     last_trace: Option<SpanContext>,
+    /// Nacks of the oldest event in a row (an ack resets it), and when the
+    /// window may be re-sent after the last one.
+    nacks: u32,
+    resend_after: Option<Instant>,
+}
+
+/// What settling the oldest confirm did.
+enum Settled {
+    /// The event left the window, confirmed.
+    Done,
+    /// It was nacked and stays at the window's head: the connection was
+    /// dropped, and the window is re-sent on a new one after a pause.
+    Resend,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -118,6 +131,8 @@ impl Publisher {
             tracer: global::tracer_with_scope(telemetry::scope()),
             span_name,
             last_trace: None,
+            nacks: 0,
+            resend_after: None,
         })
     }
 
@@ -373,7 +388,10 @@ impl Publisher {
                 self.send_unsent().await?;
             }
             match self.oldest_confirmed().await {
-                Some(Ok(confirmation)) => return self.settled(confirmation),
+                Some(Ok(confirmation)) => match self.settled(confirmation)? {
+                    Settled::Done => return Ok(()),
+                    Settled::Resend => {}
+                },
                 Some(Err(e)) => {
                     self.check_recoverable(e)?;
                     self.channel_suspect = true;
@@ -407,15 +425,22 @@ impl Publisher {
             }
         }
         tracing::warn!(after = ?timeout, unconfirmed = self.unconfirmed.len(), "no publisher confirm in time: reconnecting (to any address that answers) and re-sending the window");
+        self.drop_connection("no publisher confirms");
+        None
+    }
+
+    /// Gives the connection up (closed in the background, for at most a
+    /// second: its node may not answer), so that the next send reconnects to
+    /// whichever address answers and re-sends the window.
+    fn drop_connection(&mut self, why: &'static str) {
         if let Some(conn) = self.conn.take() {
             tokio::spawn(async move {
-                let closing = conn.close(200, "no publisher confirms".into());
-                let _ = tokio::time::timeout(TICK, closing).await;
+                let closing = conn.close(200, why.into());
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), closing).await;
             });
         }
         self.blocked = None;
         self.channel_suspect = true;
-        None
     }
 
     /// Settles the confirms that have already arrived, without waiting, so that
@@ -426,7 +451,11 @@ impl Publisher {
         while let Some(confirm) = self.unconfirmed.oldest_confirm() {
             match Pin::new(confirm).poll(&mut cx) {
                 Poll::Pending => break,
-                Poll::Ready(Ok(confirmation)) => self.settled(confirmation)?,
+                Poll::Ready(Ok(confirmation)) => match self.settled(confirmation)? {
+                    Settled::Done => {}
+                    // The resolved confirm is forgotten when the window is re-sent.
+                    Settled::Resend => break,
+                },
                 Poll::Ready(Err(e)) => {
                     self.check_recoverable(e)?;
                     self.channel_suspect = true;
@@ -442,17 +471,39 @@ impl Publisher {
     async fn settle_before_loss(&mut self) -> Result<(), PublishError> {
         while let Some(confirm) = self.unconfirmed.oldest_confirm() {
             match confirm.await {
-                Ok(confirmation) => self.settled(confirmation)?,
+                Ok(confirmation) => match self.settled(confirmation)? {
+                    Settled::Done => {}
+                    Settled::Resend => return Ok(()),
+                },
                 Err(e) => return self.check_recoverable(e),
             }
         }
         Ok(())
     }
 
-    /// Removes the oldest event and turns its confirmation into a result.
-    fn settled(&mut self, confirmation: Confirmation) -> Result<(), PublishError> {
+    /// Removes the oldest event and turns its confirmation into a result;
+    /// a nack within [`Config::nack_retries`] keeps it for a re-send instead.
+    fn settled(&mut self, confirmation: Confirmation) -> Result<Settled, PublishError> {
+        let nacked = confirm::outcome(&confirmation) == Err(Refusal::Nacked);
+        if nacked && self.nacks < self.config.nack_retries {
+            self.nacks += 1;
+            let pause = std::time::Duration::from_secs(u64::from(self.nacks.min(5)));
+            tracing::warn!(
+                attempt = self.nacks,
+                of = self.config.nack_retries,
+                ?pause,
+                unconfirmed = self.unconfirmed.len(),
+                "broker nacked an event: re-sending the window on a new connection"
+            );
+            self.drop_connection("nacked");
+            self.resend_after = Some(Instant::now() + pause);
+            return Ok(Settled::Resend);
+        }
+        if !nacked {
+            self.nacks = 0;
+        }
         let Some(entry) = self.unconfirmed.pop_oldest() else {
-            return Ok(());
+            return Ok(Settled::Done);
         };
         let exchange = || self.config.names.exchange.clone();
         let routing_key = || entry.event.routing_key.to_string();
@@ -474,7 +525,7 @@ impl Publisher {
                 if let Some(sent) = entry.first_sent {
                     self.latency.record(sent.elapsed());
                 }
-                Ok(())
+                Ok(Settled::Done)
             }
             Err(Refusal::Unroutable) => Err(PublishError::Unroutable {
                 exchange: exchange(),
@@ -513,6 +564,9 @@ impl Publisher {
     /// exponential backoff; every unconfirmed event becomes unsent again.
     async fn reconnect(&mut self) -> Result<(), PublishError> {
         self.channel_suspect = true;
+        if let Some(at) = self.resend_after.take() {
+            tokio::time::sleep_until(at.into()).await;
+        }
         let resend = self.unconfirmed.forget_confirms();
         if let Some(old) = self.channel.take()
             && old.is_open()

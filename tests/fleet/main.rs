@@ -31,6 +31,7 @@
 //! - [`trace`]: the publisher's trace continues into the downstream call.
 //! - [`trace_otlp`]: the binaries export their spans over OTLP/HTTP, flushed on exit.
 //! - [`observability`]: `/metrics` backlog age behind a slow downstream, `/readyz`, `topology status`.
+//! - [`nack`]: a nacked event is sent again on a new connection, within `nack_retries`.
 //! - [`dlq`]: `dlq list|show|replay|purge` on dead letters a worker made.
 //! - [`reconcile`]: order snapshots in PostgreSQL against the events the fleet processed: one compensation per missing event, pending ones left alone.
 //! - [`quarantine`]: `--on-dead-letter quarantine` holds an order behind its dead letter until replayed or released.
@@ -51,6 +52,7 @@ mod failures;
 mod gate;
 mod group_commit;
 mod hostile;
+mod nack;
 mod observability;
 mod ordering;
 mod quarantine;
