@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use shardline_publisher::{Counts, PublishError};
-use shardline_testkit::cluster::NODES;
+use shardline_testkit::cluster::{CLUSTER_START, NODES};
 use shardline_testkit::wait::check;
 use shardline_testkit::{
     Call, Cluster, Downstream, Event, PROCESSING, QueueType, TestEnv, Worker,
@@ -202,13 +202,24 @@ impl Load {
     /// Connects through `target` (failing the test if it cannot) and starts
     /// publishing `orders`' events.
     pub async fn start(env: &TestEnv, target: AmqpTarget, orders: Vec<String>) -> Self {
-        let config = shardline_publisher::Config {
+        Self::start_with(env, target, orders, |_| {}).await
+    }
+
+    /// [`Self::start`] with the publisher's config changed by `configure`.
+    pub async fn start_with(
+        env: &TestEnv,
+        target: AmqpTarget,
+        orders: Vec<String>,
+        configure: impl FnOnce(&mut shardline_publisher::Config),
+    ) -> Self {
+        let mut config = shardline_publisher::Config {
             amqp: target,
             names: env.names.clone(),
             shards: env.shards,
             connection_name: LOAD_CONNECTION.into(),
             ..shardline_publisher::Config::default()
         };
+        configure(&mut config);
         let mut publisher = shardline_publisher::Publisher::connect(config.clone())
             .await
             .unwrap_or_else(|e| panic!("the load's publisher cannot connect: {e}"));
@@ -400,3 +411,63 @@ pub async fn assert_order_state(env: &TestEnv, events: &[Event]) {
         );
     }
 }
+
+/// After node `paused` was frozen and thawed: waits until it runs in the
+/// cluster again, as node `via` sees it, healing the partition the others
+/// may have recorded. `pause_minority` cannot act on a frozen node: it never
+/// sees the others go, so on waking it may find them back at once and stay
+/// up, while they record a partition (RabbitMQ's partitions guide,
+/// "Partitions Caused by Suspend and Resume"), or it may count itself in a
+/// minority and wait, paused, for a majority it does not find again. The
+/// guide's recovery in both cases: restart the side trusted less, the node
+/// that was paused — done once the others report the partition, or once the
+/// node has not rejoined within [`REJOIN_GRACE`]. Returns how long healing
+/// took when it had to be healed.
+pub async fn heal_after_pause(cluster: &Cluster, paused: usize, via: usize) -> Option<Duration> {
+    let mut all = cluster.names.to_vec();
+    all.sort();
+    let partitions = || async {
+        cluster
+            .ctl(via)
+            .run(&["-q", "eval", "rabbit_node_monitor:partitions()."])
+            .await
+    };
+    let thawed = Instant::now();
+    let heal = wait_until(
+        "the paused node to rejoin, the others to report a partition, or the grace to pass",
+        CLUSTER_START,
+        || async {
+            let running = cluster.running_nodes(via).await;
+            if running == all {
+                return Ok(false);
+            }
+            let partitions = partitions().await;
+            if partitions.contains(&cluster.names[paused]) || thawed.elapsed() > REJOIN_GRACE {
+                return Ok(true);
+            }
+            Err(format!("running {running:?}, partitions {partitions}"))
+        },
+    )
+    .await;
+    let healing = Instant::now();
+    if heal {
+        cluster.ctl(paused).run(&["stop_app"]).await;
+        cluster.ctl(paused).run(&["start_app"]).await;
+    }
+    wait_until(
+        "the paused node to run in the cluster again",
+        CLUSTER_START,
+        || async {
+            let running = cluster.running_nodes(via).await;
+            let partitions = partitions().await;
+            check(running == all && partitions.trim() == "[]", || {
+                format!("running {running:?}, partitions {partitions}")
+            })
+        },
+    )
+    .await;
+    heal.then(|| healing.elapsed())
+}
+
+/// How long a thawed node gets to rejoin by itself before it is restarted.
+pub const REJOIN_GRACE: Duration = Duration::from_secs(30);

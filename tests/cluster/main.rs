@@ -30,11 +30,15 @@
 //!   the net tick time while a standby waits on another: the paused side's
 //!   consumer, still working, is fenced; nothing lost, order kept, the order
 //!   state in Redis intact.
+//! - [`confirms`]: the publisher's node frozen (SIGSTOP: no error, no
+//!   confirms): after `confirm_timeout` the publisher moves to another node
+//!   and sends its window again; nothing lost.
 //!
 //! [`load`] is what the tests under load share: the pinned clients, the
 //! steady stream of confirmed batches and the guarantees they check.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod confirms;
 mod failover;
 mod home_node;
 mod load;

@@ -33,8 +33,8 @@ use shardline_testkit::{
 };
 
 use crate::load::{
-    LOAD_CONNECTION, Load, ORDERS_PER_SHARD, answered, assert_guarantees, busiest, leaders, pinned,
-    quorum_cluster, wait_connected_to, wait_processing,
+    LOAD_CONNECTION, Load, ORDERS_PER_SHARD, answered, assert_guarantees, busiest,
+    heal_after_pause, leaders, pinned, quorum_cluster, wait_connected_to, wait_processing,
 };
 
 /// How long the node stays frozen: twice the test cluster's net tick time
@@ -132,54 +132,8 @@ async fn a_paused_node_s_consumer_is_fenced_and_corrupts_nothing() {
     cluster.resume(paused).await;
     let resumed = Instant::now();
 
-    // pause_minority cannot act on a frozen node: it never sees the others
-    // go, so on waking it may find them back at once and stay up, while they
-    // record a partition (RabbitMQ's partitions guide, "Partitions Caused by
-    // Suspend and Resume"). The guide's recovery then: restart the nodes of
-    // the side trusted less, the one that was paused.
-    let mut all = cluster.names.to_vec();
-    all.sort();
-    let partitioned = wait_until(
-        "the paused node to rejoin, or the majority to report a partition",
-        CLUSTER_START,
-        || async {
-            let running = cluster.running_nodes(standby_node).await;
-            if running == all {
-                return Ok(false);
-            }
-            let partitions = cluster
-                .ctl(standby_node)
-                .run(&["-q", "eval", "rabbit_node_monitor:partitions()."])
-                .await;
-            if partitions.contains(&cluster.names[paused]) {
-                return Ok(true);
-            }
-            Err(format!("running {running:?}, partitions {partitions}"))
-        },
-    )
-    .await;
-    let healing = Instant::now();
-    if partitioned {
-        cluster.ctl(paused).run(&["stop_app"]).await;
-        cluster.ctl(paused).run(&["start_app"]).await;
-    }
-    wait_until(
-        "the paused node to run in the cluster again",
-        CLUSTER_START,
-        || async {
-            let running = cluster.running_nodes(standby_node).await;
-            let partitions = cluster
-                .ctl(standby_node)
-                .run(&["-q", "eval", "rabbit_node_monitor:partitions()."])
-                .await;
-            check(running == all && partitions.trim() == "[]", || {
-                format!("running {running:?}, partitions {partitions}")
-            })
-        },
-    )
-    .await;
+    let healed = heal_after_pause(&cluster, paused, standby_node).await;
     let rejoined = resumed.elapsed();
-    let healed = healing.elapsed();
     wait_until("the active worker to reconnect", CLUSTER_START, || async {
         check(active.counts().broker_reconnects >= 1, || active.describe())
     })
@@ -205,10 +159,11 @@ async fn a_paused_node_s_consumer_is_fenced_and_corrupts_nothing() {
         active.describe(),
         standby.describe()
     );
-    let recovery = if partitioned {
-        format!("a partition was reported and healed by stop_app and start_app in {healed:?}")
-    } else {
-        "pause_minority brought it back".to_owned()
+    let recovery = match healed {
+        Some(healed) => {
+            format!("a partition was reported and healed by stop_app and start_app in {healed:?}")
+        }
+        None => "pause_minority brought it back".to_owned(),
     };
     eprintln!(
         "partition: paused {} (leader of {} shard queues) with {windows:?} unacked per shard; \
