@@ -4,8 +4,13 @@
 //! `dlq reindex` both run it). Its keys are built in [`crate::keys`].
 
 use std::collections::HashMap;
+use std::time::UNIX_EPOCH;
 
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable};
 use md5::{Digest, Md5};
+
+use crate::headers::{self, header, header_i64, header_str};
 
 /// Longest normalised error text; longer texts are cut at a character
 /// boundary and end with `…`.
@@ -193,6 +198,105 @@ pub fn hex(bytes: &[u8]) -> String {
         out.push(char::from(HEX[usize::from(b & 0xf)]));
     }
     out
+}
+
+/// Bodies larger than this are not read for an order (an oversize body is
+/// an `invalid` letter that names none anyway).
+pub const MAX_INDEXED_BODY: usize = 1024 * 1024;
+
+/// The header RabbitMQ adds when it dead-letters a message itself.
+pub const X_DEATH: &str = "x-death";
+
+/// The index entry of a dead letter as it sits in the DLQ: its dead-letter
+/// headers, and the `order_id`, `event` and `seq` (or `version`) of a JSON
+/// body, whether or not it is a valid envelope. A letter the broker
+/// dead-lettered itself (the quorum backstop: `x-death`, no
+/// `x-dead-letter-id`) gets [`derived_id`] and the reason its first `x-death`
+/// entry gives (`delivery_limit` → `delivery-limit`). The worker builds its
+/// letters' entries with this too, so `dlq reindex` rebuilds the same ones.
+pub fn entry_of(props: &BasicProperties, body: &[u8]) -> IndexEntry {
+    let text = |name| header_str(props, name).map(str::to_owned);
+    let death = first_death(props);
+    let death_text = |name: &str| {
+        death.and_then(|d| match d.inner().get(name)? {
+            AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+            AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+            _ => None,
+        })
+    };
+    let json: Option<serde_json::Value> = (body.len() <= MAX_INDEXED_BODY)
+        .then(|| serde_json::from_slice(body).ok())
+        .flatten();
+    let field = |name: &str| json.as_ref().and_then(|j| j.get(name));
+    let (reason, error) = match (text(headers::FAIL_REASON), death_text("reason")) {
+        (Some(reason), _) => (reason, text(headers::ERROR).unwrap_or_default()),
+        (None, Some(broker)) => {
+            let queue = death_text("queue").unwrap_or_else(|| "?".to_owned());
+            let error = format!("dead-lettered by the broker ({broker}) from {queue}");
+            (broker.replace('_', "-"), error)
+        }
+        (None, None) => (
+            "unknown".to_owned(),
+            text(headers::ERROR).unwrap_or_default(),
+        ),
+    };
+    let first_failed_ms = text(headers::FIRST_FAILED_AT)
+        .and_then(|at| humantime::parse_rfc3339_weak(&at).ok())
+        .or_else(|| {
+            let AMQPValue::Timestamp(secs) = death.and_then(|d| d.inner().get("time"))? else {
+                return None;
+            };
+            UNIX_EPOCH.checked_add(std::time::Duration::from_secs(*secs))
+        })
+        .and_then(|at| at.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    IndexEntry {
+        id: text(headers::DEAD_LETTER_ID).unwrap_or_else(|| derived_id(props, body)),
+        reason,
+        group: String::new(),
+        error,
+        order_id: field("order_id")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned),
+        seq: field("seq")
+            .or_else(|| field("version"))
+            .and_then(serde_json::Value::as_u64),
+        kind: field("event").and_then(|v| v.as_str()).map(str::to_owned),
+        shard: header_i64(props, headers::SHARD).and_then(|s| u16::try_from(s).ok()),
+        first_failed_ms,
+        trace_id: headers::remote_span_context(props).map(|sc| sc.trace_id().to_string()),
+        attempts: header_i64(props, headers::RETRY_COUNT).and_then(|a| u32::try_from(a).ok()),
+    }
+    .grouped()
+}
+
+/// The id of a letter without `x-dead-letter-id`: `x-` and 32 hex digits of
+/// md5 over its message id, publish time, timestamp and body — what stays
+/// the same each time the letter is read (`x-death` counts change). Two
+/// letters alike in all four share an id (and one index entry).
+pub fn derived_id(props: &BasicProperties, body: &[u8]) -> String {
+    let mut md5 = Md5::new();
+    md5.update(props.message_id().as_ref().map_or("", |m| m.as_str()));
+    md5.update(b"\n");
+    md5.update(
+        header_i64(props, headers::PUBLISHED_AT_MS)
+            .unwrap_or(0)
+            .to_be_bytes(),
+    );
+    md5.update(props.timestamp().unwrap_or(0).to_be_bytes());
+    md5.update(body);
+    format!("x-{}", hex(&md5.finalize()))
+}
+
+/// The newest `x-death` entry (RabbitMQ puts it first).
+fn first_death(props: &BasicProperties) -> Option<&FieldTable> {
+    match header(props, X_DEATH)? {
+        AMQPValue::FieldArray(deaths) => deaths.as_slice().iter().find_map(|d| match d {
+            AMQPValue::FieldTable(t) => Some(t),
+            _ => None,
+        }),
+        _ => None,
+    }
 }
 
 /// One dead letter's index entry (a hash; [`crate::Keys::dlq_letter`]).
@@ -436,6 +540,85 @@ mod tests {
         );
         assert_ne!(a.id, Group::of("handler", "downstream answered 502").id);
         assert_eq!(Group::from_description(&a.id, &a.description()), a);
+    }
+
+    #[test]
+    fn entries_of_the_workers_letters() {
+        use crate::headers::{DeadLetter, FailReason, event_properties, new_traceparent};
+        let original = event_properties("m-1", std::time::SystemTime::now(), &new_traceparent());
+        let letter = DeadLetter {
+            reason: FailReason::Handler,
+            error: "downstream answered 503".into(),
+            retry_count: 5,
+            shard: 3,
+            original_routing_key: "shard.3".into(),
+            first_failed_at: UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_123),
+            id: "dl-1".into(),
+            trace: Some(crate::w3c::random_span_context()),
+        };
+        let props = letter.properties(&original);
+        let body = br#"{"order_id":"A1","event":"payment.captured","seq":3}"#;
+        let entry = entry_of(&props, body);
+        assert_eq!(entry.id, "dl-1");
+        assert_eq!(entry.reason, "handler");
+        assert_eq!(
+            entry.group,
+            Group::of("handler", "downstream answered 503").id
+        );
+        assert_eq!(entry.order_id.as_deref(), Some("A1"));
+        assert_eq!(entry.seq, Some(3));
+        assert_eq!(entry.kind.as_deref(), Some("payment.captured"));
+        assert_eq!(entry.shard, Some(3));
+        assert_eq!(entry.attempts, Some(5));
+        assert_eq!(entry.first_failed_ms, 1_700_000_000_123);
+        assert_eq!(
+            entry.trace_id,
+            letter.trace.map(|t| t.trace_id().to_string())
+        );
+        // Not JSON: no order.
+        let bare = entry_of(&props, b"\xff\xfe");
+        assert_eq!((bare.order_id, bare.seq, bare.kind), (None, None, None));
+    }
+
+    #[test]
+    fn letters_the_broker_dead_lettered_get_a_stable_id() {
+        let mut death = FieldTable::default();
+        death.insert(
+            "reason".into(),
+            AMQPValue::LongString("delivery_limit".into()),
+        );
+        death.insert(
+            "queue".into(),
+            AMQPValue::LongString("order.events.shard.2".into()),
+        );
+        death.insert("time".into(), AMQPValue::Timestamp(1_700_000_000));
+        death.insert("count".into(), AMQPValue::LongLongInt(1));
+        let mut headers = FieldTable::default();
+        headers.insert(
+            X_DEATH.into(),
+            AMQPValue::FieldArray(vec![AMQPValue::FieldTable(death)].into()),
+        );
+        let props = BasicProperties::default()
+            .with_message_id("m-9".into())
+            .with_headers(headers);
+        let body = br#"{"order_id":"B2","event":"order.fulfilled","version":4}"#;
+        let entry = entry_of(&props, body);
+        assert_eq!(entry.reason, "delivery-limit");
+        assert!(
+            entry.id.starts_with("x-") && entry.id.len() == 34,
+            "{}",
+            entry.id
+        );
+        assert_eq!(entry.id, entry_of(&props, body).id);
+        assert_ne!(entry.id, entry_of(&props, b"{}").id);
+        assert_eq!(entry.first_failed_ms, 1_700_000_000_000);
+        assert_eq!(entry.seq, Some(4));
+        assert_eq!(
+            entry.error,
+            "dead-lettered by the broker (delivery_limit) from order.events.shard.2"
+        );
+        let unknown = entry_of(&BasicProperties::default(), b"{}");
+        assert_eq!(unknown.reason, "unknown");
     }
 
     #[test]
