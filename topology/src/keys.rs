@@ -21,6 +21,7 @@
 //! | `dlq:group:{group}` | the same | a failure group's letter ids, scored by first-failed ms |
 //! | `dlq:groups` | the same | group id → `{reason}\n{normalised error}` while the group has letters |
 //! | `dlq:order:{order}` | the same | an order's indexed letter ids (reconcile's pending check) |
+//! | `dlq:replay:{order}` | `dlq replay` | the order's replay lock: `run:{token}` while a replay of it runs, `done:{token}` for a tail after (reconcile: pending) |
 
 use md5::{Digest, Md5};
 
@@ -202,6 +203,12 @@ impl Keys {
         self.key("dlq:order:", order_key)
     }
 
+    /// An order's replay lock (`SET NX` with a TTL, renewed while the replay
+    /// runs), by order key.
+    pub fn dlq_replay_lock(&self, order_key: &str) -> String {
+        self.key("dlq:replay:", order_key)
+    }
+
     /// The pattern matching every key of the dead-letter index (for `SCAN`).
     pub fn dlq_pattern(&self) -> String {
         format!("{}dlq:*", glob_escape(&self.prefix))
@@ -269,6 +276,7 @@ mod tests {
         assert_eq!(k.dlq_group("0123456789ab"), "p:dlq:group:0123456789ab");
         assert_eq!(k.dlq_groups(), "p:dlq:groups");
         assert_eq!(k.dlq_order(&order), "p:dlq:order:A%3A1%25");
+        assert_eq!(k.dlq_replay_lock(&order), "p:dlq:replay:A%3A1%25");
     }
 
     #[test]

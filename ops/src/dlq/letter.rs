@@ -102,6 +102,14 @@ impl Letter {
         }
     }
 
+    /// Its id in the dead-letter index: `x-dead-letter-id`, or for a letter
+    /// the broker dead-lettered itself the id derived from its content.
+    pub fn index_id(&self) -> String {
+        self.info.id.clone().unwrap_or_else(|| {
+            shardline_topology::letters::derived_id(self.properties(), self.body())
+        })
+    }
+
     pub fn body(&self) -> &[u8] {
         &self.delivery.data
     }
