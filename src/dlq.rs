@@ -93,7 +93,8 @@ pub struct ReplayArgs {
     pub rate: Option<f64>,
     /// For a quarantined order, how long to wait for a worker to apply the
     /// replayed events before looking for successors that were quarantined
-    /// meanwhile.
+    /// meanwhile; also how long to wait for another replay of an order to end
+    /// (its replay lock) before leaving the order's letters in the DLQ.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub wait: Duration,
 }
