@@ -194,3 +194,99 @@ pub(crate) async fn locked(
         .await
         .map_err(redis_error(fleet, "reading replay locks"))
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use shardline_topology::{Keys, RedisTarget};
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+
+    /// A fleet on the test Redis under a prefix of its own.
+    fn fleet() -> Fleet {
+        let url = std::env::var("SHARDLINE_TEST_REDIS")
+            .unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        Fleet {
+            redis: RedisTarget::parse(&url).unwrap(),
+            keys: Keys::new(&format!("test:lock:{}:", uuid::Uuid::new_v4())),
+            ..Fleet::default()
+        }
+    }
+
+    async fn value(fleet: &Fleet, order: &str) -> (Option<String>, i64) {
+        let mut redis = fleet.redis.connect().await.unwrap();
+        let key = fleet.keys.dlq_replay_lock(order);
+        redis::pipe()
+            .cmd("GET")
+            .arg(&key)
+            .cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut redis)
+            .await
+            .unwrap()
+    }
+
+    /// Two replays of one order: the second waits while the first runs and
+    /// takes the order once the first ended (its `done` tail holds nobody
+    /// back, but reconcile still sees it); other orders are not held.
+    #[tokio::test]
+    async fn a_second_replay_of_an_order_waits_for_the_first() {
+        let fleet = fleet();
+        let cancel = CancellationToken::new();
+        let mut first = ReplayLocks::new(&fleet, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let mut second = ReplayLocks::new(&fleet, Duration::ZERO).await.unwrap();
+        assert!(first.take("A").await.unwrap());
+        assert!(first.take("A").await.unwrap(), "its own lock again");
+        assert!(!second.take("A").await.unwrap());
+        assert!(second.take("B").await.unwrap(), "another order");
+        let short = Duration::from_millis(300);
+        assert!(!second.take_waiting("A", short, &cancel).await.unwrap());
+        let (held, ttl) = value(&fleet, "A").await;
+        assert!(held.unwrap().starts_with("run:"));
+        assert!(ttl > 0 && ttl <= 10_000, "a lease: {ttl}");
+
+        let waiting = async {
+            second
+                .take_waiting("A", Duration::from_secs(10), &cancel)
+                .await
+                .unwrap()
+        };
+        let ending = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            first.finish().await.unwrap();
+        };
+        let (taken, ()) = tokio::join!(waiting, ending);
+        assert!(taken, "the first ended: the second takes the order");
+        let mut redis = fleet.redis.connect().await.unwrap();
+        assert_eq!(
+            locked(&fleet, &mut redis, &["A", "B", "C"]).await.unwrap(),
+            [true, true, false]
+        );
+        // Without a tail, finishing drops the locks.
+        second.finish().await.unwrap();
+        assert_eq!(value(&fleet, "A").await.0, None);
+        assert_eq!(value(&fleet, "B").await.0, None);
+    }
+
+    #[tokio::test]
+    async fn a_finished_replay_leaves_its_lock_for_the_tail() {
+        let fleet = fleet();
+        let mut locks = ReplayLocks::new(&fleet, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(locks.take("A").await.unwrap());
+        locks.finish().await.unwrap();
+        let (held, ttl) = value(&fleet, "A").await;
+        assert!(held.unwrap().starts_with("done:"));
+        assert!(ttl > 10_000 && ttl <= 60_000, "the tail: {ttl}");
+        let mut redis = fleet.redis.connect().await.unwrap();
+        let _: () = redis::cmd("DEL")
+            .arg(fleet.keys.dlq_replay_lock("A"))
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+}
