@@ -371,7 +371,33 @@ async fn dlq_reindex_rebuilds_the_groups_the_worker_wrote() {
         "reindex must not remove letters"
     );
 
-    // Again: the same index.
+    // Again, over an entry written with another group (as by a release that
+    // normalised errors differently): the same index, the stale group gone.
+    let some = ids(&list_json(&env, &["--limit", "1"]).await).remove(0);
+    let stale = "000000000000";
+    let keys = env.keys();
+    let mut redis = redis::Client::open(shardline_testkit::env::REDIS_URL)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::pipe()
+        .cmd("HSET")
+        .arg(keys.dlq_letter(&some))
+        .arg("group")
+        .arg(stale)
+        .cmd("ZADD")
+        .arg(keys.dlq_group(stale))
+        .arg(1)
+        .arg(&some)
+        .cmd("HSET")
+        .arg(keys.dlq_groups())
+        .arg(stale)
+        .arg("handler\nold text")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(index_groups(&env).await.contains_key(stale));
     run_ok(&env, &["dlq", "reindex"]).await;
     assert_eq!(index_groups(&env).await, rebuilt);
     assert_eq!(indexed(&env).await, 8);

@@ -188,6 +188,31 @@ impl<'a> Index<'a> {
         Ok(())
     }
 
+    /// Writes entries over what the index holds for their ids: an entry
+    /// stored with another group or order (say, written by a release that
+    /// normalised errors differently) is removed first, so that no set keeps
+    /// its id.
+    pub(crate) async fn rewrite(&mut self, entries: &[IndexEntry]) -> Result<(), Error> {
+        let ids: Vec<String> = entries.iter().map(|e| e.id.clone()).collect();
+        let stored: HashMap<String, IndexEntry> = self
+            .entries_of(&ids)
+            .await?
+            .into_iter()
+            .map(|e| (e.id.clone(), e))
+            .collect();
+        let moved: Vec<String> = entries
+            .iter()
+            .filter(|e| {
+                stored
+                    .get(&e.id)
+                    .is_some_and(|s| (&s.group, &s.order_id) != (&e.group, &e.order_id))
+            })
+            .map(|e| e.id.clone())
+            .collect();
+        self.remove(&moved).await?;
+        self.write(entries).await
+    }
+
     /// Removes the entries of `ids` (letters that left the DLQ), by the
     /// entries as stored (their group and order as written); an id without
     /// an entry only leaves the set of all letters.

@@ -33,8 +33,8 @@ pub struct ReindexReport {
 }
 
 /// Reads every letter (without acking: they all return to the queue, in
-/// order, when the reader closes), writes its entry as the worker would have,
-/// then removes the entries that were in the index before the run but whose
+/// order, when the reader closes), writes its entry as the worker would have
+/// (over an entry of another group or order), then removes the entries that were in the index before the run but whose
 /// letter was not read. A letter another reader holds at that moment (a
 /// replay in progress) is not read: if it was indexed, its entry is removed,
 /// and if that reader puts it back, the index's count falls short of the
@@ -65,12 +65,12 @@ pub async fn reindex(fleet: &Fleet, cancel: &CancellationToken) -> Result<Reinde
                 batch.push(entry);
             }
             if batch.len() == WRITE_BATCH {
-                index.write(&batch).await?;
+                index.rewrite(&batch).await?;
                 report.indexed += batch.len() as u64;
                 batch.clear();
             }
         }
-        index.write(&batch).await?;
+        index.rewrite(&batch).await?;
         report.indexed += batch.len() as u64;
         Ok(())
     })
