@@ -1,4 +1,4 @@
-//! `shardline dlq list|show|replay|purge|release`: flags to
+//! `shardline dlq list|show|replay|purge|release|reindex`: flags to
 //! [`shardline_ops::dlq`], its reports and progress printed as they come.
 
 use std::process::ExitCode;
@@ -17,7 +17,8 @@ const EXIT_REFUSED: u8 = 2;
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
     /// Every dead letter (or the matching ones) and a summary by reason and by
-    /// error. Non-destructive: the DLQ is left as it was, in the same order.
+    /// failure group, from the dead-letter index in Redis (the DLQ is not
+    /// read; says "reindex needed" when the DLQ holds more letters).
     List(ListArgs),
     /// Headers and body of the dead letter whose `x-dead-letter-id` is ID.
     Show(ShowArgs),
@@ -30,6 +31,10 @@ pub enum DlqCommand {
     /// Lift the quarantine of an order (`worker --on-dead-letter quarantine`):
     /// its later events flow again; its dead letters stay in the DLQ.
     Release(ReleaseArgs),
+    /// Rebuild the dead-letter index from the DLQ (read without taking, as
+    /// `show` does): letters from before the index, after a Redis loss, and
+    /// letters the broker dead-lettered itself.
+    Reindex,
 }
 
 /// Which dead letters a command acts on (all of them without a filter).
@@ -88,7 +93,8 @@ pub struct ReplayArgs {
     pub rate: Option<f64>,
     /// For a quarantined order, how long to wait for a worker to apply the
     /// replayed events before looking for successors that were quarantined
-    /// meanwhile.
+    /// meanwhile; also how long to wait for another replay of an order to end
+    /// (its replay lock) before leaving the order's letters in the DLQ.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub wait: Duration,
 }
@@ -144,6 +150,22 @@ pub async fn run(
                 report.read - removed
             );
         }
+        DlqCommand::Reindex => {
+            let report = dlq::reindex(&fleet, &shutdown).await.flags()?;
+            println!(
+                "reindexed {} dead letter(s) of {} read ({} without a dead-letter id, given a derived one); {} stale entr(y/ies) removed; {} failure group(s){}",
+                report.indexed,
+                report.read,
+                report.derived,
+                report.removed,
+                report.groups,
+                if report.cancelled {
+                    "; cancelled before the end of the queue"
+                } else {
+                    ""
+                }
+            );
+        }
         DlqCommand::Release(args) => {
             let report = dlq::release(&fleet, &args.order_id).await.flags()?;
             let order = &report.order_id;
@@ -173,6 +195,7 @@ async fn replay(
         dry_run: args.dry_run,
         rate: args.rate,
         wait: args.wait,
+        ..ReplayConfig::default()
     };
     let mut bar = None;
     let report = dlq::replay(fleet, &config, shutdown, |e| print_event(e, &mut bar)).await;
@@ -180,6 +203,11 @@ async fn replay(
         bar.finish_and_clear();
     }
     let report = report.flags()?;
+    for order in &report.locked_elsewhere {
+        println!(
+            "order {order}: another replay was replaying it for longer than --wait; its letters stay in the DLQ (run again later)"
+        );
+    }
     if report.dry_run {
         for (letter, shard) in &report.planned {
             println!("would replay {letter} to shard {shard}");

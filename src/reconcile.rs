@@ -63,10 +63,6 @@ pub struct ReconcileArgs {
     /// misconfiguration, not something to paper over.
     #[arg(long, env = "SHARDLINE_MAX_EMIT", default_value_t = 1000)]
     pub max_emit: usize,
-    /// Dead letters read at most (and requeued, in order) to find missing
-    /// events in the DLQ. When the DLQ holds more, nothing is compensated.
-    #[arg(long, default_value_t = 10_000)]
-    pub dlq_browse: u64,
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -90,7 +86,6 @@ pub async fn run(
         expect: args.expect,
         dry_run: args.dry_run,
         max_emit: args.max_emit,
-        dlq_browse: args.dlq_browse,
     };
     let reconciler = Reconciler::new(global.fleet(), config).flags()?;
     let metrics = Arc::new(Metrics::new());

@@ -30,7 +30,8 @@ pub mod scratch;
 pub mod topology;
 
 pub use dlq::{
-    Filters, Letter, LetterRef, ListReport, PurgeReport, ReleaseReport, ReplayConfig, ReplayReport,
+    Filters, GroupCount, Letter, LetterRef, ListReport, PurgeReport, ReindexReport, ReleaseReport,
+    ReplayConfig, ReplayReport,
 };
 pub use error::Error;
 pub use fleet::Fleet;

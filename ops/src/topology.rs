@@ -212,6 +212,16 @@ pub struct DlqLine {
     pub by_reason: BTreeMap<String, u64>,
     /// Letters read to count by reason (0 when not browsed).
     pub browsed: u64,
+    /// Letters in the dead-letter index (`None`: Redis could not be read).
+    pub indexed: Option<u64>,
+}
+
+impl DlqLine {
+    /// The DLQ holds letters its index does not know: `dlq reindex`.
+    pub fn reindex_needed(&self) -> bool {
+        self.indexed
+            .is_some_and(|n| u64::from(self.queue.messages) > n)
+    }
 }
 
 /// The fleet's status.
@@ -268,7 +278,8 @@ pub async fn status(fleet: &Fleet, config: &StatusConfig) -> Result<StatusReport
     let conn = fleet.connect("shardline topology status").await?;
     let read = read_queues(fleet, &conn, &url, config.dlq_browse).await;
     close(&conn).await;
-    let (queues, dlq) = read?;
+    let (queues, mut dlq) = read?;
+    dlq.indexed = index_count(fleet).await;
 
     let shard_ids: Vec<ShardId> = fleet.shards.ids().collect();
     let (reports, workers, elastic, status_error) = match read_documents(fleet, &shard_ids).await {
@@ -331,8 +342,23 @@ async fn read_queues(
         queue,
         by_reason,
         browsed: letters.len() as u64,
+        indexed: None,
     };
     Ok((queues, dlq))
+}
+
+/// The dead-letter index's count, within [`REDIS_TIMEOUT`]; `None` when
+/// Redis does not answer (the documents' error says why).
+async fn index_count(fleet: &Fleet) -> Option<u64> {
+    let count = async { crate::dlq::Index::open(fleet).await?.count().await };
+    match tokio::time::timeout(REDIS_TIMEOUT, count).await {
+        Ok(Ok(n)) => Some(n),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "reading the dead-letter index");
+            None
+        }
+        Err(_) => None,
+    }
 }
 
 /// The shard and worker status documents, within [`REDIS_TIMEOUT`]; the
@@ -497,6 +523,8 @@ impl StatusReport {
                 "consumers": dlq.queue.consumers,
                 "by_reason": dlq.by_reason,
                 "browsed": dlq.browsed,
+                "indexed": dlq.indexed,
+                "reindex_needed": dlq.reindex_needed(),
             },
             "workers": self.workers,
             "thresholds": {
@@ -604,6 +632,14 @@ impl StatusReport {
                 out,
                 "dead letters by reason{partial}: {}",
                 reasons.join(", ")
+            );
+        }
+        if dlq.reindex_needed() {
+            let _ = writeln!(
+                out,
+                "reindex needed: the DLQ holds {} letter(s), its index {} (`shardline dlq reindex`)",
+                dlq.queue.messages,
+                dlq.indexed.unwrap_or(0)
             );
         }
         if let Some(e) = &self.status_error {
@@ -724,6 +760,7 @@ mod tests {
             queue: st("order.events.dlq", 2, 0),
             by_reason: BTreeMap::from([("handler".into(), 1), ("seq-gap".into(), 1)]),
             browsed: 2,
+            indexed: Some(2),
         }
     }
 
@@ -857,6 +894,26 @@ mod tests {
             status.table()
         );
         assert_eq!(status.json()["fleet"]["members"][1]["assigned_shards"], 1);
+    }
+
+    #[test]
+    fn a_dlq_deeper_than_its_index_says_reindex_needed() {
+        let mut status = status_of(Vec::new(), Thresholds::default());
+        assert!(!status.table().contains("reindex needed"));
+        assert_eq!(status.json()["dead_letter_queue"]["reindex_needed"], false);
+        status.dlq.indexed = Some(1);
+        assert!(
+            status
+                .table()
+                .contains("reindex needed: the DLQ holds 2 letter(s), its index 1"),
+            "{}",
+            status.table()
+        );
+        assert_eq!(status.json()["dead_letter_queue"]["reindex_needed"], true);
+        assert_eq!(status.json()["dead_letter_queue"]["indexed"], 1);
+        // Redis unread: nothing is claimed either way.
+        status.dlq.indexed = None;
+        assert!(!status.dlq.reindex_needed());
     }
 
     #[test]

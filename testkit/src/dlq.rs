@@ -1,6 +1,8 @@
 //! Reading the dead-letter queue: wait for letters, take them off, describe
-//! them; and running the `shardline dlq` commands.
+//! them; the dead-letter index in Redis; and running the `shardline dlq`
+//! commands.
 
+use std::collections::BTreeMap;
 use std::process::Output;
 use std::time::Duration;
 
@@ -9,6 +11,7 @@ use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicGetOptions};
 use shardline_topology::declare::queue_status;
 use shardline_topology::headers::{self, header_i64, header_str};
+use shardline_topology::letters::IndexEntry;
 
 use crate::env::TestEnv;
 use crate::wait::wait_until;
@@ -137,4 +140,132 @@ pub fn ids(list: &serde_json::Value) -> Vec<String> {
         .iter()
         .map(|l| l["id"].as_str().unwrap().to_owned())
         .collect()
+}
+
+/// A plain connection to the test Redis (every environment has its prefix there).
+async fn redis_conn() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(crate::env::REDIS_URL)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// Letters in the environment's dead-letter index.
+pub async fn indexed(env: &TestEnv) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(env.keys().dlq_letters())
+        .query_async(&mut redis_conn().await)
+        .await
+        .unwrap()
+}
+
+/// Waits until the dead-letter index holds exactly `n` letters.
+pub async fn wait_indexed(env: &TestEnv, n: u64, timeout: Duration) {
+    wait_until(
+        &format!("exactly {n} letter(s) in the dead-letter index"),
+        timeout,
+        || async {
+            let i = indexed(env).await;
+            crate::wait::check(i == n, || format!("it holds {i}"))
+        },
+    )
+    .await;
+}
+
+/// The index entry of dead letter `id`, when there is one.
+pub async fn index_entry(env: &TestEnv, id: &str) -> Option<IndexEntry> {
+    let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(env.keys().dlq_letter(id))
+        .query_async(&mut redis_conn().await)
+        .await
+        .unwrap();
+    IndexEntry::from_fields(&fields)
+}
+
+/// The failure groups of the index: group id → (description, letters).
+pub async fn index_groups(env: &TestEnv) -> BTreeMap<String, (String, u64)> {
+    let mut redis = redis_conn().await;
+    let described: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(env.keys().dlq_groups())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let mut out = BTreeMap::new();
+    for (id, description) in described {
+        let count: u64 = redis::cmd("ZCARD")
+            .arg(env.keys().dlq_group(&id))
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        out.insert(id, (description, count));
+    }
+    out
+}
+
+/// Deletes the environment's dead-letter index (its own prefix only: the
+/// shared Redis keeps every other key), as a Redis loss would.
+pub async fn delete_index(env: &TestEnv) {
+    let mut redis = redis_conn().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(env.keys().dlq_pattern())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    if !keys.is_empty() {
+        redis::cmd("DEL")
+            .arg(keys)
+            .query_async::<()>(&mut redis)
+            .await
+            .unwrap();
+    }
+}
+
+/// Puts a letter in the DLQ as the broker dead-letters one itself (the quorum
+/// backstop): through the dead-letter exchange, with an `x-death` entry
+/// (reason `delivery_limit`) and none of the worker's dead-letter headers.
+pub async fn broker_dead_letter(env: &TestEnv, conn: &Connection, body: &[u8]) {
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+    use lapin::types::{AMQPValue, FieldTable};
+    let mut death = FieldTable::default();
+    death.insert(
+        "reason".into(),
+        AMQPValue::LongString("delivery_limit".into()),
+    );
+    death.insert(
+        "queue".into(),
+        AMQPValue::LongString(env.shard_queue(0).as_str().into()),
+    );
+    death.insert("count".into(), AMQPValue::LongLongInt(1));
+    death.insert("time".into(), AMQPValue::Timestamp(1_700_000_000));
+    let mut headers = FieldTable::default();
+    headers.insert(
+        shardline_topology::letters::X_DEATH.into(),
+        AMQPValue::FieldArray(vec![AMQPValue::FieldTable(death)].into()),
+    );
+    let props = lapin::BasicProperties::default()
+        .with_message_id("broker-dead-lettered".into())
+        .with_headers(headers);
+    let channel = conn.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let confirm = channel
+        .basic_publish(
+            env.names.dead_letter_exchange.as_str().into(),
+            "delivery_limit".into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            body,
+            props,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(confirm.is_ack() && confirm.take_message().is_none());
+    let _ = channel.close(200, "done".into()).await;
 }

@@ -6,7 +6,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use shardline_testkit::dlq::{depth, ids, list_json, run_ok, text, wait_depth};
+use shardline_testkit::dlq::{
+    broker_dead_letter, delete_index, depth, ids, index_entry, index_groups, indexed, list_json,
+    run_ok, text, wait_depth, wait_indexed,
+};
 use shardline_testkit::wait::check;
 use shardline_testkit::{
     Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, all_ok, assert_exactly_once,
@@ -36,8 +39,10 @@ async fn dlq_list_show_replay_purge() {
         })
         .await;
     wait_depth(&env, &conn, 2, PROCESSING).await;
+    // Indexed right after the confirm that made the depth 2.
+    wait_indexed(&env, 2, PROCESSING).await;
 
-    // list: both letters, and the DLQ exactly as before (same letters, same order).
+    // list: both letters, from the index; the DLQ exactly as before.
     let list = list_json(&env, &[]).await;
     assert_eq!(list["matched"], 2, "{list:#}");
     let letters = list["dead_letters"].as_array().unwrap();
@@ -55,6 +60,27 @@ async fn dlq_list_show_replay_purge() {
         .find(|l| l["reason"] == "decode")
         .unwrap_or_else(|| panic!("no decode letter: {list:#}"));
     assert_eq!(decode["order_id"], serde_json::Value::Null, "{list:#}");
+    // The index entry the worker wrote with the letter.
+    let entry = index_entry(&env, handler["id"].as_str().unwrap())
+        .await
+        .unwrap_or_else(|| panic!("no index entry: {list:#}"));
+    assert_eq!(
+        (entry.order_id.as_deref(), entry.seq, entry.kind.as_deref()),
+        (Some("dlq-x"), Some(2), Some(x[1].event.as_str()))
+    );
+    assert_eq!(entry.shard, Some(x[1].shard));
+    assert_eq!(entry.attempts, Some(1));
+    assert_eq!(
+        entry.trace_id.as_deref(),
+        x[1].traceparent.split('-').nth(1),
+        "the failed attempt's trace: {entry:?}"
+    );
+    assert!(entry.first_failed_ms > 0, "{entry:?}");
+    assert_eq!(handler["group"], entry.group.as_str(), "{list:#}");
+    let groups = index_groups(&env).await;
+    assert_eq!(groups.len(), 2, "{groups:?}");
+    assert!(groups.values().all(|(_, count)| *count == 1), "{groups:?}");
+    assert_eq!(list["reindex_needed"], false, "{list:#}");
     let by_reason = list["summary"]["by_reason"].as_array().unwrap();
     assert_eq!(by_reason.len(), 2, "{list:#}");
     assert!(by_reason.iter().all(|g| g["count"] == 1), "{list:#}");
@@ -131,6 +157,13 @@ async fn dlq_list_show_replay_purge() {
     assert_eq!(x2_after.len(), 1, "replay must call once: {x2_after:?}");
     assert_eq!(calls.len(), calls_before + 1, "only the replay: {calls:?}");
     assert_eq!(depth(&env, &conn).await, 1, "the decode letter stays");
+    assert_eq!(
+        indexed(&env).await,
+        1,
+        "the replayed letter's entry is removed"
+    );
+    assert!(index_entry(&env, handler_id).await.is_none());
+    assert_eq!(index_groups(&env).await.len(), 1, "its group went with it");
     let rest = list_json(&env, &[]).await;
     assert_eq!(rest["dead_letters"][0]["reason"], "decode", "{rest:#}");
 
@@ -145,6 +178,12 @@ async fn dlq_list_show_replay_purge() {
         text(&purged)
     );
     assert_eq!(depth(&env, &conn).await, 0);
+    assert_eq!(
+        indexed(&env).await,
+        0,
+        "the purged letter's entry is removed"
+    );
+    assert!(index_groups(&env).await.is_empty());
     worker.assert_running().await;
 }
 
@@ -246,5 +285,121 @@ async fn dlq_replay_killed_midway_then_resumed_delivers_each_letter_once() {
     assert_exactly_once(replayed, &events);
     assert_in_order_and_complete(replayed, &events);
     assert_eq!(depth(&env, &conn).await, 0, "the DLQ must be empty");
+    worker.assert_running().await;
+}
+
+/// The index the worker writes is the one `dlq reindex` rebuilds: 6 letters
+/// of one cause (3 orders × 2 events answered 422), a decode letter and one
+/// the broker dead-lettered itself (no `x-dead-letter-id`, not indexed until
+/// a reindex). A DLQ deeper than its index says "reindex needed" in
+/// `dlq list` and `topology status`; after deleting the environment's index
+/// keys (its prefix only), `dlq reindex` rebuilds the same groups, the broker's
+/// letter in a group of its own, and leaves the DLQ as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_reindex_rebuilds_the_groups_the_worker_wrote() {
+    let env = TestEnv::new("dlq-reindex").await;
+    env.apply_topology().await;
+    let conn = env.connect().await;
+    let events = interleaved(&order_ids("dlq-ri", 3), 2, env.shards);
+    let downstream = Downstream::scripted(|_, _| Reply::status(422)).await;
+    let mut worker = env.start_worker("w1", &downstream, |_| {}).await;
+    let publisher = Publisher::connect(&env).await;
+    publisher.publish(&events).await;
+    publisher.publish_raw(events[0].shard, b"not json").await;
+    wait_depth(&env, &conn, 7, PROCESSING).await;
+    wait_indexed(&env, 7, PROCESSING).await;
+    let written = index_groups(&env).await;
+    let counts: Vec<u64> = written.values().map(|(_, n)| *n).collect();
+    assert_eq!(counts.iter().sum::<u64>(), 7, "{written:?}");
+    assert!(counts.contains(&6), "one group for the 422s: {written:?}");
+    assert!(
+        written
+            .values()
+            .any(|(d, n)| *n == 6 && d == "handler\ndownstream answered 422"),
+        "{written:?}"
+    );
+
+    broker_dead_letter(&env, &conn, &events[0].body).await;
+    wait_depth(&env, &conn, 8, PROCESSING).await;
+    let list = list_json(&env, &[]).await;
+    assert_eq!(list["reindex_needed"], true, "{list:#}");
+    assert_eq!(
+        (list["indexed"].as_u64(), list["dlq_depth"].as_u64()),
+        (Some(7), Some(8))
+    );
+    let status = run_ok(&env, &["topology", "status", "--json"]).await;
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(
+        status["dead_letter_queue"]["reindex_needed"], true,
+        "{status:#}"
+    );
+    let table = run_ok(&env, &["topology", "status"]).await;
+    assert!(
+        String::from_utf8_lossy(&table.stdout).contains("reindex needed"),
+        "{}",
+        text(&table)
+    );
+
+    // A Redis loss of the index: rebuilt from the queue.
+    delete_index(&env).await;
+    assert_eq!(indexed(&env).await, 0);
+    let out = run_ok(&env, &["dlq", "reindex"]).await;
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("reindexed 8 dead letter(s) of 8 read (1 without a dead-letter id"),
+        "{}",
+        text(&out)
+    );
+    let rebuilt = index_groups(&env).await;
+    let broker_groups: Vec<_> = rebuilt
+        .iter()
+        .filter(|(id, _)| !written.contains_key(*id))
+        .collect();
+    assert_eq!(broker_groups.len(), 1, "{rebuilt:?}");
+    assert!(
+        broker_groups[0].1.0.starts_with("delivery-limit\n"),
+        "{rebuilt:?}"
+    );
+    let mut without_broker = rebuilt.clone();
+    without_broker.retain(|id, _| written.contains_key(id));
+    assert_eq!(without_broker, written, "the same groups, the same counts");
+    let list = list_json(&env, &[]).await;
+    assert_eq!(list["reindex_needed"], false, "{list:#}");
+    assert_eq!(
+        depth(&env, &conn).await,
+        8,
+        "reindex must not remove letters"
+    );
+
+    // Again, over an entry written with another group (as by a release that
+    // normalised errors differently): the same index, the stale group gone.
+    let some = ids(&list_json(&env, &["--limit", "1"]).await).remove(0);
+    let stale = "000000000000";
+    let keys = env.keys();
+    let mut redis = redis::Client::open(shardline_testkit::env::REDIS_URL)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::pipe()
+        .cmd("HSET")
+        .arg(keys.dlq_letter(&some))
+        .arg("group")
+        .arg(stale)
+        .cmd("ZADD")
+        .arg(keys.dlq_group(stale))
+        .arg(1)
+        .arg(&some)
+        .cmd("HSET")
+        .arg(keys.dlq_groups())
+        .arg(stale)
+        .arg("handler\nold text")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(index_groups(&env).await.contains_key(stale));
+    run_ok(&env, &["dlq", "reindex"]).await;
+    assert_eq!(index_groups(&env).await, rebuilt);
+    assert_eq!(indexed(&env).await, 8);
     worker.assert_running().await;
 }

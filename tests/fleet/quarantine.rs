@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use shardline_worker::OnDeadLetter;
 
-use shardline_testkit::dlq::{list_json, run_ok, text, wait_depth};
+use shardline_testkit::dlq::{list_json, run_ok, text, wait_depth, wait_indexed};
 use shardline_testkit::{
     Call, Downstream, Event, PROCESSING, Publisher, TestEnv, all_ok, assert_in_order_and_complete,
 };
@@ -81,6 +81,7 @@ async fn quarantine_holds_an_order(concurrency: u16) {
         })
         .await;
     wait_depth(&env, &conn, 4, PROCESSING).await;
+    wait_indexed(&env, 4, PROCESSING).await;
     assert_eq!(
         ok_seqs(&downstream.calls(), x),
         [1],

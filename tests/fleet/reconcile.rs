@@ -4,7 +4,9 @@
 //! drift is gone; events held by the gate, in the DLQ or behind a shard
 //! backlog older than the grace are pending, never compensated; an event processed
 //! before the upgrade to the order state (an old `kind:` key) counts as processed; a
-//! broken `--orders-url` is one line without the password.
+//! broken `--orders-url` is one line without the password; runs while letters
+//! sit in the DLQ and a replay moves them never compensate one of them, and a
+//! DLQ deeper than its index leaves every missing event pending.
 
 use std::process::Output;
 use std::time::Duration;
@@ -12,7 +14,7 @@ use std::time::Duration;
 use serde_json::json;
 use shardline_topology::NewEvent;
 
-use shardline_testkit::dlq::{depth, text, wait_depth};
+use shardline_testkit::dlq::{delete_index, depth, run_ok, text, wait_depth, wait_indexed};
 use shardline_testkit::{
     Call, Downstream, Event, OrdersDb, PROCESSING, Publisher, Reply, STARTUP, TestEnv, wait_until,
 };
@@ -239,6 +241,7 @@ async fn reconcile_leaves_events_on_their_way_alone() {
     assert_eq!(held.event, PAID);
     publisher.publish(std::slice::from_ref(&held)).await;
     wait_depth(&env, &conn, 1, PROCESSING).await;
+    wait_indexed(&env, 1, PROCESSING).await;
     wait_status(&env, held.shard, "rc-held held", |r| {
         r["held"]
             .as_array()
@@ -300,6 +303,127 @@ async fn reconcile_leaves_events_on_their_way_alone() {
             .any(|c| String::from_utf8_lossy(&c.body).contains("\"compensation\"")),
         "a compensation went out"
     );
+}
+
+/// The orders a `reconcile --json` report left pending, with their reasons.
+fn pending_reasons(report: &serde_json::Value) -> Vec<(String, String)> {
+    let mut reasons: Vec<(String, String)> = report["pending"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["order_id"].as_str().unwrap().to_owned(),
+                p["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    reasons.sort();
+    reasons
+}
+
+/// 12 orders PAID whose payments were dead-lettered (422 until the fix).
+/// With the index lost, every run leaves them pending (`index_behind`);
+/// reindexed, they are pending as dead letters. Then runs of reconcile
+/// follow each other while `dlq replay --rate 6` moves the letters to a
+/// downstream that answers after 300 ms: no run emits anything (an order is
+/// always in the index or under its replay lock until its payment was
+/// processed), every payment reaches the downstream once, and at the end
+/// every order is processed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_during_a_replay_never_compensates_a_dead_letter() {
+    const ORDERS: usize = 12;
+    let env = TestEnv::new("reconcile-replay").await;
+    env.apply_topology().await;
+    let db = OrdersDb::new(&env).await;
+    let conn = env.connect().await;
+    let fixed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let downstream = Downstream::scripted({
+        let fixed = std::sync::Arc::clone(&fixed);
+        move |_, _| {
+            if fixed.load(std::sync::atomic::Ordering::SeqCst) {
+                Reply::ok().after(Duration::from_millis(300))
+            } else {
+                Reply::status(422)
+            }
+        }
+    })
+    .await;
+    let _worker = env.start_worker("w1", &downstream, |_| {}).await;
+    let publisher = Publisher::connect(&env).await;
+    let orders: Vec<String> = (0..ORDERS).map(|i| format!("rr-{i}")).collect();
+    for order in &orders {
+        publisher
+            .publish_raw(env.shard_of(order), &payment(order))
+            .await;
+        db.set(order, "PAID", SETTLED).await;
+    }
+    let n = u32::try_from(ORDERS).unwrap();
+    wait_depth(&env, &conn, n, PROCESSING).await;
+    wait_indexed(&env, ORDERS as u64, PROCESSING).await;
+
+    delete_index(&env).await;
+    let lost = reconcile_json(&env, &db, &[], 0).await;
+    assert_eq!(lost["counts"]["pending"], ORDERS, "{lost:#}");
+    assert!(
+        pending_reasons(&lost)
+            .iter()
+            .all(|(_, r)| r == "index_behind"),
+        "{lost:#}"
+    );
+    run_ok(&env, &["dlq", "reindex"]).await;
+    let indexed = reconcile_json(&env, &db, &[], 0).await;
+    assert!(
+        pending_reasons(&indexed).len() == ORDERS
+            && pending_reasons(&indexed)
+                .iter()
+                .all(|(_, r)| r == "dead_lettered"),
+        "{indexed:#}"
+    );
+
+    fixed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut replay = env
+        .shardline_command()
+        .args(["dlq", "replay", "--rate", "6"])
+        .args(env.global_args())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut runs = 0;
+    let mut during = 0;
+    loop {
+        let running = replay.try_wait().unwrap().is_none();
+        let report = reconcile_json(&env, &db, &[], 0).await;
+        assert_eq!(report["counts"]["emitted"], 0, "run {runs}: {report:#}");
+        assert_eq!(report["counts"]["drifted"], 0, "run {runs}: {report:#}");
+        runs += 1;
+        during += usize::from(running);
+        if !running {
+            break;
+        }
+    }
+    assert!(replay.wait().await.unwrap().success());
+    assert!(during >= 2, "only {during} run(s) while the replay ran");
+    downstream
+        .wait_for("every replayed payment", PROCESSING, |calls| {
+            orders.iter().all(|o| answered(calls, o) == 1)
+        })
+        .await;
+    env.wait_shard_queues_drained(PROCESSING).await;
+    let done = reconcile_json(&env, &db, &[], 0).await;
+    assert_eq!(done["counts"]["processed"], ORDERS, "{done:#}");
+    assert_eq!(depth(&env, &conn).await, 0);
+    let calls = downstream.calls();
+    assert!(
+        !calls
+            .iter()
+            .any(|c| String::from_utf8_lossy(&c.body).contains("\"compensation\"")),
+        "a compensation went out"
+    );
+    assert!(orders.iter().all(|o| answered(&calls, o) == 1));
 }
 
 /// Waits until the status the worker writes for `shard` satisfies `ok`.

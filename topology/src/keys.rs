@@ -16,6 +16,12 @@
 //! | `status:shard:{n}` | worker | the shard status document ([`crate::status`]) |
 //! | `status:worker:{name}` | worker | the worker status document |
 //! | `reconcile:{order}:{kind}` | `reconcile` | a compensation was emitted |
+//! | `dlq:letter:{id}` | worker, `dlq reindex`; removed by `dlq replay`/`purge` | a dead letter's index entry (a hash, [`crate::letters::IndexEntry`]) |
+//! | `dlq:letters` | the same | every indexed letter id, scored by first-failed ms (its `ZCARD` is the index's count) |
+//! | `dlq:group:{group}` | the same | a failure group's letter ids, scored by first-failed ms |
+//! | `dlq:groups` | the same | group id → `{reason}\n{normalised error}` while the group has letters |
+//! | `dlq:order:{order}` | the same | an order's indexed letter ids (reconcile's pending check) |
+//! | `dlq:replay:{order}` | `dlq replay` | the order's replay lock: `run:{token}` while a replay of it runs, `done:{token}` for a tail after (reconcile: pending) |
 
 use md5::{Digest, Md5};
 
@@ -170,6 +176,44 @@ impl Keys {
         format!("{}reconcile:{order_key}:{}", self.prefix, key_field(kind))
     }
 
+    /// A dead letter's index entry (a hash), by dead-letter id.
+    pub fn dlq_letter(&self, id: &str) -> String {
+        self.key("dlq:letter:", &key_field(id))
+    }
+
+    /// Every indexed dead letter's id, scored by its first-failed time (ms).
+    pub fn dlq_letters(&self) -> String {
+        format!("{}dlq:letters", self.prefix)
+    }
+
+    /// A failure group's letter ids (a sorted set by first-failed time), by
+    /// group id ([`crate::letters::group_id`]).
+    pub fn dlq_group(&self, group: &str) -> String {
+        self.key("dlq:group:", &key_field(group))
+    }
+
+    /// The failure groups that have letters: group id → description
+    /// ([`crate::letters::Group::description`]).
+    pub fn dlq_groups(&self) -> String {
+        format!("{}dlq:groups", self.prefix)
+    }
+
+    /// An order's indexed dead-letter ids (a set), by order key.
+    pub fn dlq_order(&self, order_key: &str) -> String {
+        self.key("dlq:order:", order_key)
+    }
+
+    /// An order's replay lock (`SET NX` with a TTL, renewed while the replay
+    /// runs), by order key.
+    pub fn dlq_replay_lock(&self, order_key: &str) -> String {
+        self.key("dlq:replay:", order_key)
+    }
+
+    /// The pattern matching every key of the dead-letter index (for `SCAN`).
+    pub fn dlq_pattern(&self) -> String {
+        format!("{}dlq:*", glob_escape(&self.prefix))
+    }
+
     /// A key of this prefix that the bench's raw baseline loop writes.
     pub fn bench_raw(&self, id: &str) -> String {
         format!("{}raw:{id}", self.prefix)
@@ -227,6 +271,12 @@ mod tests {
             "p:reconcile:A%3A1%25:payment.captured"
         );
         assert_eq!(Keys::default().gate("A1"), "shardline:gate:A1");
+        assert_eq!(k.dlq_letter("a:b"), "p:dlq:letter:a%3Ab");
+        assert_eq!(k.dlq_letters(), "p:dlq:letters");
+        assert_eq!(k.dlq_group("0123456789ab"), "p:dlq:group:0123456789ab");
+        assert_eq!(k.dlq_groups(), "p:dlq:groups");
+        assert_eq!(k.dlq_order(&order), "p:dlq:order:A%3A1%25");
+        assert_eq!(k.dlq_replay_lock(&order), "p:dlq:replay:A%3A1%25");
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! - [`management`]: the management HTTP API, for the policies AMQP cannot show.
 //! - [`redis_target`]: Redis addresses (direct or through Sentinels), connections and pools.
 //! - [`keys`]: the Redis keyspace.
+//! - [`letters`]: the dead-letter index's entries, failure groups and normalised error text.
 //! - [`status`]: the shard and worker status documents in Redis, and backlog levels.
 //! - [`assignment`]: the elastic fleet's rule: who should own each shard, one rebalance step at a time.
 //! - [`fleet`]: the elastic fleet's membership and assignment documents in Redis.
@@ -27,6 +28,7 @@ pub mod envelope;
 pub mod fleet;
 pub mod headers;
 pub mod keys;
+pub mod letters;
 pub mod management;
 pub mod names;
 pub mod probe;

@@ -16,6 +16,7 @@ use opentelemetry::trace::{
 };
 use opentelemetry::{Context, KeyValue};
 use shardline_topology::headers::{self, FailReason};
+use shardline_topology::letters::IndexEntry;
 use shardline_topology::telemetry::{self, attr, op, outcome};
 use shardline_topology::{Envelope, EnvelopeError, ShardId, w3c};
 use tokio::time::Instant;
@@ -548,18 +549,25 @@ impl Processor {
     /// After its dead letter `id` is confirmed, in one round trip: gives the
     /// claim up (so that a replay is not suppressed), counts the seq as
     /// passed yet never processed and, in quarantine mode, holds the order.
+    /// The letter's index entry is written in the same script, fenced or not.
     pub(crate) async fn dead_lettered(
         &self,
         redis: &mut RedisSlot,
         decoded: &Decoded,
-        id: &str,
+        entry: &IndexEntry,
     ) -> Written {
         let dead = DeadLettered {
             claim: decoded.claim(),
-            id,
+            id: &entry.id,
             replay_of: decoded.replay_of.as_deref(),
+            entry,
         };
         self.dedup.dead_lettered(redis, &dead).await
+    }
+
+    /// Indexes a confirmed dead letter that had no envelope (so no claim).
+    pub(crate) async fn index_dead_letter(&self, redis: &mut RedisSlot, entry: &IndexEntry) {
+        self.dedup.index_letter(redis, entry).await;
     }
 
     /// A duplicate needs nothing, unless it is a replay: a second dead letter

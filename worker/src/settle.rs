@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 use lapin::options::BasicAckOptions;
 use shardline_publisher::{ConfirmChannel, ConfirmError};
 use shardline_topology::headers::DeadLetter;
+use shardline_topology::letters;
 use shardline_topology::telemetry::outcome;
 use shardline_topology::{Names, ShardId};
 use tokio::sync::{Notify, watch};
@@ -234,12 +235,11 @@ async fn settle_traced(
                     id: uuid::Uuid::now_v7().to_string(),
                     trace: Some(trace.span_context().clone()),
                 };
-                publish_dead_letter(dead_letters, &ctx.names, &msg, &letter).await?;
+                let properties = letter.properties(msg.properties);
+                publish_dead_letter(dead_letters, &ctx.names, &msg, &letter, &properties).await?;
+                let entry = letters::entry_of(&properties, msg.body);
                 if let Some(decoded) = decoded {
-                    let written = ctx
-                        .processor
-                        .dead_lettered(redis, decoded, &letter.id)
-                        .await;
+                    let written = ctx.processor.dead_lettered(redis, decoded, &entry).await;
                     if written == Written::Fenced {
                         // Its letter is in the DLQ; a replay of it is a
                         // duplicate if the newer owner processed the event.
@@ -250,6 +250,8 @@ async fn settle_traced(
                     {
                         lookahead.forget_admission();
                     }
+                } else {
+                    ctx.processor.index_dead_letter(redis, &entry).await;
                 }
                 ready.delivery.ack(BasicAckOptions::default()).await?;
                 ctx.metrics.dead_lettered(reason);
@@ -424,8 +426,8 @@ async fn publish_dead_letter(
     names: &Names,
     msg: &Message<'_>,
     letter: &DeadLetter,
+    properties: &lapin::BasicProperties,
 ) -> Result<(), lapin::Error> {
-    let properties = letter.properties(msg.properties);
     let exchange = &names.dead_letter_exchange;
     loop {
         let published = channel

@@ -2,7 +2,6 @@
 //! its body is an envelope, the order and seq.
 
 use std::fmt;
-use std::time::{Duration, SystemTime};
 
 use lapin::BasicProperties;
 use lapin::message::Delivery;
@@ -102,6 +101,14 @@ impl Letter {
         }
     }
 
+    /// Its id in the dead-letter index: `x-dead-letter-id`, or for a letter
+    /// the broker dead-lettered itself the id derived from its content.
+    pub fn index_id(&self) -> String {
+        self.info.id.clone().unwrap_or_else(|| {
+            shardline_topology::letters::derived_id(self.properties(), self.body())
+        })
+    }
+
     pub fn body(&self) -> &[u8] {
         &self.delivery.data
     }
@@ -123,30 +130,6 @@ impl Letter {
         }
         let json: serde_json::Value = serde_json::from_slice(self.body()).ok()?;
         json.get("event")?.as_str().map(str::to_owned)
-    }
-
-    /// Time since `x-first-failed-at`.
-    pub fn age(&self, now: SystemTime) -> Option<Duration> {
-        let at = humantime::parse_rfc3339_weak(self.first_failed_at.as_deref()?).ok()?;
-        Some(now.duration_since(at).unwrap_or_default())
-    }
-
-    /// The letter as `dlq list --json` prints it.
-    pub fn json(&self, now: SystemTime) -> serde_json::Value {
-        serde_json::json!({
-            "id": self.info.id,
-            "reason": self.info.reason,
-            "error": self.error,
-            "attempts": self.attempts,
-            "order_id": self.info.order_id,
-            "event": self.envelope.as_ref().map(|e| e.event.as_str()),
-            "seq": self.info.seq,
-            "shard": self.info.shard,
-            "original_routing_key": self.original_routing_key,
-            "first_failed_at": self.first_failed_at,
-            "age_seconds": self.age(now).map(|a| a.as_secs_f64().round()),
-            "body_bytes": self.body().len(),
-        })
     }
 
     /// Headers and body, as `dlq show` prints them.

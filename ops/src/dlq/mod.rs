@@ -3,13 +3,19 @@
 //!
 //! - `letter`: one dead letter and what identifies it.
 //! - `reader`: reading without removing; what is not removed returns in order.
-//! - [`list`], [`show`]: what is in the DLQ, with a summary by reason and error.
+//! - `index`: the dead-letter index in Redis, which [`list`] and reconcile read.
+//! - [`list`], [`show`]: what is in the DLQ (from the index), with a summary
+//!   by reason and failure group; `show` reads the letter itself.
 //! - [`replay`]: republish to the order's shard, per order in seq order, each
 //!   confirmed before it leaves the DLQ; quarantined orders followed in rounds.
 //! - [`purge`]: delete letters; [`release`]: lift an order's quarantine.
+//! - [`reindex`]: rebuild the index from the DLQ.
 
+mod index;
 mod letter;
+mod lock;
 mod reader;
+mod reindex;
 mod replay;
 
 use std::collections::BTreeMap;
@@ -17,10 +23,15 @@ use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
+use shardline_topology::letters::IndexEntry;
 
+pub use index::GroupCount;
+pub(crate) use index::Index;
 pub use letter::{Letter, LetterRef};
+pub(crate) use lock::locked;
 use reader::Reader;
 pub(crate) use reader::browse;
+pub use reindex::{ReindexReport, reindex};
 pub use replay::{ReplayConfig, ReplayReport, replay};
 
 use crate::fleet::close;
@@ -54,6 +65,16 @@ impl Filters {
                 .is_none_or(|s| letter.shard == Some(i64::from(s)))
     }
 
+    /// The same filters on an index entry.
+    pub fn matches_entry(&self, entry: &IndexEntry) -> bool {
+        self.reason.as_ref().is_none_or(|r| *r == entry.reason)
+            && self
+                .order_id
+                .as_ref()
+                .is_none_or(|o| entry.order_id.as_ref() == Some(o))
+            && self.shard.is_none_or(|s| entry.shard == Some(s))
+    }
+
     fn select(&self) -> impl Fn(&Letter) -> bool + '_ {
         |l| self.matches(&l.info)
     }
@@ -81,27 +102,42 @@ async fn with_reader<T>(
     result
 }
 
-/// The matching dead letters, read and returned to the queue in order.
+/// The matching dead letters, as the index has them.
 #[derive(Debug)]
 pub struct ListReport {
-    pub letters: Vec<Letter>,
-    /// Letters read to find them.
-    pub read: usize,
+    pub letters: Vec<IndexEntry>,
+    /// Letters in the index.
+    pub indexed: u64,
+    /// Letters in the DLQ (a passive declare); more than `indexed` means
+    /// letters the index does not know: run `dlq reindex`.
+    pub depth: u64,
     /// When they were read (their ages are from then).
     pub at: SystemTime,
 }
 
-/// Every dead letter matching `filters`; the DLQ is left as it was.
+/// Every dead letter matching `filters`, from the index; the DLQ is not read.
 pub async fn list(fleet: &Fleet, filters: &Filters) -> Result<ListReport, Error> {
-    with_reader(fleet, async |reader| {
-        let selection = reader.select(filters.select(), filters.limit).await?;
-        Ok(ListReport {
-            letters: selection.matched,
-            read: selection.read,
-            at: SystemTime::now(),
-        })
+    let mut index = Index::open(fleet).await?;
+    let letters = index.entries(filters).await?;
+    let indexed = index.count().await?;
+    let depth = dlq_depth(fleet).await?;
+    Ok(ListReport {
+        letters,
+        indexed,
+        depth,
+        at: SystemTime::now(),
     })
-    .await
+}
+
+/// The DLQ's depth, by a passive declare on a connection of its own.
+pub(crate) async fn dlq_depth(fleet: &Fleet) -> Result<u64, Error> {
+    let queue = &fleet.names.dead_letter_queue;
+    let conn = fleet.connect("shardline dlq").await?;
+    let status = shardline_topology::declare::queue_status(&conn, queue)
+        .await
+        .map_err(Error::queue(format!("reading {queue} on {}", fleet.amqp)));
+    close(&conn).await;
+    Ok(u64::from(status?.messages))
 }
 
 /// The dead letter whose `x-dead-letter-id` is `id`.
@@ -130,8 +166,10 @@ pub async fn purge(fleet: &Fleet, filters: &Filters) -> Result<PurgeReport, Erro
     with_reader(fleet, async |reader| {
         let selection = reader.select(filters.select(), filters.limit).await?;
         let mut removed = Vec::with_capacity(selection.matched.len());
+        let mut index = Index::open(fleet).await?;
         for letter in &selection.matched {
             Reader::remove(letter).await?;
+            index.remove(&[letter.index_id()]).await?;
             removed.push(letter.info.clone());
         }
         Ok(PurgeReport {
@@ -215,18 +253,21 @@ pub(crate) fn redis_error<'a>(
     }
 }
 
-/// Counts and oldest age per reason and per (reason, error).
+/// Counts and oldest age per reason and per failure group.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Summary {
     pub by_reason: BTreeMap<String, Group>,
+    /// By (reason, normalised error): the failure groups.
     pub by_error: BTreeMap<(String, String), Group>,
 }
 
-/// Letters of one reason (or reason and error).
+/// Letters of one reason (or failure group).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Group {
     pub count: u64,
     pub oldest: Option<Duration>,
+    /// The failure group's id (by error only).
+    pub id: Option<String>,
 }
 
 impl Group {
@@ -236,30 +277,54 @@ impl Group {
     }
 
     fn json(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "count": self.count,
             "oldest_age_seconds": self.oldest.map(|a| a.as_secs_f64().round()),
-        })
+        });
+        if let Some(id) = &self.id {
+            v["group"] = id.as_str().into();
+        }
+        v
     }
 }
 
+/// The entry's first-failed time, RFC 3339 (none when unknown).
+fn failed_at(e: &IndexEntry) -> Option<String> {
+    (e.first_failed_ms > 0).then(|| {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_millis(e.first_failed_ms);
+        humantime::format_rfc3339_millis(at).to_string()
+    })
+}
+
+fn age(e: &IndexEntry, now: SystemTime) -> Option<Duration> {
+    (e.first_failed_ms > 0).then(|| {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_millis(e.first_failed_ms);
+        now.duration_since(at).unwrap_or_default()
+    })
+}
+
 impl ListReport {
+    /// The DLQ holds letters the index does not know.
+    pub fn reindex_needed(&self) -> bool {
+        self.depth > self.indexed
+    }
+
     pub fn summary(&self) -> Summary {
         let mut summary = Summary::default();
         for l in &self.letters {
-            let age = l.age(self.at);
-            let reason = l.info.reason.clone();
-            let error = l.error.clone().unwrap_or_else(|| "-".into());
+            let age = age(l, self.at);
+            let group = l.group();
             summary
                 .by_reason
-                .entry(reason.clone())
+                .entry(l.reason.clone())
                 .or_default()
                 .add(age);
-            summary
+            let g = summary
                 .by_error
-                .entry((reason, error))
-                .or_default()
-                .add(age);
+                .entry((group.reason, group.error))
+                .or_default();
+            g.add(age);
+            g.id = Some(group.id);
         }
         summary
     }
@@ -274,10 +339,29 @@ impl ListReport {
             }
             v
         };
+        let letter = |l: &IndexEntry| {
+            serde_json::json!({
+                "id": l.id,
+                "reason": l.reason,
+                "error": l.error,
+                "group": l.group,
+                "attempts": l.attempts,
+                "order_id": l.order_id,
+                "event": l.kind,
+                "seq": l.seq,
+                "shard": l.shard,
+                "first_failed_at": failed_at(l),
+                "age_seconds": age(l, self.at).map(|a| a.as_secs_f64().round()),
+                "trace_id": l.trace_id,
+            })
+        };
         serde_json::json!({
-            "read": self.read,
+            "read": self.indexed,
+            "indexed": self.indexed,
+            "dlq_depth": self.depth,
+            "reindex_needed": self.reindex_needed(),
             "matched": self.letters.len(),
-            "dead_letters": self.letters.iter().map(|l| l.json(self.at)).collect::<Vec<_>>(),
+            "dead_letters": self.letters.iter().map(letter).collect::<Vec<_>>(),
             "summary": {
                 "by_reason": summary.by_reason.iter()
                     .map(|(r, g)| group(g, &[("reason", r)])).collect::<Vec<_>>(),
@@ -287,26 +371,29 @@ impl ListReport {
         })
     }
 
-    /// As `dlq list` prints it: the letters, then counts by reason and by error.
+    /// As `dlq list` prints it: the letters, then counts by reason and by
+    /// failure group.
     pub fn table(&self) -> String {
         let letters = &self.letters;
         let mut out = format!(
-            "{} dead letter(s) matched of {} read\n",
+            "{} dead letter(s) matched of {} indexed\n",
             letters.len(),
-            self.read
+            self.indexed
         );
+        if self.reindex_needed() {
+            let _ = writeln!(
+                out,
+                "reindex needed: the DLQ holds {} letter(s), the index {} (`shardline dlq reindex`)",
+                self.depth, self.indexed
+            );
+        }
         if letters.is_empty() {
             return out;
         }
-        let id_w = letters
-            .iter()
-            .map(|l| l.info.id().len())
-            .max()
-            .unwrap_or(2)
-            .max(2);
+        let id_w = letters.iter().map(|l| l.id.len()).max().unwrap_or(2).max(2);
         let order_w = letters
             .iter()
-            .map(|l| l.info.order_id.as_deref().map_or(1, str::len))
+            .map(|l| l.order_id.as_deref().map_or(1, str::len))
             .max()
             .unwrap_or(5)
             .max(5);
@@ -316,19 +403,18 @@ impl ListReport {
             "id", "reason", "attempts", "order", "seq", "shard", "first failed", "age"
         );
         for l in letters {
-            let i = &l.info;
             let _ = writeln!(
                 out,
                 "{:<id_w$}  {:<11}  {:>8}  {:<order_w$}  {:>5}  {:>5}  {:<24}  {:>10}  {}",
-                i.id(),
-                i.reason,
+                l.id,
+                l.reason,
                 letter::opt(l.attempts),
-                i.order_id.as_deref().unwrap_or("-"),
-                letter::opt(i.seq),
-                letter::opt(i.shard),
-                l.first_failed_at.as_deref().unwrap_or("-"),
-                age_text(l.age(self.at)),
-                cut(l.error.as_deref().unwrap_or("-"), ERROR_CHARS),
+                l.order_id.as_deref().unwrap_or("-"),
+                letter::opt(l.seq),
+                letter::opt(l.shard),
+                failed_at(l).as_deref().unwrap_or("-"),
+                age_text(age(l, self.at)),
+                cut(if l.error.is_empty() { "-" } else { &l.error }, ERROR_CHARS),
             );
         }
         let summary = self.summary();
@@ -345,10 +431,11 @@ impl ListReport {
         for ((reason, error), g) in &summary.by_error {
             let _ = writeln!(
                 out,
-                "  {reason:<11}  {:>6}  oldest {:>10}  {}",
+                "  {reason:<11}  {:>6}  oldest {:>10}  {}  {}",
                 g.count,
                 age_text(g.oldest),
-                cut(error, ERROR_CHARS)
+                g.id.as_deref().unwrap_or("-"),
+                cut(if error.is_empty() { "-" } else { error }, ERROR_CHARS)
             );
         }
         out

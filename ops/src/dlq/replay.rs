@@ -24,8 +24,9 @@ use shardline_topology::telemetry::{self, attr, op};
 use shardline_topology::{Names, ShardId};
 use tokio_util::sync::CancellationToken;
 
+use super::lock::ReplayLocks;
 use super::reader::Reader;
-use super::{Filters, Letter, LetterRef, redis_error, with_reader};
+use super::{Filters, Index, Letter, LetterRef, redis_error, with_reader};
 use crate::{Error, Event, Fleet};
 
 /// Follow-up rounds for quarantined orders at most: a steady stream of new
@@ -46,9 +47,15 @@ pub struct ReplayConfig {
     /// default): as fast as the broker confirms them, one at a time.
     pub rate: Option<f64>,
     /// For a quarantined order, how long to wait for a worker to apply the
-    /// replayed events before looking for successors quarantined meanwhile.
-    /// Default 60 s.
+    /// replayed events before looking for successors quarantined meanwhile;
+    /// also how long to wait for another replay of an order to end before
+    /// leaving the order's letters for a later run. Default 60 s.
     pub wait: Duration,
+    /// How long an order's replay lock outlives the replay (reconcile counts
+    /// the order's missing events as pending meanwhile): the time a replayed
+    /// event may take to reach a worker and be processed. Default 2 min
+    /// (reconcile's default grace).
+    pub lock_tail: Duration,
 }
 
 impl Default for ReplayConfig {
@@ -58,6 +65,7 @@ impl Default for ReplayConfig {
             dry_run: false,
             rate: None,
             wait: Duration::from_secs(60),
+            lock_tail: Duration::from_secs(120),
         }
     }
 }
@@ -78,6 +86,8 @@ pub struct ReplayReport {
     pub replayed: usize,
     /// Orders left quarantined (or not applied in time): they need attention.
     pub unresolved: Vec<String>,
+    /// Orders another replay was replaying: their letters were left in the DLQ.
+    pub locked_elsewhere: Vec<String>,
     /// Stopped by the cancellation token before the end.
     pub cancelled: bool,
 }
@@ -85,7 +95,7 @@ pub struct ReplayReport {
 impl ReplayReport {
     /// An order stays quarantined, or its replayed events were not applied.
     pub fn needs_attention(&self) -> bool {
-        !self.unresolved.is_empty()
+        !self.unresolved.is_empty() || !self.locked_elsewhere.is_empty()
     }
 }
 
@@ -140,10 +150,13 @@ pub async fn replay(
         let quarantines = Quarantines::read(fleet, &letters, progress).await;
         let mut replay = Replay {
             publisher: Publisher::connect(fleet.publisher("shardline dlq replay")).await?,
+            index: Index::open(fleet).await?,
+            locks: ReplayLocks::new(fleet, config.lock_tail).await?,
+            lock_wait: config.wait,
             audit: Audit::new(&fleet.names),
             pause: config.rate.map(|r| Duration::from_secs_f64(1.0 / r)),
             cancel,
-            report: &mut report,
+            report,
         };
         let outcome = replay.publish(&letters, progress).await;
         progress(Event::ReplayPass {
@@ -156,10 +169,19 @@ pub async fn replay(
             (Ok(()), Some(q)) => replay.follow(reader, q, config.wait, progress).await,
             (outcome, _) => outcome,
         };
-        if let Err(e) = replay.publisher.close().await {
+        // Taken apart, so that nothing of it borrows the report any more.
+        let Replay {
+            publisher,
+            locks,
+            report,
+            ..
+        } = replay;
+        if let Err(e) = publisher.close().await {
             tracing::debug!(error = %e, "closing the replay publisher");
         }
-        outcome.map(|()| report)
+        let finished = locks.finish().await;
+        outcome.and(finished)?;
+        Ok(report)
     })
     .await
 }
@@ -221,10 +243,16 @@ fn decide(head: &str, letters: &[&LetterRef]) -> Decision {
 /// A replay under way: the publisher, audit spans, pace and what it did.
 struct Replay<'a> {
     publisher: Publisher,
+    /// Where a replayed letter's entry is removed, after its ack.
+    index: Index<'a>,
+    /// The orders this replay holds.
+    locks: ReplayLocks<'a>,
+    /// How long to wait for another replay's lock of an order.
+    lock_wait: Duration,
     audit: Audit,
     pause: Option<Duration>,
     cancel: &'a CancellationToken,
-    report: &'a mut ReplayReport,
+    report: ReplayReport,
 }
 
 impl Replay<'_> {
@@ -244,11 +272,30 @@ impl Replay<'_> {
             }
             let started = tokio::time::Instant::now();
             let order = l.info.order_id.as_deref().unwrap_or("");
+            if self.report.locked_elsewhere.iter().any(|o| o == order) {
+                continue;
+            }
+            if !self
+                .locks
+                .take_waiting(order, self.lock_wait, self.cancel)
+                .await?
+            {
+                if self.cancel.is_cancelled() {
+                    self.report.cancelled = true;
+                    return Ok(());
+                }
+                // Another replay still runs the order: interleaving would
+                // reorder its events, so its letters stay for a later run.
+                tracing::warn!(order_id = order, wait = ?self.lock_wait, "another replay is replaying this order; its letters are left in the DLQ");
+                self.report.locked_elsewhere.push(order.to_owned());
+                continue;
+            }
             let shard = self.publisher.shard_of(order);
             let mut span = self.audit.start(l, shard);
             let done = replay_one(&mut self.publisher, l, shard).await;
             span.end(done.as_ref().err());
             done?;
+            self.index.remove(&[l.index_id()]).await?;
             self.report.replayed += 1;
             tracing::info!(
                 dead_letter_id = l.info.id(),

@@ -90,10 +90,6 @@ pub struct ReconcileConfig {
     /// compensations: a mass drift is an outage or a misconfiguration, not
     /// something to paper over. Default 1000.
     pub max_emit: usize,
-    /// Dead letters read at most (and requeued, in order) to find missing
-    /// events in the DLQ; when it holds more, nothing is compensated.
-    /// Default 10 000.
-    pub dlq_browse: u64,
 }
 
 impl Default for ReconcileConfig {
@@ -106,7 +102,6 @@ impl Default for ReconcileConfig {
             expect: Vec::new(),
             dry_run: false,
             max_emit: 1000,
-            dlq_browse: 10_000,
         }
     }
 }
@@ -443,7 +438,7 @@ impl ReconcileReport {
                 out,
                 "pending      {}: {}",
                 p.expected.describe(),
-                p.why.detail(term)
+                p.why.detail()
             );
         }
         let (name, nothing) = if self.dry_run {
@@ -488,7 +483,7 @@ impl ReconcileReport {
             "pending": self.pending.iter().map(|p| {
                 let mut v = p.expected.json();
                 v["reason"] = p.why.reason().into();
-                v["detail"] = p.why.detail(term).into();
+                v["detail"] = p.why.detail().into();
                 v
             }).collect::<Vec<_>>(),
         })
@@ -693,23 +688,40 @@ impl Run<'_> {
         let names = &r.fleet.names;
         let url = r.fleet.amqp.to_string();
         // Upstream first: a letter replayed meanwhile shows up in the shard
-        // status read next, or as processed.
-        let dlq_limit = r.config.dlq_browse;
-        let letters = crate::dlq::browse(self.broker().await?, names, dlq_limit.saturating_add(1))
+        // status read next, or as processed. The DLQ's depth before the
+        // index's count (a letter is published before it is indexed), the
+        // index before the replay locks (a replay takes an order's lock
+        // before its letters leave the index, and keeps it for a tail).
+        let dlq = &names.dead_letter_queue;
+        let depth = declare::queue_status(self.broker().await?, dlq)
             .await
-            .map_err(|source| Error::Dlq {
-                queue: format!("reading {}", names.dead_letter_queue),
-                url: url.clone(),
-                source: Box::new(source),
-            })?;
+            .map_err(Error::queue(format!("reading {dlq} on {url}")))?
+            .messages;
+        let mut index = crate::dlq::Index::on(&r.fleet, self.redis.clone());
+        let indexed = index.count().await?;
+        let orders: Vec<&str> = missing
+            .iter()
+            .map(|e| e.order_id.as_str())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let mut dead_letters = HashMap::new();
-        for letter in &letters {
-            if let (Some(order), Some(event)) = (&letter.info.order_id, letter.event()) {
-                dead_letters
-                    .entry((order.clone(), event))
-                    .or_insert_with(|| letter.info.id().to_owned());
+        for (order, entries) in index.of_orders(&orders).await? {
+            for entry in entries {
+                if let Some(kind) = entry.kind {
+                    dead_letters
+                        .entry((order.clone(), kind))
+                        .or_insert(entry.id);
+                }
             }
         }
+        let locked = crate::dlq::locked(&r.fleet, &mut self.redis, &orders).await?;
+        let replaying = orders
+            .iter()
+            .zip(locked)
+            .filter(|(_, locked)| *locked)
+            .map(|(order, _)| (*order).to_owned())
+            .collect();
         let shards: Vec<ShardId> = missing
             .iter()
             .map(|e| e.shard)
@@ -746,8 +758,8 @@ impl Run<'_> {
             reports,
             unreported,
             dead_letters,
-            dlq_read_whole: letters.len() as u64 <= dlq_limit,
-            dlq_limit,
+            replaying,
+            index_behind: (u64::from(depth) > indexed).then_some((u64::from(depth), indexed)),
             grace: r.config.grace,
             now_ms: unix_ms(),
         };

@@ -3,7 +3,7 @@
 //! compensated, so that a compensation cannot double an event that is
 //! merely late.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use shardline_topology::status::ShardReport;
@@ -84,8 +84,11 @@ pub enum OnItsWay {
     Backlog { age: Duration },
     /// The order's shard has messages and no worker reports it.
     Unconsumed { messages: u32 },
-    /// The DLQ holds more letters than `dlq_browse`: it could be there.
-    DlqNotRead { limit: u64 },
+    /// A `dlq replay` of the order runs (or ended within its lock's tail):
+    /// the event may be between the DLQ and the worker.
+    Replaying,
+    /// The DLQ holds more letters than its index: it could be one of those.
+    IndexBehind { depth: u64, indexed: u64 },
 }
 
 impl OnItsWay {
@@ -97,12 +100,13 @@ impl OnItsWay {
             Self::DeadLettered { .. } => "dead_lettered",
             Self::Backlog { .. } => "backlog",
             Self::Unconsumed { .. } => "unconsumed",
-            Self::DlqNotRead { .. } => "dlq_not_read",
+            Self::Replaying => "replaying",
+            Self::IndexBehind { .. } => "index_behind",
         }
     }
 
-    /// For people; `field` names the config field the reader knows.
-    pub fn detail(&self, field: &dyn Fn(&str) -> String) -> String {
+    /// For people.
+    pub fn detail(&self) -> String {
         match self {
             Self::Compensated => "compensation already emitted, not processed yet".into(),
             Self::Held => "held by the sequence gate".into(),
@@ -114,9 +118,9 @@ impl OnItsWay {
             Self::Unconsumed { messages } => {
                 format!("the shard has {messages} message(s) and no worker reporting it")
             }
-            Self::DlqNotRead { limit } => format!(
-                "the DLQ holds more than {} {limit} letters, not all were read",
-                field("dlq_browse")
+            Self::Replaying => "a replay of the order runs or just ended".into(),
+            Self::IndexBehind { depth, indexed } => format!(
+                "the DLQ holds {depth} letters and its index {indexed}: reindex needed (`shardline dlq reindex`)"
             ),
         }
     }
@@ -129,11 +133,12 @@ pub(super) struct Whereabouts {
     pub reports: HashMap<ShardId, ShardReport>,
     /// Ready messages of the shards no worker reports.
     pub unreported: HashMap<ShardId, u32>,
-    /// Dead letters by (order id, event kind): a dead-letter id.
+    /// Dead letters by (order id, event kind): a dead-letter id (from the index).
     pub dead_letters: HashMap<(String, String), String>,
-    /// Whether the DLQ was read to its end (it held at most `dlq_limit`).
-    pub dlq_read_whole: bool,
-    pub dlq_limit: u64,
+    /// Orders a replay holds the lock of.
+    pub replaying: HashSet<String>,
+    /// The DLQ's depth and the index's count, when the DLQ holds more.
+    pub index_behind: Option<(u64, u64)>,
     pub grace: Duration,
     pub now_ms: u64,
 }
@@ -156,6 +161,9 @@ impl Whereabouts {
         if let Some(id) = self.dead_letters.get(&(e.order_id.clone(), e.kind.clone())) {
             return Some(OnItsWay::DeadLettered { id: id.clone() });
         }
+        if self.replaying.contains(&e.order_id) {
+            return Some(OnItsWay::Replaying);
+        }
         if let Some(age) = report
             .map(|r| r.backlog_age_at(self.now_ms))
             .filter(|age| *age > self.grace)
@@ -165,10 +173,8 @@ impl Whereabouts {
         if let Some(&messages) = self.unreported.get(&e.shard).filter(|m| **m > 0) {
             return Some(OnItsWay::Unconsumed { messages });
         }
-        if !self.dlq_read_whole {
-            return Some(OnItsWay::DlqNotRead {
-                limit: self.dlq_limit,
-            });
+        if let Some((depth, indexed)) = self.index_behind {
+            return Some(OnItsWay::IndexBehind { depth, indexed });
         }
         None
     }

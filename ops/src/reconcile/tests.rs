@@ -1,5 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
+use std::collections::HashSet;
+
 use super::*;
 use shardline_topology::status::HeldRef;
 use shardline_topology::{Envelope, Keys, ShardCount};
@@ -77,7 +79,6 @@ fn passwords_never_show() {
     );
     let config = |url: &str| ReconcileConfig {
         orders_url: url.into(),
-        dlq_browse: 10,
         ..ReconcileConfig::default()
     };
     let reconciler =
@@ -161,8 +162,8 @@ fn pending_reasons_in_their_order() {
         reports: HashMap::from([(e.shard, report(0.0, Vec::new()))]),
         unreported: HashMap::new(),
         dead_letters: HashMap::new(),
-        dlq_read_whole: true,
-        dlq_limit: 10,
+        replaying: HashSet::new(),
+        index_behind: None,
         grace: Duration::from_secs(120),
         now_ms: 1_000_000,
     };
@@ -223,12 +224,26 @@ fn pending_reasons_in_their_order() {
         Some(OnItsWay::Unconsumed { messages: 3 })
     );
     seen.unreported.clear();
-    seen.dlq_read_whole = false;
-    let not_read = seen.on_its_way(&e, false).unwrap();
-    assert_eq!(not_read, OnItsWay::DlqNotRead { limit: 10 });
+    seen.replaying.insert("A1".into());
+    assert_eq!(seen.on_its_way(&e, false), Some(OnItsWay::Replaying));
     assert_eq!(
-        not_read.detail(&flag),
-        "the DLQ holds more than --dlq-browse 10 letters, not all were read"
+        seen.on_its_way(&expected("A2", "payment.captured"), false),
+        None,
+        "another order's replay"
+    );
+    seen.replaying.clear();
+    seen.index_behind = Some((5, 3));
+    let behind = seen.on_its_way(&e, false).unwrap();
+    assert_eq!(
+        behind,
+        OnItsWay::IndexBehind {
+            depth: 5,
+            indexed: 3
+        }
+    );
+    assert_eq!(
+        behind.detail(),
+        "the DLQ holds 5 letters and its index 3: reindex needed (`shardline dlq reindex`)"
     );
 }
 

@@ -1,12 +1,17 @@
 -- After an event's dead letter is confirmed: its claim goes (only its own),
 -- its seq counts as passed but stays marked never processed (so that its
 -- replay runs), and in quarantine mode the letter holds its order.
--- KEYS: order state, dedup key, quarantine.
+-- The letter's dead-letter index entry is written first, fenced or not: the
+-- letter is in the DLQ whoever owns the order now.
+-- KEYS: order state, dedup key, quarantine, then the index's five
+-- (`IndexEntry::script_keys`).
 -- ARGV: 1 seq ('' unsequenced), 2 claim token, 3 epoch, 4 era,
 -- 5 ttl s, 6 letter id ('' when not quarantining), 7 replayed dead-letter id
--- (''), 8 the letter's quarantine score.
--- Returns 0 when fenced: nothing written (a newer consumer owns the order;
--- a quarantine lifted meanwhile stays lifted).
+-- (''), 8 the letter's quarantine score, 9.. the index entry
+-- (`IndexEntry::script_args`).
+-- Returns 0 when fenced: nothing but the index entry written (a newer
+-- consumer owns the order; a quarantine lifted meanwhile stays lifted).
+index_letter({KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]}, {unpack(ARGV, 9)})
 local h, seq = KEYS[1], ARGV[1]
 if seq == '' then
   if stale(redis.call('HGET', h, 'f'), ARGV[3]) then return 0 end

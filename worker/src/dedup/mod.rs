@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::{Cmd, Pipeline, Script};
+use shardline_topology::letters::{INDEX_LUA, IndexEntry};
 use shardline_topology::{Keys, ShardId};
 
 use crate::config::{Config, OnDeadLetter};
@@ -184,6 +185,8 @@ pub(crate) struct DeadLettered<'a> {
     pub(crate) id: &'a str,
     /// A replay's earlier dead-letter id.
     pub(crate) replay_of: Option<&'a str>,
+    /// Its dead-letter index entry, written in the same script.
+    pub(crate) entry: &'a IndexEntry,
 }
 
 /// A sequenced event of a group to admit (`--group-commit`).
@@ -236,6 +239,7 @@ pub(crate) struct Dedup {
     renew: Script,
     release: Script,
     dead: Script,
+    index: Script,
     step: Script,
     group: Script,
 }
@@ -279,7 +283,8 @@ impl Dedup {
             commit: entry(COMMIT, "commit"),
             renew: script(RENEW),
             release: script(RELEASE),
-            dead: script(DEAD),
+            dead: script(&format!("{INDEX_LUA}\n{DEAD}")),
+            index: Script::new(&format!("{INDEX_LUA}\nindex_letter(KEYS, ARGV)\nreturn 1")),
             step: script(&format!("{COMMIT}\n{ADMIT_ORDER}\n{STEP}")),
             group: script(&format!("{COMMIT}\n{ADMIT_ORDER}\n{GROUP}")),
         }
@@ -294,6 +299,7 @@ impl Dedup {
             self.renew.clone(),
             self.release.clone(),
             self.dead.clone(),
+            self.index.clone(),
             self.step.clone(),
             self.group.clone(),
         ]
@@ -635,25 +641,35 @@ impl Dedup {
     ) -> Written {
         let epoch = self.epoch(redis).await;
         let claim = &dead.claim;
+        let mut keys = self.claim_keys(claim).to_vec();
+        keys.extend(dead.entry.script_keys(&self.keys));
+        let mut args = vec![
+            seq_arg(claim.seq),
+            claim.token.to_string(),
+            epoch.to_string(),
+            self.era.get().to_string(),
+            self.order_ttl_secs.to_string(),
+            if self.quarantine {
+                dead.id.to_owned()
+            } else {
+                String::new()
+            },
+            dead.replay_of.unwrap_or_default().to_owned(),
+            quarantine::score(claim.seq).to_string(),
+        ];
+        args.extend(dead.entry.script_args());
+        Written::of(redis.query(&Self::evalsha(&self.dead, &keys, &args)).await)
+    }
+
+    /// The index entry of a confirmed dead letter that holds no claim (its
+    /// body was not an envelope): one script, after the confirm, before the ack.
+    pub(crate) async fn index_letter(&self, redis: &mut RedisSlot, entry: &IndexEntry) {
         let cmd = Self::evalsha(
-            &self.dead,
-            &self.claim_keys(claim),
-            &[
-                seq_arg(claim.seq),
-                claim.token.to_string(),
-                epoch.to_string(),
-                self.era.get().to_string(),
-                self.order_ttl_secs.to_string(),
-                if self.quarantine {
-                    dead.id.to_owned()
-                } else {
-                    String::new()
-                },
-                dead.replay_of.unwrap_or_default().to_owned(),
-                quarantine::score(claim.seq).to_string(),
-            ],
+            &self.index,
+            &entry.script_keys(&self.keys),
+            &entry.script_args(),
         );
-        Written::of(redis.query(&cmd).await)
+        redis.query::<i64>(&cmd).await;
     }
 }
 

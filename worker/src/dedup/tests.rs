@@ -53,6 +53,33 @@ impl Store {
             .unwrap()
     }
 
+    /// The dead-letter index entry of `id`, read back.
+    async fn indexed(&mut self, id: &str) -> Option<IndexEntry> {
+        let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(self.config.keys().dlq_letter(id))
+            .query_async(&mut self.plain)
+            .await
+            .unwrap();
+        IndexEntry::from_fields(&fields)
+    }
+
+    /// The members of a sorted set or set of the index.
+    async fn members(&mut self, key: &str) -> Vec<String> {
+        let kind: String = redis::cmd("TYPE")
+            .arg(key)
+            .query_async(&mut self.plain)
+            .await
+            .unwrap();
+        let cmd = if kind == "set" {
+            redis::cmd("SMEMBERS").arg(key).clone()
+        } else {
+            redis::cmd("ZRANGE").arg(key).arg(0).arg(-1).clone()
+        };
+        let mut members: Vec<String> = cmd.query_async(&mut self.plain).await.unwrap();
+        members.sort();
+        members
+    }
+
     async fn clean(mut self) {
         let pattern = self.config.keys().everything_pattern();
         let keys: Vec<String> = redis::cmd("KEYS")
@@ -97,6 +124,23 @@ impl Ev {
             replay_of: Some(letter.to_owned()),
             ..Self::new(kind, seq)
         }
+    }
+
+    /// Its dead letter's index entry, as the worker builds it.
+    fn entry(&self, id: &str) -> IndexEntry {
+        IndexEntry {
+            id: id.to_owned(),
+            reason: "handler".to_owned(),
+            error: format!("order A seq {}: downstream answered 503", self.seq),
+            order_id: Some("A".to_owned()),
+            seq: Some(self.seq),
+            kind: Some(self.kind.clone()),
+            shard: Some(0),
+            first_failed_ms: 1_700_000_000_000 + self.seq,
+            attempts: Some(5),
+            ..IndexEntry::default()
+        }
+        .grouped()
     }
 
     fn claim(&self) -> Claim<'_> {
@@ -188,10 +232,12 @@ impl Consumer {
     }
 
     async fn dead_letter(&mut self, ev: &Ev, id: &str) -> Written {
+        let entry = ev.entry(id);
         let dead = DeadLettered {
             claim: ev.claim(),
             id,
             replay_of: ev.replay_of.as_deref(),
+            entry: &entry,
         };
         self.dedup.dead_lettered(&mut self.slot, &dead).await
     }
@@ -443,6 +489,11 @@ async fn a_stale_owners_commit_release_and_quarantine_write_change_nothing() {
     stale.release(&one).await;
     stale.renew(&one, Start::Begins).await;
     assert_eq!(stale.dead_letter(&one, "dl-stale").await, Written::Fenced);
+    assert_eq!(
+        store.indexed("dl-stale").await,
+        Some(one.entry("dl-stale")),
+        "a fenced dead letter is in the DLQ all the same: its index entry is written"
+    );
     let four_again = Ev::new("k", 4);
     assert_eq!(
         stale.admit_as(&four_again, false, true).await,
@@ -631,5 +682,52 @@ async fn a_gap_on_state_from_before_a_failover_gets_the_start_grace() {
     assert_eq!(c.admit(&Ev::new("k", 4)).await, Verdict::Gap);
     c.dedup.era.bump();
     assert_eq!(c.admit(&Ev::new("k", 4)).await, Verdict::Start);
+    store.clean().await;
+}
+
+#[tokio::test]
+async fn a_dead_letter_is_indexed_in_its_script() {
+    let mut store = Store::new("index").await;
+    let mut c = store.consumer();
+    let keys = store.config.keys();
+    let (two, three) = (Ev::new("k", 2), Ev::new("k", 3));
+    for (ev, id) in [(&two, "dl-2"), (&three, "dl-3")] {
+        assert_eq!(c.admit_as(ev, true, false).await, Verdict::Claimed);
+        assert_eq!(c.dead_letter(ev, id).await, Written::Done);
+    }
+    let entry = store.indexed("dl-2").await.unwrap();
+    assert_eq!(entry, two.entry("dl-2"));
+    // One cause, one group: the two letters differ only in their seq.
+    assert_eq!(entry.group, three.entry("dl-3").group);
+    let both = vec!["dl-2".to_owned(), "dl-3".to_owned()];
+    assert_eq!(store.members(&keys.dlq_letters()).await, both);
+    assert_eq!(store.members(&keys.dlq_group(&entry.group)).await, both);
+    assert_eq!(store.members(&keys.dlq_order("A")).await, both);
+    let description: Option<String> = redis::cmd("HGET")
+        .arg(keys.dlq_groups())
+        .arg(&entry.group)
+        .query_async(&mut store.plain)
+        .await
+        .unwrap();
+    assert_eq!(
+        description.as_deref(),
+        Some("handler\norder A seq <n>: downstream answered 503")
+    );
+
+    // A letter without an envelope has no claim and no order: its own script.
+    let bare = IndexEntry {
+        id: "dl-bare".to_owned(),
+        reason: "decode".to_owned(),
+        error: "not UTF-8 JSON: invalid utf-8 sequence of 1 bytes from index 0".to_owned(),
+        ..IndexEntry::default()
+    }
+    .grouped();
+    c.dedup.index_letter(&mut c.slot, &bare).await;
+    assert_eq!(store.indexed("dl-bare").await, Some(bare.clone()));
+    assert_eq!(store.members(&keys.dlq_letters()).await.len(), 3);
+    assert_eq!(
+        store.members(&keys.dlq_order("")).await,
+        Vec::<String>::new()
+    );
     store.clean().await;
 }

@@ -1,0 +1,251 @@
+//! The dead-letter index in Redis (`topology::letters`, keys in
+//! `topology::keys`): what `list`, reconcile and `topology status` read
+//! instead of browsing the DLQ; what replay and purge remove letters from;
+//! what `reindex` rebuilds.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use redis::aio::MultiplexedConnection;
+use shardline_topology::letters::{Group, INDEX_LUA, IndexEntry};
+use shardline_topology::{Keys, envelope::order_key_of};
+
+use super::{Filters, redis_error};
+use crate::{Error, Fleet};
+
+/// Entries read (or removed) per round trip.
+const BATCH: usize = 500;
+
+/// Removes one entry. KEYS: [`IndexEntry::script_keys`] of the stored entry;
+/// ARGV: its id, its group id. The group's description goes with its last letter.
+const REMOVE: &str = r"
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('SREM', KEYS[5], ARGV[1])
+if redis.call('ZCARD', KEYS[3]) == 0 then redis.call('HDEL', KEYS[4], ARGV[2]) end
+return 1
+";
+
+/// The index of one fleet, on one connection.
+pub(crate) struct Index<'a> {
+    fleet: &'a Fleet,
+    redis: MultiplexedConnection,
+}
+
+/// A failure group and its letters' count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupCount {
+    pub group: Group,
+    pub count: u64,
+}
+
+impl<'a> Index<'a> {
+    pub(crate) async fn open(fleet: &'a Fleet) -> Result<Self, Error> {
+        Ok(Self {
+            fleet,
+            redis: fleet.redis.connect().await?,
+        })
+    }
+
+    /// The index on an open connection.
+    pub(crate) fn on(fleet: &'a Fleet, redis: MultiplexedConnection) -> Self {
+        Self { fleet, redis }
+    }
+
+    fn keys(&self) -> &Keys {
+        &self.fleet.keys
+    }
+
+    /// How many letters the index holds.
+    pub(crate) async fn count(&mut self) -> Result<u64, Error> {
+        redis::cmd("ZCARD")
+            .arg(self.keys().dlq_letters())
+            .query_async(&mut self.redis)
+            .await
+            .map_err(redis_error(self.fleet, "counting the dead-letter index"))
+    }
+
+    /// The entries of `ids`, in their order; ids without an entry left out.
+    async fn entries_of(&mut self, ids: &[String]) -> Result<Vec<IndexEntry>, Error> {
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(BATCH) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.cmd("HGETALL").arg(self.keys().dlq_letter(id));
+            }
+            let hashes: Vec<HashMap<String, String>> = pipe
+                .query_async(&mut self.redis)
+                .await
+                .map_err(redis_error(self.fleet, "reading the dead-letter index"))?;
+            out.extend(hashes.iter().filter_map(IndexEntry::from_fields));
+        }
+        Ok(out)
+    }
+
+    /// Every entry matching `filters`, oldest first, at most `filters.limit`.
+    pub(crate) async fn entries(&mut self, filters: &Filters) -> Result<Vec<IndexEntry>, Error> {
+        let ids = match &filters.order_id {
+            Some(order) => self.order_ids(order).await?,
+            None => self.all_ids().await?,
+        };
+        let mut entries = self.entries_of(&ids).await?;
+        entries.sort_by(|a, b| (a.first_failed_ms, &a.id).cmp(&(b.first_failed_ms, &b.id)));
+        entries.retain(|e| filters.matches_entry(e));
+        if let Some(limit) = filters.limit {
+            entries.truncate(limit);
+        }
+        Ok(entries)
+    }
+
+    pub(crate) async fn all_ids(&mut self) -> Result<Vec<String>, Error> {
+        redis::cmd("ZRANGE")
+            .arg(self.keys().dlq_letters())
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.redis)
+            .await
+            .map_err(redis_error(self.fleet, "reading the dead-letter index"))
+    }
+
+    async fn order_ids(&mut self, order_id: &str) -> Result<Vec<String>, Error> {
+        redis::cmd("SMEMBERS")
+            .arg(self.keys().dlq_order(&order_key_of(order_id)))
+            .query_async(&mut self.redis)
+            .await
+            .map_err(redis_error(self.fleet, "reading the dead-letter index"))
+    }
+
+    /// The entries of the orders `order_ids`, by order id (for reconcile).
+    pub(crate) async fn of_orders(
+        &mut self,
+        order_ids: &[&str],
+    ) -> Result<HashMap<String, Vec<IndexEntry>>, Error> {
+        let mut ids = Vec::new();
+        for chunk in order_ids.chunks(BATCH) {
+            let mut pipe = redis::pipe();
+            for order in chunk {
+                pipe.cmd("SMEMBERS")
+                    .arg(self.keys().dlq_order(&order_key_of(order)));
+            }
+            let sets: Vec<Vec<String>> = pipe
+                .query_async(&mut self.redis)
+                .await
+                .map_err(redis_error(self.fleet, "reading the dead-letter index"))?;
+            ids.extend(sets.into_iter().flatten());
+        }
+        let mut out: HashMap<String, Vec<IndexEntry>> = HashMap::new();
+        for entry in self.entries_of(&ids).await? {
+            if let Some(order) = entry.order_id.clone() {
+                out.entry(order).or_default().push(entry);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The failure groups that have letters, largest first.
+    pub(crate) async fn groups(&mut self) -> Result<Vec<GroupCount>, Error> {
+        let described: BTreeMap<String, String> = redis::cmd("HGETALL")
+            .arg(self.keys().dlq_groups())
+            .query_async(&mut self.redis)
+            .await
+            .map_err(redis_error(self.fleet, "reading the failure groups"))?;
+        if described.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in described.keys() {
+            pipe.cmd("ZCARD").arg(self.keys().dlq_group(id));
+        }
+        let counts: Vec<u64> = pipe
+            .query_async(&mut self.redis)
+            .await
+            .map_err(redis_error(self.fleet, "reading the failure groups"))?;
+        let mut groups: Vec<GroupCount> = described
+            .iter()
+            .zip(counts)
+            .map(|((id, description), count)| GroupCount {
+                group: Group::from_description(id, description),
+                count,
+            })
+            .collect();
+        groups.sort_by(|a, b| b.count.cmp(&a.count).then(a.group.id.cmp(&b.group.id)));
+        Ok(groups)
+    }
+
+    /// Writes entries (each as the worker does, [`INDEX_LUA`]).
+    pub(crate) async fn write(&mut self, entries: &[IndexEntry]) -> Result<(), Error> {
+        let script = format!("{INDEX_LUA}\nindex_letter(KEYS, ARGV)\nreturn 1");
+        for chunk in entries.chunks(BATCH).filter(|c| !c.is_empty()) {
+            let mut pipe = redis::pipe();
+            for entry in chunk {
+                let keys = entry.script_keys(self.keys());
+                pipe.add_command(eval(&script, &keys, &entry.script_args()));
+            }
+            pipe.query_async::<()>(&mut self.redis)
+                .await
+                .map_err(redis_error(self.fleet, "writing the dead-letter index"))?;
+        }
+        Ok(())
+    }
+
+    /// Writes entries over what the index holds for their ids: an entry
+    /// stored with another group or order (say, written by a release that
+    /// normalised errors differently) is removed first, so that no set keeps
+    /// its id.
+    pub(crate) async fn rewrite(&mut self, entries: &[IndexEntry]) -> Result<(), Error> {
+        let ids: Vec<String> = entries.iter().map(|e| e.id.clone()).collect();
+        let stored: HashMap<String, IndexEntry> = self
+            .entries_of(&ids)
+            .await?
+            .into_iter()
+            .map(|e| (e.id.clone(), e))
+            .collect();
+        let moved: Vec<String> = entries
+            .iter()
+            .filter(|e| {
+                stored
+                    .get(&e.id)
+                    .is_some_and(|s| (&s.group, &s.order_id) != (&e.group, &e.order_id))
+            })
+            .map(|e| e.id.clone())
+            .collect();
+        self.remove(&moved).await?;
+        self.write(entries).await
+    }
+
+    /// Removes the entries of `ids` (letters that left the DLQ), by the
+    /// entries as stored (their group and order as written); an id without
+    /// an entry only leaves the set of all letters.
+    pub(crate) async fn remove(&mut self, ids: &[String]) -> Result<(), Error> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let stored = self.entries_of(ids).await?;
+        let found: HashSet<&str> = stored.iter().map(|e| e.id.as_str()).collect();
+        let mut pipe = redis::pipe();
+        for entry in &stored {
+            let keys = entry.script_keys(self.keys());
+            pipe.add_command(eval(
+                REMOVE,
+                &keys,
+                &[entry.id.clone(), entry.group.clone()],
+            ));
+        }
+        for id in ids.iter().filter(|id| !found.contains(id.as_str())) {
+            pipe.cmd("ZREM").arg(self.keys().dlq_letters()).arg(id);
+        }
+        pipe.query_async::<()>(&mut self.redis)
+            .await
+            .map_err(redis_error(
+                self.fleet,
+                "removing from the dead-letter index",
+            ))
+    }
+}
+
+/// `EVAL` of a small script (Redis caches it by its text).
+fn eval(body: &str, keys: &[String], args: &[String]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
+    cmd
+}
