@@ -72,6 +72,11 @@ pub struct Publisher {
     resend_after: Option<Instant>,
 }
 
+/// Longest a channel or connection close may wait for the broker's close-ok:
+/// on a connection whose node stopped answering (frozen, partitioned) it
+/// never comes.
+const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What settling the oldest confirm did.
 enum Settled {
     /// The event left the window, confirmed.
@@ -317,18 +322,17 @@ impl Publisher {
     /// Flushes, then closes the channel and the connection.
     pub async fn close(mut self) -> Result<(), PublishError> {
         self.flush().await?;
-        if let Some(channel) = self.channel.take()
-            && let Err(e) = channel
-                .channel()
-                .close(200, "publisher closing".into())
-                .await
-        {
-            tracing::debug!(error = %e, "closing the publisher channel");
+        if let Some(channel) = self.channel.take() {
+            let closing = channel.channel().close(200, "publisher closing".into());
+            if let Ok(Err(e)) = tokio::time::timeout(CLOSE_TIMEOUT, closing).await {
+                tracing::debug!(error = %e, "closing the publisher channel");
+            }
         }
-        if let Some(conn) = self.conn.take()
-            && let Err(e) = conn.close(200, "publisher closing".into()).await
-        {
-            tracing::debug!(error = %e, "closing the publisher connection");
+        if let Some(conn) = self.conn.take() {
+            let closing = conn.close(200, "publisher closing".into());
+            if let Ok(Err(e)) = tokio::time::timeout(CLOSE_TIMEOUT, closing).await {
+                tracing::debug!(error = %e, "closing the publisher connection");
+            }
         }
         tracing::debug!(
             published = self.counts.published,
@@ -433,6 +437,9 @@ impl Publisher {
     /// second: its node may not answer), so that the next send reconnects to
     /// whichever address answers and re-sends the window.
     fn drop_connection(&mut self, why: &'static str) {
+        // Its channel goes with it: closing the channel first would wait for
+        // a node that may not answer.
+        self.channel = None;
         if let Some(conn) = self.conn.take() {
             tokio::spawn(async move {
                 let closing = conn.close(200, why.into());
@@ -572,13 +579,13 @@ impl Publisher {
             && old.is_open()
         {
             // An abandoned send may still be in this channel: close it so that
-            // nothing it holds can overtake the re-sends.
-            if let Err(e) = old
-                .channel()
-                .close(200, "publisher re-opening".into())
-                .await
-            {
-                tracing::debug!(error = %e, "closing the old publisher channel");
+            // nothing it holds can overtake the re-sends. Bounded: on a
+            // connection whose node stopped answering the close-ok never comes.
+            let closing = old.channel().close(200, "publisher re-opening".into());
+            match tokio::time::timeout(CLOSE_TIMEOUT, closing).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(error = %e, "closing the old publisher channel"),
+                Err(_) => tracing::debug!("the old publisher channel did not close in time"),
             }
         }
         let started = Instant::now();
