@@ -2,6 +2,7 @@
 //! fallbacks), sets up logging and dispatches to one module per subcommand group.
 
 mod bench;
+mod console;
 mod demo;
 mod dlq;
 mod progress;
@@ -272,6 +273,8 @@ enum Command {
     /// Compare order snapshots in PostgreSQL with the events the fleet
     /// processed; publish a compensation event for each one missing.
     Reconcile(reconcile::ReconcileArgs),
+    /// Serve the operator web console (fleet and dead letters) behind a token.
+    Console(console::ConsoleArgs),
 }
 
 /// Exit code 3: a check found something to alert on.
@@ -307,6 +310,7 @@ fn main() -> ExitCode {
             Command::BenchPublisher(args) => bench::paced::run(&global, args, shutdown).await,
             Command::Dlq(cmd) => dlq::run(&global, cmd, shutdown).await,
             Command::Reconcile(args) => reconcile::run(&global, args, shutdown).await,
+            Command::Console(args) => console::run(&global, args, shutdown).await,
         }
     });
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));

@@ -13,7 +13,8 @@
 //!   owner, backlog age and level per shard; the DLQ; the workers), with a
 //!   cheap form that does not browse the DLQ.
 //! - [`dlq`]: the dead-letter queue: reading without removing, list and show,
-//!   replay (key-ordered, confirmed, with quarantine rounds), purge, release.
+//!   replay (key-ordered, confirmed, with quarantine rounds), purge, release;
+//!   the dead-letter index's failure groups and entries.
 //! - [`reconcile`]: compensation events for what the order database says
 //!   happened and the fleet never processed; its Prometheus metrics.
 //! - [`scratch`]: throwaway names for demos and benchmarks, and removing
@@ -30,8 +31,8 @@ pub mod scratch;
 pub mod topology;
 
 pub use dlq::{
-    Filters, GroupCount, Letter, LetterRef, ListReport, PurgeReport, ReindexReport, ReleaseReport,
-    ReplayConfig, ReplayReport,
+    Filters, GroupCount, GroupSummary, Letter, LetterQuery, LetterRef, ListReport, PurgeReport,
+    ReindexReport, ReleaseReport, ReplayConfig, ReplayReport,
 };
 pub use error::Error;
 pub use fleet::Fleet;

@@ -513,6 +513,7 @@ impl StatusReport {
                 "backlog_age_seconds": s.backlog_age.map(secs),
                 "level": s.level.map(Level::as_str),
                 "inflight_age_seconds": s.report.as_ref().and_then(|r| r.inflight_age_seconds),
+                "inflight_events": s.report.as_ref().map(|r| r.inflight_events),
                 "held_events": s.report.as_ref().map(|r| r.held_events),
                 "status_updated_at_ms": s.report.as_ref().map(|r| r.updated_at_ms),
                 "note": Some(s.note()).filter(|n| !n.is_empty()),

@@ -36,6 +36,7 @@
 //! - [`reconcile`]: order snapshots in PostgreSQL against the events the fleet processed: one compensation per missing event, pending ones left alone.
 //! - [`quarantine`]: `--on-dead-letter quarantine` holds an order behind its dead letter until replayed or released.
 //! - [`tls`]: `amqps://` and `rediss://` with a certificate from a private CA.
+//! - [`console`]: `shardline console` in-process: tokens, the session cookie, Host/Origin/CSRF checks, the JSON API, hostile text escaped.
 //!
 //! Elsewhere: `tests/trace_inmemory.rs` (a global tracer provider, so its own
 //! binary), `tests/crashloop.rs` (the test-only abort worker, `--features
@@ -44,6 +45,7 @@
 
 mod breaker;
 mod concurrency;
+mod console;
 mod crash;
 mod dlq;
 mod duplicates;

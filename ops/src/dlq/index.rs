@@ -39,6 +39,45 @@ pub struct GroupCount {
     pub count: u64,
 }
 
+/// A failure group as an operator browses it: its count, when its letters
+/// failed and how many orders they hold up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupSummary {
+    pub group: Group,
+    /// Letters in the group.
+    pub count: u64,
+    /// Earliest and latest first-failed time of its letters, Unix ms (0
+    /// when none of them has one).
+    pub first_failed_ms: u64,
+    pub last_failed_ms: u64,
+    /// Distinct orders among its letters (letters without an order not counted).
+    pub orders: u64,
+}
+
+/// Which index entries to read: the [`Filters`] (reason, order, shard,
+/// limit), a failure group, a first-failed time range.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LetterQuery {
+    pub filters: Filters,
+    /// Only letters of this failure group (its id).
+    pub group: Option<String>,
+    /// Only letters first failed at or after this Unix ms.
+    pub from_ms: Option<u64>,
+    /// Only letters first failed at or before this Unix ms.
+    pub to_ms: Option<u64>,
+}
+
+impl LetterQuery {
+    fn matches(&self, entry: &IndexEntry) -> bool {
+        self.filters.matches_entry(entry)
+            && self.group.as_ref().is_none_or(|g| *g == entry.group)
+            && self
+                .from_ms
+                .is_none_or(|from| entry.first_failed_ms >= from)
+            && self.to_ms.is_none_or(|to| entry.first_failed_ms <= to)
+    }
+}
+
 impl<'a> Index<'a> {
     pub(crate) async fn open(fleet: &'a Fleet) -> Result<Self, Error> {
         Ok(Self {
@@ -172,6 +211,74 @@ impl<'a> Index<'a> {
         Ok(groups)
     }
 
+    /// The entries matching `query`, oldest first, at most its limit: one
+    /// sorted-set range (the group's, or all letters') or the order's set,
+    /// then the entries themselves.
+    pub(crate) async fn query(&mut self, query: &LetterQuery) -> Result<Vec<IndexEntry>, Error> {
+        let ids = match (&query.filters.order_id, &query.group) {
+            (Some(order), _) => self.order_ids(order).await?,
+            (None, group) => {
+                let key = match group {
+                    Some(g) => self.keys().dlq_group(g),
+                    None => self.keys().dlq_letters(),
+                };
+                let from = query.from_ms.map_or("-inf".to_owned(), |ms| ms.to_string());
+                let to = query.to_ms.map_or("+inf".to_owned(), |ms| ms.to_string());
+                redis::cmd("ZRANGEBYSCORE")
+                    .arg(key)
+                    .arg(from)
+                    .arg(to)
+                    .query_async(&mut self.redis)
+                    .await
+                    .map_err(redis_error(self.fleet, "reading the dead-letter index"))?
+            }
+        };
+        let mut entries = self.entries_of(&ids).await?;
+        entries.sort_by(|a, b| (a.first_failed_ms, &a.id).cmp(&(b.first_failed_ms, &b.id)));
+        entries.retain(|e| query.matches(e));
+        if let Some(limit) = query.filters.limit {
+            entries.truncate(limit);
+        }
+        Ok(entries)
+    }
+
+    /// The failure groups with their first and last failure and the orders
+    /// they hold, largest first. Reads every entry (pipelined), so its cost
+    /// grows with the index.
+    pub(crate) async fn summaries(&mut self) -> Result<Vec<GroupSummary>, Error> {
+        let groups = self.groups().await?;
+        if groups.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = self.all_ids().await?;
+        let mut seen: HashMap<String, (u64, u64, HashSet<String>)> = HashMap::new();
+        for entry in self.entries_of(&ids).await? {
+            let (first, last, orders) = seen
+                .entry(entry.group.clone())
+                .or_insert_with(|| (u64::MAX, 0, HashSet::new()));
+            if entry.first_failed_ms > 0 {
+                *first = (*first).min(entry.first_failed_ms);
+                *last = (*last).max(entry.first_failed_ms);
+            }
+            if let Some(order) = entry.order_id {
+                orders.insert(order);
+            }
+        }
+        Ok(groups
+            .into_iter()
+            .map(|g| {
+                let (first, last, orders) = seen.remove(&g.group.id).unwrap_or_default();
+                GroupSummary {
+                    count: g.count,
+                    first_failed_ms: if first == u64::MAX { 0 } else { first },
+                    last_failed_ms: last,
+                    orders: orders.len() as u64,
+                    group: g.group,
+                }
+            })
+            .collect())
+    }
+
     /// Writes entries (each as the worker does, [`INDEX_LUA`]).
     pub(crate) async fn write(&mut self, entries: &[IndexEntry]) -> Result<(), Error> {
         let script = format!("{INDEX_LUA}\nindex_letter(KEYS, ARGV)\nreturn 1");
@@ -248,4 +355,39 @@ fn eval(body: &str, keys: &[String], args: &[String]) -> redis::Cmd {
     let mut cmd = redis::cmd("EVAL");
     cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
     cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_letter_query_filters_by_group_time_and_the_filters() {
+        let entry = IndexEntry {
+            id: "a".into(),
+            reason: "handler".into(),
+            group: "g1".into(),
+            order_id: Some("o-1".into()),
+            shard: Some(2),
+            first_failed_ms: 1_000,
+            ..IndexEntry::default()
+        };
+        let matches = |set: fn(&mut LetterQuery)| {
+            let mut query = LetterQuery::default();
+            set(&mut query);
+            query.matches(&entry)
+        };
+        assert!(matches(|_| {}));
+        assert!(matches(|q| q.group = Some("g1".into())));
+        assert!(!matches(|q| q.group = Some("g2".into())));
+        assert!(matches(|q| {
+            q.from_ms = Some(1_000);
+            q.to_ms = Some(1_000);
+        }));
+        assert!(!matches(|q| q.from_ms = Some(1_001)));
+        assert!(!matches(|q| q.to_ms = Some(999)));
+        assert!(!matches(|q| q.filters.shard = Some(3)));
+        assert!(matches(|q| q.filters.reason = Some("handler".into())));
+        assert!(!matches(|q| q.filters.order_id = Some("o-2".into())));
+    }
 }

@@ -6,6 +6,8 @@
 //! - `index`: the dead-letter index in Redis, which [`list`] and reconcile read.
 //! - [`list`], [`show`]: what is in the DLQ (from the index), with a summary
 //!   by reason and failure group; `show` reads the letter itself.
+//! - [`groups`], [`letters`]: the index as the console browses it: failure
+//!   groups with their times and orders, entries by group and time.
 //! - [`replay`]: republish to the order's shard, per order in seq order, each
 //!   confirmed before it leaves the DLQ; quarantined orders followed in rounds.
 //! - [`purge`]: delete letters; [`release`]: lift an order's quarantine.
@@ -25,8 +27,8 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use shardline_topology::letters::IndexEntry;
 
-pub use index::GroupCount;
 pub(crate) use index::Index;
+pub use index::{GroupCount, GroupSummary, LetterQuery};
 pub use letter::{Letter, LetterRef};
 pub(crate) use lock::locked;
 use reader::Reader;
@@ -127,6 +129,17 @@ pub async fn list(fleet: &Fleet, filters: &Filters) -> Result<ListReport, Error>
         depth,
         at: SystemTime::now(),
     })
+}
+
+/// The failure groups of the index, with their first and last failure and
+/// the orders they hold, largest first; the DLQ is not read.
+pub async fn groups(fleet: &Fleet) -> Result<Vec<GroupSummary>, Error> {
+    Index::open(fleet).await?.summaries().await
+}
+
+/// The index entries matching `query`, oldest first; the DLQ is not read.
+pub async fn letters(fleet: &Fleet, query: &LetterQuery) -> Result<Vec<IndexEntry>, Error> {
+    Index::open(fleet).await?.query(query).await
 }
 
 /// The DLQ's depth, by a passive declare on a connection of its own.

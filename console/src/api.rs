@@ -1,0 +1,227 @@
+//! The JSON API under `{base}api/`, which the pages use too: who am I, the
+//! fleet, the dead-letter index's groups and letters, and the one action of
+//! this step, releasing a quarantined order. Each handler calls
+//! `shardline-ops` and shapes its report; none holds operation logic.
+
+use std::time::{Duration, SystemTime};
+
+use axum::Json;
+use axum::extract::{Extension, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use shardline_ops::dlq::{self, GroupSummary};
+use shardline_ops::{Filters, LetterQuery};
+use shardline_topology::letters::IndexEntry;
+
+use crate::server::{Shared, chain, json_error};
+use crate::session::Principal;
+
+/// Letters returned when the query gives no `limit`, and the most it may ask.
+const DEFAULT_LETTERS: usize = 500;
+const MAX_LETTERS: usize = 5000;
+
+/// `GET api/me`: the token's name and role, and the session's CSRF token.
+pub(crate) async fn me(Extension(who): Extension<Principal>) -> Response {
+    Json(serde_json::json!({
+        "name": who.name,
+        "role": who.role.as_str(),
+        "csrf": who.csrf,
+    }))
+    .into_response()
+}
+
+/// `GET api/fleet`: `topology status --json` without browsing the DLQ.
+pub(crate) async fn fleet(State(state): State<Shared>) -> Response {
+    match &*state.status().await {
+        Ok(report) => Json(report.json()).into_response(),
+        Err(e) => json_error(StatusCode::BAD_GATEWAY, e),
+    }
+}
+
+/// Unix ms as RFC 3339 (none for 0: unknown).
+pub(crate) fn rfc3339(ms: u64) -> Option<String> {
+    (ms > 0).then(|| {
+        humantime::format_rfc3339_millis(SystemTime::UNIX_EPOCH + Duration::from_millis(ms))
+            .to_string()
+    })
+}
+
+pub(crate) fn group_json(g: &GroupSummary) -> serde_json::Value {
+    serde_json::json!({
+        "group": g.group.id,
+        "reason": g.group.reason,
+        "error": g.group.error,
+        "count": g.count,
+        "orders": g.orders,
+        "first_failed_at": rfc3339(g.first_failed_ms),
+        "last_failed_at": rfc3339(g.last_failed_ms),
+        "first_failed_ms": g.first_failed_ms,
+        "last_failed_ms": g.last_failed_ms,
+    })
+}
+
+/// `GET api/dlq/groups`: the failure groups, largest first.
+pub(crate) async fn groups(State(state): State<Shared>) -> Response {
+    match dlq::groups(&state.fleet).await {
+        Ok(groups) => Json(serde_json::json!({
+            "groups": groups.iter().map(group_json).collect::<Vec<_>>(),
+        }))
+        .into_response(),
+        Err(e) => json_error(StatusCode::BAD_GATEWAY, &chain(&e)),
+    }
+}
+
+/// The query of `api/dlq/letters`; empty values count as absent (a form
+/// sends `reason=`).
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct LettersParams {
+    group: Option<String>,
+    reason: Option<String>,
+    order: Option<String>,
+    shard: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    limit: Option<String>,
+}
+
+fn given(value: Option<&String>) -> Option<&str> {
+    value.map(|v| v.trim()).filter(|v| !v.is_empty())
+}
+
+/// A time bound: Unix ms, or RFC 3339 (`2026-12-01T10:00:00Z`).
+fn time_ms(name: &str, value: &str) -> Result<u64, String> {
+    if let Ok(ms) = value.parse::<u64>() {
+        return Ok(ms);
+    }
+    let at = humantime::parse_rfc3339_weak(value)
+        .map_err(|_| format!("{name}: expected Unix milliseconds or an RFC 3339 time"))?;
+    let since = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_err(|_| format!("{name}: before 1970"))?;
+    Ok(u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl LettersParams {
+    pub(crate) fn query(&self) -> Result<LetterQuery, String> {
+        let shard = given(self.shard.as_ref())
+            .map(|s| {
+                s.parse::<u16>()
+                    .map_err(|_| "shard: expected a shard number")
+            })
+            .transpose()?;
+        let limit = given(self.limit.as_ref())
+            .map(|s| s.parse::<usize>().map_err(|_| "limit: expected a number"))
+            .transpose()?
+            .unwrap_or(DEFAULT_LETTERS)
+            .min(MAX_LETTERS);
+        Ok(LetterQuery {
+            filters: Filters {
+                reason: given(self.reason.as_ref()).map(str::to_owned),
+                order_id: given(self.order.as_ref()).map(str::to_owned),
+                shard,
+                limit: Some(limit),
+            },
+            group: given(self.group.as_ref()).map(str::to_owned),
+            from_ms: given(self.from.as_ref())
+                .map(|v| time_ms("from", v))
+                .transpose()?,
+            to_ms: given(self.to.as_ref())
+                .map(|v| time_ms("to", v))
+                .transpose()?,
+        })
+    }
+}
+
+pub(crate) fn letter_json(l: &IndexEntry) -> serde_json::Value {
+    serde_json::json!({
+        "id": l.id,
+        "reason": l.reason,
+        "group": l.group,
+        "error": l.error,
+        "order_id": l.order_id,
+        "seq": l.seq,
+        "event": l.kind,
+        "shard": l.shard,
+        "first_failed_at": rfc3339(l.first_failed_ms),
+        "first_failed_ms": l.first_failed_ms,
+        "trace_id": l.trace_id,
+        "attempts": l.attempts,
+    })
+}
+
+/// `GET api/dlq/letters?group=&reason=&order=&shard=&from=&to=&limit=`:
+/// index entries, oldest first.
+pub(crate) async fn letters(
+    State(state): State<Shared>,
+    Query(params): Query<LettersParams>,
+) -> Response {
+    let query = match params.query() {
+        Ok(query) => query,
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, &e),
+    };
+    match dlq::letters(&state.fleet, &query).await {
+        Ok(letters) => Json(serde_json::json!({
+            "letters": letters.iter().map(letter_json).collect::<Vec<_>>(),
+            "limit": query.filters.limit,
+        }))
+        .into_response(),
+        Err(e) => json_error(StatusCode::BAD_GATEWAY, &chain(&e)),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ReleaseRequest {
+    order_id: String,
+}
+
+/// `POST api/dlq/release` `{"order_id": …}` (admin): lifts the order's
+/// quarantine, as `dlq release` does.
+pub(crate) async fn release(
+    State(state): State<Shared>,
+    Extension(who): Extension<Principal>,
+    Json(request): Json<ReleaseRequest>,
+) -> impl IntoResponse {
+    let order_id = request.order_id.trim();
+    if order_id.is_empty() {
+        return json_error(StatusCode::BAD_REQUEST, "order_id: required");
+    }
+    tracing::info!(who = %who.name, order_id, "console: releasing a quarantined order");
+    match dlq::release(&state.fleet, order_id).await {
+        Ok(report) => Json(report).into_response(),
+        Err(e) => json_error(StatusCode::BAD_GATEWAY, &chain(&e)),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn letter_queries_read_empty_values_as_absent_and_check_the_rest() {
+        let params = LettersParams {
+            reason: Some(String::new()),
+            shard: Some("3".into()),
+            from: Some("2026-12-01T10:00:00Z".into()),
+            to: Some("1796119200000".into()),
+            ..LettersParams::default()
+        };
+        let query = params.query().unwrap();
+        assert_eq!(query.filters.reason, None);
+        assert_eq!(query.filters.shard, Some(3));
+        assert_eq!(query.filters.limit, Some(DEFAULT_LETTERS));
+        assert_eq!(query.from_ms, Some(1_796_119_200_000));
+        assert_eq!(query.to_ms, Some(1_796_119_200_000));
+        let bad = LettersParams {
+            shard: Some("x".into()),
+            ..LettersParams::default()
+        };
+        assert!(bad.query().unwrap_err().starts_with("shard"));
+        let huge = LettersParams {
+            limit: Some("999999".into()),
+            ..LettersParams::default()
+        };
+        assert_eq!(huge.query().unwrap().filters.limit, Some(MAX_LETTERS));
+    }
+}

@@ -1,0 +1,95 @@
+//! The console's settings: who may log in, where it is mounted, which Host
+//! names it answers to, the backlog thresholds of its fleet page.
+
+use shardline_topology::status::Thresholds;
+
+use crate::Error;
+use crate::token::Tokens;
+
+/// What [`crate::serve`] needs besides the fleet and a listener.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    /// The tokens that may log in; at least one (the command line generates
+    /// one when none is given).
+    pub tokens: Tokens,
+    /// Where the console is mounted, for a reverse proxy: starts with `/`
+    /// (default `/`). Every route, and the session cookie's `Path`, is under it.
+    pub base_path: String,
+    /// Host names (`host` or `host:port`) the console answers to besides its
+    /// listen address, `localhost:{port}` and `127.0.0.1:{port}`: any other
+    /// Host header is refused (DNS rebinding). Default none.
+    pub allowed_hosts: Vec<String>,
+    /// Backlog age levels on the fleet page (default WARN from 30 s, PAGE
+    /// from 2 min).
+    pub thresholds: Thresholds,
+}
+
+impl Config {
+    /// Checks the fields; the error names the field.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.tokens.is_empty() {
+            return Err(Error::Config {
+                field: "tokens",
+                message: "tokens: at least one token is required".into(),
+            });
+        }
+        base_path(&self.base_path)?;
+        if let Some(bad) = self
+            .allowed_hosts
+            .iter()
+            .find(|h| h.is_empty() || h.contains(['/', ' ', '@', '?', '#']))
+        {
+            return Err(Error::Config {
+                field: "allowed_hosts",
+                message: format!("allowed_hosts: {bad:?} is not a host name or host:port"),
+            });
+        }
+        if self.thresholds.page < self.thresholds.warn {
+            return Err(Error::Config {
+                field: "thresholds.page",
+                message: "thresholds.page must not be below thresholds.warn".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The base path with one trailing `/` (`""` is `/`).
+pub(crate) fn base_path(path: &str) -> Result<String, Error> {
+    let path = if path.is_empty() { "/" } else { path };
+    let fits = path.starts_with('/')
+        && !path.contains("//")
+        && path
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '-' | '_' | '.' | '~'));
+    if !fits {
+        return Err(Error::Config {
+            field: "base_path",
+            message: format!(
+                "base_path: {path:?} must start with `/` and hold only letters, digits and `/-_.~`"
+            ),
+        });
+    }
+    Ok(if path.ends_with('/') {
+        path.to_owned()
+    } else {
+        format!("{path}/")
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_base_path_gets_one_trailing_slash() {
+        assert_eq!(base_path("/").unwrap(), "/");
+        assert_eq!(base_path("").unwrap(), "/");
+        assert_eq!(base_path("/console").unwrap(), "/console/");
+        assert_eq!(base_path("/ops/console/").unwrap(), "/ops/console/");
+        assert!(base_path("console").is_err());
+        assert!(base_path("//evil.example").is_err());
+        assert!(base_path("/a?b").is_err());
+    }
+}

@@ -1,0 +1,39 @@
+//! shardline's operator web console: the fleet (shards, owners, backlog
+//! levels, breakers, members) and its dead letters (failure groups from the
+//! dead-letter index) as pages and as a JSON API, always behind a token.
+//! Every fact comes from `shardline-ops`; this crate holds no operation
+//! logic. Modules, in the order a request meets them:
+//!
+//! - `server`: [`serve`], the routes under the base path, the shared state.
+//! - `guard`: the one gate: Host, Origin, session or bearer token, CSRF,
+//!   role; the security headers of every response.
+//! - [`token`]: named tokens (`admin`, `read-only`), their syntax, the
+//!   constant-time lookup.
+//! - `session`: login sessions in memory (cookie id → name, role, CSRF token).
+//! - `pages`, `html`: login, the fleet page and the dead-letters page.
+//! - `api`: the JSON API under `api/`.
+//! - [`escape`]: the one escaping function for untrusted text.
+//! - `assets`: the embedded stylesheet and script.
+//! - [`config`], [`error`]: the settings and what can go wrong.
+
+// The fleet status's future (broker probe, queues, Redis) is deep.
+#![recursion_limit = "256"]
+
+mod api;
+mod assets;
+pub mod config;
+pub mod error;
+pub mod escape;
+mod guard;
+mod html;
+mod pages;
+mod server;
+mod session;
+pub mod token;
+
+pub use config::Config;
+pub use error::Error;
+pub use guard::{CSP, CSRF_HEADER};
+pub use server::serve;
+pub use session::{COOKIE, SESSION_TTL};
+pub use token::{MIN_TOKEN_CHARS, Role, Token, TokenError, Tokens};

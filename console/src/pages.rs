@@ -1,0 +1,154 @@
+//! The page handlers: login and logout (the session cookie), the fleet
+//! page and its refreshed section, the dead-letters page.
+
+use axum::Form;
+use axum::extract::{Extension, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use serde::Deserialize;
+use shardline_ops::dlq;
+
+use crate::guard::{see_other, session_id};
+use crate::html::{self, Nav};
+use crate::server::{Shared, chain};
+use crate::session::{COOKIE, Principal, SESSION_TTL};
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct LoginQuery {
+    token: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct LoginForm {
+    token: String,
+}
+
+/// `GET login`: the form; with `?token=` (the URL printed at start) a
+/// login as by the form.
+pub(crate) async fn login_form(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Query(query): Query<LoginQuery>,
+) -> Response {
+    match query.token {
+        Some(token) => log_in(&state, &headers, &token),
+        None => Html(html::login(&state.base, false)).into_response(),
+    }
+}
+
+/// `POST login`: the token from the form.
+pub(crate) async fn login(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    log_in(&state, &headers, &form.token)
+}
+
+/// A session for the token and a 303 to the fleet page, or the form again (401).
+fn log_in(state: &Shared, headers: &HeaderMap, token: &str) -> Response {
+    let Some(token) = state.tokens.find(token.trim()) else {
+        tracing::info!("console: a login was refused");
+        return (
+            StatusCode::UNAUTHORIZED,
+            Html(html::login(&state.base, true)),
+        )
+            .into_response();
+    };
+    let (id, _) = state.sessions.open(token);
+    tracing::info!(who = %token.name, role = token.role.as_str(), "console: logged in");
+    let mut response = see_other(&state.base);
+    let cookie = format!(
+        "{COOKIE}={id}; Path={}; HttpOnly; SameSite=Strict; Max-Age={}{}",
+        cookie_path(&state.base),
+        SESSION_TTL.as_secs(),
+        if over_tls(headers) { "; Secure" } else { "" },
+    );
+    if let Ok(value) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
+/// `POST logout` (with the session's CSRF token): ends the session.
+pub(crate) async fn logout(State(state): State<Shared>, headers: HeaderMap) -> Response {
+    if let Some(id) = session_id(&headers) {
+        state.sessions.close(&id);
+    }
+    let mut response = see_other(&format!("{}login", state.base));
+    let cookie = format!(
+        "{COOKIE}=; Path={}; HttpOnly; SameSite=Strict; Max-Age=0",
+        cookie_path(&state.base)
+    );
+    if let Ok(value) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
+/// The cookie's `Path`: the base path without its trailing `/` (but `/`).
+fn cookie_path(base: &str) -> &str {
+    match base.trim_end_matches('/') {
+        "" => "/",
+        path => path,
+    }
+}
+
+/// The request reached the console over TLS: a proxy says so. (The
+/// console itself speaks plain HTTP.)
+fn over_tls(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
+}
+
+/// `GET {base}`: the fleet page.
+pub(crate) async fn fleet(
+    State(state): State<Shared>,
+    Extension(who): Extension<Principal>,
+) -> Response {
+    let section = html::fleet(&*state.status().await);
+    let body = format!(
+        "<h1>Fleet</h1><div id=\"fleet\" data-src=\"{}\">{section}</div>",
+        crate::escape::text(&format!("{}fragment/fleet", state.base), 500),
+    );
+    Html(html::page(&state.base, "Fleet", &who, Nav::Fleet, &body)).into_response()
+}
+
+/// `GET fragment/fleet`: the fleet section alone, for the page's refresh.
+pub(crate) async fn fleet_fragment(State(state): State<Shared>) -> Response {
+    Html(html::fleet(&*state.status().await)).into_response()
+}
+
+/// `GET dead-letters`: the failure groups.
+pub(crate) async fn dead_letters(
+    State(state): State<Shared>,
+    Extension(who): Extension<Principal>,
+) -> Response {
+    let groups = dlq::groups(&state.fleet).await.map_err(|e| chain(&e));
+    let body = html::dead_letters(&state.base, &who, &groups);
+    Html(html::page(
+        &state.base,
+        "Dead letters",
+        &who,
+        Nav::DeadLetters,
+        &body,
+    ))
+    .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cookie_path_is_the_base_path() {
+        assert_eq!(cookie_path("/"), "/");
+        assert_eq!(cookie_path("/console/"), "/console");
+        let mut headers = HeaderMap::new();
+        assert!(!over_tls(&headers));
+        headers.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        assert!(over_tls(&headers));
+    }
+}

@@ -1,0 +1,177 @@
+//! The routes under the base path, the shared state, and [`serve`]: the
+//! accept loop until the stop token fires.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::middleware;
+use axum::response::{IntoResponse as _, Response};
+use axum::routing::{get, post};
+use shardline_ops::Fleet;
+use shardline_ops::topology::{self, StatusConfig, StatusReport};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::session::Sessions;
+use crate::token::Tokens;
+use crate::{Config, Error, api, assets, config, guard, pages};
+
+/// How long one fleet status serves every page and poll: tabs refreshing
+/// every 2 s share one read of the broker and Redis.
+const STATUS_REUSE: Duration = Duration::from_secs(1);
+
+/// What every handler shares.
+pub(crate) struct State {
+    pub(crate) fleet: Fleet,
+    pub(crate) tokens: Tokens,
+    pub(crate) sessions: Sessions,
+    /// The base path, with its trailing `/`.
+    pub(crate) base: String,
+    /// Host headers answered to, lower case.
+    pub(crate) hosts: Vec<String>,
+    status: StatusConfig,
+    last_status: tokio::sync::Mutex<Option<(Instant, Status)>>,
+}
+
+pub(crate) type Shared = Arc<State>;
+
+/// A fleet status as read (its error as text), shared by the requests of
+/// [`STATUS_REUSE`].
+pub(crate) type Status = Arc<Result<StatusReport, String>>;
+
+impl State {
+    /// The fleet status (cheap form: the DLQ is not browsed), at most
+    /// [`STATUS_REUSE`] old; its error as text fit to show.
+    pub(crate) async fn status(&self) -> Status {
+        let mut last = self.last_status.lock().await;
+        if let Some((at, status)) = &*last
+            && at.elapsed() < STATUS_REUSE
+        {
+            return Arc::clone(status);
+        }
+        let status = Arc::new(
+            topology::status(&self.fleet, &self.status)
+                .await
+                .map_err(|e| chain(&e)),
+        );
+        *last = Some((Instant::now(), Arc::clone(&status)));
+        status
+    }
+}
+
+/// An error and its sources, as one line.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// A JSON `{"error": …}` with `status`.
+pub(crate) fn json_error(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+/// The Host headers the console answers to: its listen address,
+/// `localhost` and the loopback addresses on its port, and `extra`.
+fn hosts(addr: SocketAddr, extra: &[String]) -> Vec<String> {
+    let port = addr.port();
+    let mut hosts = vec![
+        addr.to_string(),
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+    ];
+    hosts.extend(extra.iter().map(|h| h.to_ascii_lowercase()));
+    hosts
+}
+
+fn router(state: Shared) -> Router {
+    let b = state.base.clone();
+    let at = |path: &str| format!("{b}{path}");
+    let mut router = Router::new()
+        .route(&b, get(pages::fleet))
+        .route(&at("dead-letters"), get(pages::dead_letters))
+        .route(&at("fragment/fleet"), get(pages::fleet_fragment))
+        .route(&at("login"), get(pages::login_form).post(pages::login))
+        .route(&at("logout"), post(pages::logout))
+        .route(&at("assets/console.css"), get(assets::css))
+        .route(&at("assets/console.js"), get(assets::js))
+        .route(&at("api/me"), get(api::me))
+        .route(&at("api/fleet"), get(api::fleet))
+        .route(&at("api/dlq/groups"), get(api::groups))
+        .route(&at("api/dlq/letters"), get(api::letters))
+        .route(&at("api/dlq/release"), post(api::release));
+    if b != "/" {
+        let base = b.clone();
+        router = router.route(
+            b.trim_end_matches('/'),
+            get(move || async move { guard::see_other(&base) }),
+        );
+    }
+    router
+        .fallback(|| async { json_error(StatusCode::NOT_FOUND, "no such page") })
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            guard::guard,
+        ))
+        .with_state(state)
+}
+
+/// Serves the console on `listener` until `shutdown` fires. The Host
+/// headers it answers to follow from the listener's address.
+pub async fn serve(
+    config: Config,
+    fleet: Fleet,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    config.validate()?;
+    let base = config::base_path(&config.base_path)?;
+    let addr = listener.local_addr()?;
+    let state = Arc::new(State {
+        fleet,
+        tokens: config.tokens,
+        sessions: Sessions::default(),
+        base,
+        hosts: hosts(addr, &config.allowed_hosts),
+        status: StatusConfig {
+            thresholds: config.thresholds,
+            dlq_browse: None,
+        },
+        last_status: tokio::sync::Mutex::new(None),
+    });
+    tracing::info!(%addr, base = %state.base, tokens = state.tokens.len(), "console listening");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_listen_address_and_loopback_names_are_answered_to() {
+        let hosts = hosts(
+            "127.0.0.1:8088".parse().unwrap(),
+            &["Console.Example".to_owned()],
+        );
+        assert!(hosts.contains(&"127.0.0.1:8088".to_owned()));
+        assert!(hosts.contains(&"localhost:8088".to_owned()));
+        assert!(hosts.contains(&"console.example".to_owned()));
+        assert!(!hosts.contains(&"localhost".to_owned()));
+    }
+}

@@ -1,0 +1,133 @@
+//! `shardline console`: flags and the token sources to
+//! [`shardline_console::Config`], the listener, and the login URL of a
+//! generated token.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use shardline_console::{Config, Token, Tokens};
+use shardline_topology::status::Thresholds;
+use tokio_util::sync::CancellationToken;
+
+use crate::GlobalArgs;
+
+/// The environment variable holding token lines (newline or `;` between them).
+const TOKENS_ENV: &str = "SHARDLINE_CONSOLE_TOKENS";
+
+#[derive(Debug, Args)]
+pub struct ConsoleArgs {
+    /// Address to serve the console on (keep it on loopback unless behind a
+    /// proxy that terminates TLS).
+    #[arg(
+        long,
+        env = "SHARDLINE_CONSOLE_LISTEN",
+        default_value = "127.0.0.1:8088"
+    )]
+    pub listen: SocketAddr,
+    /// File of tokens, one `name:role:token` a line (role `admin` or
+    /// `read-only`; `#` comments). Also SHARDLINE_CONSOLE_TOKENS. Neither:
+    /// an admin token is generated and a login URL printed.
+    #[arg(long, env = "SHARDLINE_CONSOLE_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Path the console is mounted under, for a reverse proxy.
+    #[arg(long, env = "SHARDLINE_CONSOLE_BASE_PATH", default_value = "/")]
+    pub base_path: String,
+    /// Another Host header to answer to (a proxy's name), `host` or
+    /// `host:port`; repeatable. Others are refused (DNS rebinding).
+    #[arg(long = "allowed-host")]
+    pub allowed_hosts: Vec<String>,
+    /// Backlog age from which a shard shows WARN.
+    #[arg(long, env = "SHARDLINE_BACKLOG_WARN", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub backlog_warn: Duration,
+    /// Backlog age from which a shard shows PAGE.
+    #[arg(long, env = "SHARDLINE_BACKLOG_PAGE", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub backlog_page: Duration,
+}
+
+/// The tokens of `--token-file` and the environment, each refusal naming
+/// where it came from; `None` when neither gives any.
+fn tokens(args: &ConsoleArgs) -> anyhow::Result<Option<Tokens>> {
+    let mut tokens = Tokens::default();
+    if let Some(path) = &args.token_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--token-file {}", path.display()))?;
+        tokens = Tokens::parse(&text, false)
+            .map_err(|e| anyhow::anyhow!("--token-file {}: {e}", path.display()))?;
+    }
+    if let Some(text) = std::env::var_os(TOKENS_ENV) {
+        let text = text
+            .into_string()
+            .map_err(|_| anyhow::anyhow!("{TOKENS_ENV}: not UTF-8"))?;
+        let from_env =
+            Tokens::parse(&text, true).map_err(|e| anyhow::anyhow!("{TOKENS_ENV}: {e}"))?;
+        tokens = tokens
+            .merge(from_env)
+            .map_err(|e| anyhow::anyhow!("{TOKENS_ENV} and --token-file: {e}"))?;
+    }
+    Ok((!tokens.is_empty()).then_some(tokens))
+}
+
+fn flag(field: &str) -> String {
+    match field {
+        "tokens" => format!("--token-file or {TOKENS_ENV}"),
+        "allowed_hosts" => "--allowed-host".into(),
+        field => crate::flag(field),
+    }
+}
+
+pub async fn run(
+    global: &GlobalArgs,
+    args: ConsoleArgs,
+    shutdown: CancellationToken,
+) -> anyhow::Result<ExitCode> {
+    let (tokens, generated) = match tokens(&args)? {
+        Some(tokens) => (tokens, None),
+        None => {
+            let token = Token::generate();
+            let mut tokens = Tokens::default();
+            tokens.add(token.clone())?;
+            (tokens, Some(token))
+        }
+    };
+    let config = Config {
+        tokens,
+        base_path: args.base_path,
+        allowed_hosts: args.allowed_hosts,
+        thresholds: Thresholds {
+            warn: args.backlog_warn,
+            page: args.backlog_page,
+        },
+    };
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!(e.rename_field(flag)))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("--listen {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    if let Some(token) = generated {
+        // Printed once, on stdout, never logged (like Jupyter's login URL).
+        let host = if addr.ip().is_unspecified() {
+            SocketAddr::from(([127, 0, 0, 1], addr.port()))
+        } else {
+            addr
+        };
+        let base = if config.base_path.is_empty() {
+            "/".to_owned()
+        } else {
+            format!("{}/", config.base_path.trim_end_matches('/'))
+        };
+        println!(
+            "shardline console: no token given, generated an admin token. Log in at:\n    http://{host}{base}login?token={}",
+            token.secret()
+        );
+    }
+    shardline_console::serve(config, global.fleet(), listener, shutdown)
+        .await
+        .map_err(|e| anyhow::anyhow!(e.rename_field(flag)))?;
+    Ok(ExitCode::SUCCESS)
+}

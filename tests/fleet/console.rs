@@ -1,0 +1,424 @@
+//! `shardline console` in-process against a running worker and a dead
+//! letter it made: tokens, the session cookie, Host/Origin/CSRF checks, the
+//! security headers, the JSON API, and hostile index text rendered as text.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use reqwest::StatusCode;
+use reqwest::header::{self, HeaderMap};
+use shardline_console::{Config, Tokens};
+use shardline_ops::Fleet;
+use shardline_testkit::dlq::{wait_depth, wait_indexed};
+use shardline_testkit::env::REDIS_URL;
+use shardline_testkit::wait::check;
+use shardline_testkit::{Downstream, Event, PROCESSING, Publisher, TestEnv, wait_until};
+use tokio_util::sync::CancellationToken;
+
+const ADMIN: &str = "admin-token-0123456789";
+const VIEWER: &str = "viewer-token-0123456789";
+
+/// The console of `env` on a free loopback port, until the token fires.
+struct Console {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), shardline_console::Error>>,
+    http: reqwest::Client,
+}
+
+impl Console {
+    async fn start(env: &TestEnv) -> Self {
+        let fleet = Fleet {
+            amqp: env.amqp_target(),
+            redis: REDIS_URL.parse().unwrap(),
+            keys: env.keys(),
+            names: env.names.clone(),
+            shards: env.shards,
+            ..Fleet::default()
+        };
+        let config = Config {
+            tokens: Tokens::parse(
+                &format!("# test tokens\nops:admin:{ADMIN}\nviewer:read-only:{VIEWER}\n"),
+                false,
+            )
+            .unwrap(),
+            base_path: "/".into(),
+            ..Config::default()
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(shardline_console::serve(
+            config,
+            fleet,
+            listener,
+            shutdown.clone(),
+        ));
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        Self {
+            addr,
+            shutdown,
+            task,
+            http,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Logs in through the form; the session cookie (`name=value`) and the
+    /// whole `Set-Cookie`.
+    async fn login(&self, token: &str, extra: &[(&str, &str)]) -> (String, String) {
+        let mut req = self
+            .http
+            .post(self.url("/login"))
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(format!("token={token}"));
+        for (name, value) in extra {
+            req = req.header(*name, *value);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+        assert_eq!(resp.headers()[header::LOCATION], "/");
+        let set = resp.headers()[header::SET_COOKIE]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let cookie = set.split(';').next().unwrap().to_owned();
+        (cookie, set)
+    }
+
+    async fn get(&self, path: &str, cookie: &str) -> reqwest::Response {
+        self.http
+            .get(self.url(path))
+            .header(header::COOKIE, cookie)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn json(&self, path: &str, cookie: &str) -> serde_json::Value {
+        let resp = self.get(path, cookie).await;
+        assert_eq!(resp.status(), StatusCode::OK, "GET {path}");
+        serde_json::from_str(&resp.text().await.unwrap()).unwrap()
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+fn assert_security_headers(headers: &HeaderMap) {
+    let csp = headers[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+    assert!(csp.starts_with("default-src 'self'"), "{csp}");
+    assert_eq!(headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+    assert_eq!(headers[header::REFERRER_POLICY], "no-referrer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_serves_the_fleet_and_its_dead_letters_behind_a_token() {
+    let env = TestEnv::new("console").await;
+    env.apply_topology().await;
+    let conn = env.connect().await;
+    let x = Event::new("console-x", 1, env.shards);
+    let downstream =
+        Downstream::failing_until_fixed(x.key(), Arc::new(AtomicBool::new(false))).await;
+    let mut worker = env.start_worker("w1", &downstream, |_| {}).await;
+    Publisher::connect(&env)
+        .await
+        .publish(std::slice::from_ref(&x))
+        .await;
+    wait_depth(&env, &conn, 1, PROCESSING).await;
+    wait_indexed(&env, 1, PROCESSING).await;
+
+    let console = Console::start(&env).await;
+
+    // Without a token: the API says 401, a page sends to the login form;
+    // every response carries the security headers.
+    let resp = console
+        .http
+        .get(console.url("/api/fleet"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    assert_security_headers(resp.headers());
+    let resp = console.http.get(console.url("/")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+    assert_eq!(resp.headers()[header::LOCATION], "/login");
+    let resp = console
+        .http
+        .get(console.url("/login"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_security_headers(resp.headers());
+    assert!(resp.text().await.unwrap().contains("name=\"token\""));
+    let wrong = console
+        .http
+        .get(console.url("/api/me"))
+        .bearer_auth("admin-token-0123456780")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    let refused = console
+        .http
+        .post(console.url("/login"))
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body("token=not-a-token-at-all")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    assert!(refused.headers().get(header::SET_COOKIE).is_none());
+
+    // Login: an HttpOnly, SameSite=Strict cookie on the base path; Secure
+    // when a proxy says the request came over TLS.
+    let (cookie, set) = console.login(ADMIN, &[]).await;
+    assert!(set.starts_with("shardline_session="), "{set}");
+    assert!(set.contains("HttpOnly"), "{set}");
+    assert!(set.contains("SameSite=Strict"), "{set}");
+    assert!(set.contains("Path=/"), "{set}");
+    assert!(!set.contains("Secure"), "{set}");
+    let (_, behind_tls) = console
+        .login(ADMIN, &[("x-forwarded-proto", "https")])
+        .await;
+    assert!(behind_tls.contains("; Secure"), "{behind_tls}");
+    let me = console.json("/api/me", &cookie).await;
+    assert_eq!(me["name"], "ops", "{me}");
+    assert_eq!(me["role"], "admin", "{me}");
+    let csrf = me["csrf"].as_str().unwrap().to_owned();
+    assert_eq!(csrf.len(), 64, "{me}");
+
+    // The fleet: every shard with its owner, the worker's breaker.
+    let (on, session, shards) = (&console, cookie.as_str(), usize::from(env.shards.get()));
+    let fleet = wait_until(
+        "every shard owned by w1 in /api/fleet",
+        PROCESSING,
+        || async move {
+            let fleet = on.json("/api/fleet", session).await;
+            let listed = fleet["shards"].as_array().cloned().unwrap_or_default();
+            let owned = listed.iter().filter(|s| s["owner"] == "w1").count();
+            check(listed.len() == shards && owned == shards, || {
+                format!("{fleet:#}")
+            })
+            .map(|()| fleet)
+        },
+    )
+    .await;
+    assert_eq!(fleet["shards"][0]["level"], "OK", "{fleet:#}");
+    assert_eq!(fleet["workers"][0]["worker"], "w1", "{fleet:#}");
+    assert_eq!(fleet["dead_letter_queue"]["messages"], 1, "{fleet:#}");
+    assert_eq!(fleet["dead_letter_queue"]["indexed"], 1, "{fleet:#}");
+    let page = console.get("/", &cookie).await;
+    assert_eq!(page.status(), StatusCode::OK);
+    assert_security_headers(page.headers());
+    let page = page.text().await.unwrap();
+    assert!(page.contains("<td>w1</td>"), "{page}");
+    assert!(page.contains("class=\"level-ok\""), "{page}");
+    let fragment = console
+        .get("/fragment/fleet", &cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(fragment.contains("<td>w1</td>"), "{fragment}");
+
+    // The dead letter's failure group and its letter.
+    let groups = console.json("/api/dlq/groups", &cookie).await;
+    let group = &groups["groups"][0];
+    assert_eq!(groups["groups"].as_array().unwrap().len(), 1, "{groups:#}");
+    assert_eq!(group["reason"], "handler", "{groups:#}");
+    assert_eq!(group["count"], 1, "{groups:#}");
+    assert_eq!(group["orders"], 1, "{groups:#}");
+    assert!(group["first_failed_at"].is_string(), "{groups:#}");
+    let id = group["group"].as_str().unwrap();
+    let letters = console
+        .json(&format!("/api/dlq/letters?group={id}&reason="), &cookie)
+        .await;
+    assert_eq!(
+        letters["letters"][0]["order_id"], "console-x",
+        "{letters:#}"
+    );
+    assert_eq!(letters["letters"][0]["seq"], 1, "{letters:#}");
+    let by_order = console
+        .json("/api/dlq/letters?order=console-x&reason=handler", &cookie)
+        .await;
+    assert_eq!(by_order["letters"].as_array().unwrap().len(), 1);
+    let none = console
+        .json("/api/dlq/letters?reason=decode", &cookie)
+        .await;
+    assert_eq!(none["letters"].as_array().unwrap().len(), 0, "{none:#}");
+    let later = console
+        .json("/api/dlq/letters?from=2999-01-01T00:00:00Z", &cookie)
+        .await;
+    assert_eq!(later["letters"].as_array().unwrap().len(), 0, "{later:#}");
+    let bad = console.get("/api/dlq/letters?shard=x", &cookie).await;
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+
+    // The action: admin with the session's CSRF token only, same origin only.
+    let release = |cookie: &str| {
+        console
+            .http
+            .post(console.url("/api/dlq/release"))
+            .header(header::COOKIE, cookie)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(r#"{"order_id": "console-x"}"#)
+    };
+    let no_csrf = release(cookie.as_str()).send().await.unwrap();
+    assert_eq!(no_csrf.status(), StatusCode::FORBIDDEN);
+    let wrong_csrf = release(cookie.as_str())
+        .header("x-csrf-token", "0".repeat(64))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong_csrf.status(), StatusCode::FORBIDDEN);
+    let foreign = release(cookie.as_str())
+        .header("x-csrf-token", &csrf)
+        .header(header::ORIGIN, "http://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(foreign.status(), StatusCode::FORBIDDEN);
+    assert_security_headers(foreign.headers());
+    let released = release(cookie.as_str())
+        .header("x-csrf-token", &csrf)
+        .header(header::ORIGIN, format!("http://{}", console.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(released.status(), StatusCode::OK);
+    let released: serde_json::Value =
+        serde_json::from_str(&released.text().await.unwrap()).unwrap();
+    assert_eq!(released["order_id"], "console-x", "{released}");
+    assert_eq!(released["letters_in_dlq"], 1, "{released}");
+
+    // A read-only token looks but may not act, by cookie or by bearer.
+    let viewer = console
+        .http
+        .get(console.url("/api/fleet"))
+        .bearer_auth(VIEWER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(viewer.status(), StatusCode::OK);
+    let viewer_post = console
+        .http
+        .post(console.url("/api/dlq/release"))
+        .bearer_auth(VIEWER)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(r#"{"order_id": "console-x"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(viewer_post.status(), StatusCode::FORBIDDEN);
+    let (viewer_cookie, _) = console.login(VIEWER, &[]).await;
+    let viewer_csrf = console.json("/api/me", &viewer_cookie).await["csrf"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let viewer_post = release(viewer_cookie.as_str())
+        .header("x-csrf-token", &viewer_csrf)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(viewer_post.status(), StatusCode::FORBIDDEN);
+    let viewer_page = console.get("/dead-letters", &viewer_cookie).await;
+    assert!(!viewer_page.text().await.unwrap().contains("id=\"release\""));
+
+    // DNS rebinding: a foreign Host is refused before anything else;
+    // localhost on the console's port is fine.
+    let rebound = console
+        .http
+        .get(console.url("/login"))
+        .header(
+            header::HOST,
+            format!("evil.example:{}", console.addr.port()),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), StatusCode::MISDIRECTED_REQUEST);
+    assert_security_headers(rebound.headers());
+    let rebound = console
+        .http
+        .get(console.url("/api/fleet"))
+        .header(header::HOST, "evil.example")
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), StatusCode::MISDIRECTED_REQUEST);
+    let local = console
+        .http
+        .get(console.url("/login"))
+        .header(header::HOST, format!("localhost:{}", console.addr.port()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(local.status(), StatusCode::OK);
+
+    // Hostile text in the index (a group's description) renders as text.
+    let hostile =
+        "handler\n<script>alert(1)</script>\u{202e}gnp.exe\u{200b}\0<img src=x onerror=alert(1)>";
+    let mut redis = redis::Client::open(REDIS_URL)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::pipe()
+        .cmd("HSET")
+        .arg(env.keys().dlq_groups())
+        .arg("hostile00001")
+        .arg(hostile)
+        .cmd("ZADD")
+        .arg(env.keys().dlq_group("hostile00001"))
+        .arg(1)
+        .arg("no-such-letter")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let page = console.get("/dead-letters", &cookie).await;
+    assert_eq!(page.status(), StatusCode::OK);
+    assert_security_headers(page.headers());
+    let page = page.text().await.unwrap();
+    assert!(
+        page.contains(
+            "&lt;script&gt;alert(1)&lt;/script&gt;\\u{202e}gnp.exe\\u{200b}\\u{0}&lt;img"
+        ),
+        "{page}"
+    );
+    assert!(
+        !page.contains("<script>alert") && !page.contains("<img"),
+        "{page}"
+    );
+    assert!(!page.contains(['\u{202e}', '\u{200b}', '\0']), "{page}");
+    assert!(page.contains("id=\"release\""), "an admin sees the action");
+
+    // Logout ends the session (the form's CSRF field).
+    let out = console
+        .http
+        .post(console.url("/logout"))
+        .header(header::COOKIE, &cookie)
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(format!("csrf={csrf}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        console.get("/api/me", &cookie).await.status(),
+        StatusCode::UNAUTHORIZED
+    );
+
+    console.stop().await;
+    worker.assert_running().await;
+}
