@@ -537,6 +537,16 @@ impl TestEnv {
         }
     }
 
+    /// A connection to the shared Redis; the environment's keys are under
+    /// its prefix ([`Self::keys`]).
+    pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(REDIS_URL)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
     /// Number of Redis keys under this environment's prefix.
     pub fn redis_key_count(&self) -> usize {
         let mut con = redis::Client::open(REDIS_URL)

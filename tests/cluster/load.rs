@@ -385,11 +385,7 @@ pub async fn assert_order_state(env: &TestEnv, events: &[Event]) {
         let seq = last.entry(e.order_id.as_str()).or_default();
         *seq = (*seq).max(e.seq);
     }
-    let mut conn = redis::Client::open(shardline_testkit::env::REDIS_URL)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = env.redis().await;
     for (order, seq) in last {
         let state: BTreeMap<String, String> = redis::cmd("HGETALL")
             .arg(env.keys().order(order))

@@ -369,11 +369,7 @@ async fn console_serves_the_fleet_and_its_dead_letters_behind_a_token() {
     // Hostile text in the index (a group's description) renders as text.
     let hostile =
         "handler\n<script>alert(1)</script>\u{202e}gnp.exe\u{200b}\0<img src=x onerror=alert(1)>";
-    let mut redis = redis::Client::open(REDIS_URL)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut redis = env.redis().await;
     let _: () = redis::pipe()
         .cmd("HSET")
         .arg(env.keys().dlq_groups())

@@ -376,11 +376,7 @@ async fn dlq_reindex_rebuilds_the_groups_the_worker_wrote() {
     let some = ids(&list_json(&env, &["--limit", "1"]).await).remove(0);
     let stale = "000000000000";
     let keys = env.keys();
-    let mut redis = redis::Client::open(shardline_testkit::env::REDIS_URL)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut redis = env.redis().await;
     let _: () = redis::pipe()
         .cmd("HSET")
         .arg(keys.dlq_letter(&some))

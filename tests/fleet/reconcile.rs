@@ -433,11 +433,7 @@ async fn wait_status(
     what: &str,
     ok: impl Fn(&serde_json::Value) -> bool,
 ) {
-    let redis = redis::Client::open(shardline_testkit::env::REDIS_URL)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let redis = env.redis().await;
     let key = env.keys().shard_status_of(shard);
     wait_until(
         &format!("shard {shard}'s status to show {what}"),
