@@ -59,9 +59,9 @@ impl Ctl {
         self.command().args(args).output()
     }
 
-    /// Erlang pids of the connections in `vhost` whose client-given
-    /// `connection_name` starts with `name_prefix`.
-    pub async fn connection_pids(&self, vhost: &str, name_prefix: &str) -> Vec<String> {
+    /// The client connections of `vhost`: each one's Erlang pid
+    /// (`<node.x.y.z>`) and client-given `connection_name`.
+    pub async fn connections(&self, vhost: &str) -> Vec<(String, String)> {
         let text = self
             .run(&[
                 "-q",
@@ -73,13 +73,25 @@ impl Ctl {
             ])
             .await;
         // Client properties print as Erlang-ish terms: {"connection_name","…"}.
-        let needle = format!("{{\"connection_name\",\"{name_prefix}");
+        let needle = "{\"connection_name\",\"";
         text.lines()
             .filter_map(|line| {
                 let mut cols = line.splitn(3, '\t');
                 let (pid, host, props) = (cols.next()?, cols.next()?, cols.next()?);
-                (host == vhost && props.contains(&needle)).then(|| pid.to_owned())
+                let name = props.split_once(needle)?.1.split('"').next()?;
+                (host == vhost).then(|| (pid.to_owned(), name.to_owned()))
             })
+            .collect()
+    }
+
+    /// Erlang pids of the connections in `vhost` whose client-given
+    /// `connection_name` starts with `name_prefix`.
+    pub async fn connection_pids(&self, vhost: &str, name_prefix: &str) -> Vec<String> {
+        self.connections(vhost)
+            .await
+            .into_iter()
+            .filter(|(_, name)| name.starts_with(name_prefix))
+            .map(|(pid, _)| pid)
             .collect()
     }
 

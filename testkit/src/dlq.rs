@@ -143,19 +143,11 @@ pub fn ids(list: &serde_json::Value) -> Vec<String> {
 }
 
 /// A plain connection to the test Redis (every environment has its prefix there).
-async fn redis_conn() -> redis::aio::MultiplexedConnection {
-    redis::Client::open(crate::env::REDIS_URL)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
-
 /// Letters in the environment's dead-letter index.
 pub async fn indexed(env: &TestEnv) -> u64 {
     redis::cmd("ZCARD")
         .arg(env.keys().dlq_letters())
-        .query_async(&mut redis_conn().await)
+        .query_async(&mut env.redis().await)
         .await
         .unwrap()
 }
@@ -177,7 +169,7 @@ pub async fn wait_indexed(env: &TestEnv, n: u64, timeout: Duration) {
 pub async fn index_entry(env: &TestEnv, id: &str) -> Option<IndexEntry> {
     let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
         .arg(env.keys().dlq_letter(id))
-        .query_async(&mut redis_conn().await)
+        .query_async(&mut env.redis().await)
         .await
         .unwrap();
     IndexEntry::from_fields(&fields)
@@ -185,7 +177,7 @@ pub async fn index_entry(env: &TestEnv, id: &str) -> Option<IndexEntry> {
 
 /// The failure groups of the index: group id → (description, letters).
 pub async fn index_groups(env: &TestEnv) -> BTreeMap<String, (String, u64)> {
-    let mut redis = redis_conn().await;
+    let mut redis = env.redis().await;
     let described: BTreeMap<String, String> = redis::cmd("HGETALL")
         .arg(env.keys().dlq_groups())
         .query_async(&mut redis)
@@ -206,7 +198,7 @@ pub async fn index_groups(env: &TestEnv) -> BTreeMap<String, (String, u64)> {
 /// Deletes the environment's dead-letter index (its own prefix only: the
 /// shared Redis keeps every other key), as a Redis loss would.
 pub async fn delete_index(env: &TestEnv) {
-    let mut redis = redis_conn().await;
+    let mut redis = env.redis().await;
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(env.keys().dlq_pattern())
         .query_async(&mut redis)

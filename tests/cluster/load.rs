@@ -80,31 +80,17 @@ pub fn pinned(cluster: &Cluster, env: &TestEnv, first: usize, query: &str) -> Am
 /// The client connections of `env`'s vhost, as node `via` lists them: the
 /// node each is on (from its pid, `<node.x.y.z>`) and its name.
 pub async fn connections(cluster: &Cluster, env: &TestEnv, via: usize) -> Vec<(usize, String)> {
-    let text = cluster
+    cluster
         .ctl(via)
-        .run(&[
-            "-q",
-            "list_connections",
-            "--no-table-headers",
-            "pid",
-            "vhost",
-            "client_properties",
-        ])
-        .await;
-    let needle = "{\"connection_name\",\"";
-    text.lines()
-        .filter_map(|line| {
-            let mut cols = line.splitn(3, '\t');
-            let (pid, vhost, props) = (cols.next()?, cols.next()?, cols.next()?);
-            if vhost != env.vhost {
-                return None;
-            }
+        .connections(&env.vhost)
+        .await
+        .into_iter()
+        .filter_map(|(pid, name)| {
             let node = cluster
                 .names
                 .iter()
                 .position(|n| pid.starts_with(&format!("<{n}.")))?;
-            let name = props.split_once(needle)?.1.split('"').next()?;
-            Some((node, name.to_owned()))
+            Some((node, name))
         })
         .collect()
 }

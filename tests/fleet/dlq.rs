@@ -12,8 +12,8 @@ use shardline_testkit::dlq::{
 };
 use shardline_testkit::wait::check;
 use shardline_testkit::{
-    Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, all_ok, assert_exactly_once,
-    assert_in_order_and_complete, interleaved, order_ids, wait_until,
+    ChildWorker, Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, all_ok,
+    assert_exactly_once, assert_in_order_and_complete, interleaved, order_ids, wait_until,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,27 +221,21 @@ async fn dlq_replay_killed_midway_then_resumed_delivers_each_letter_once() {
     // Fixed downstream; a paced replay, killed once some letters got through.
     fixed.store(true, Ordering::SeqCst);
     let calls_before = downstream.calls().len();
-    let mut first = env
-        .shardline_command()
-        .args(["dlq", "replay", "--rate", "50"])
-        .args(env.global_args())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut cmd = env.shardline_command();
+    cmd.args(["dlq", "replay", "--rate", "50"])
+        .args(env.global_args());
+    let mut first = ChildWorker::spawn(&env, "replay", cmd);
     downstream
         .wait_for("20 replayed letters answered", PROCESSING, |calls| {
             calls[calls_before..].iter().filter(|c| c.ok()).count() >= 20
         })
         .await;
     assert!(
-        first.try_wait().unwrap().is_none(),
+        first.exited().is_none(),
         "the paced replay finished before it could be killed"
     );
-    first.start_kill().unwrap(); // SIGKILL
-    let status = first.wait().await.unwrap();
+    first.kill9();
+    let status = first.wait_exit(PROCESSING).await;
     assert!(!status.success(), "killed replay exited {status}");
     let at_kill = downstream.calls().len() - calls_before;
     assert!(at_kill < TOTAL, "all {at_kill} replayed before the kill");

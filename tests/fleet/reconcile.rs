@@ -16,7 +16,8 @@ use shardline_topology::NewEvent;
 
 use shardline_testkit::dlq::{delete_index, depth, run_ok, text, wait_depth, wait_indexed};
 use shardline_testkit::{
-    Call, Downstream, Event, OrdersDb, PROCESSING, Publisher, Reply, STARTUP, TestEnv, wait_until,
+    Call, ChildWorker, Downstream, Event, OrdersDb, PROCESSING, Publisher, Reply, STARTUP, TestEnv,
+    wait_until,
 };
 
 const PAID: &str = "payment.captured";
@@ -382,20 +383,14 @@ async fn reconcile_during_a_replay_never_compensates_a_dead_letter() {
     );
 
     fixed.store(true, std::sync::atomic::Ordering::SeqCst);
-    let mut replay = env
-        .shardline_command()
-        .args(["dlq", "replay", "--rate", "6"])
-        .args(env.global_args())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut cmd = env.shardline_command();
+    cmd.args(["dlq", "replay", "--rate", "6"])
+        .args(env.global_args());
+    let mut replay = ChildWorker::spawn(&env, "replay", cmd);
     let mut runs = 0;
     let mut during = 0;
     loop {
-        let running = replay.try_wait().unwrap().is_none();
+        let running = replay.exited().is_none();
         let report = reconcile_json(&env, &db, &[], 0).await;
         assert_eq!(report["counts"]["emitted"], 0, "run {runs}: {report:#}");
         assert_eq!(report["counts"]["drifted"], 0, "run {runs}: {report:#}");
@@ -405,7 +400,7 @@ async fn reconcile_during_a_replay_never_compensates_a_dead_letter() {
             break;
         }
     }
-    assert!(replay.wait().await.unwrap().success());
+    assert!(replay.wait_exit(PROCESSING).await.success());
     assert!(during >= 2, "only {during} run(s) while the replay ran");
     downstream
         .wait_for("every replayed payment", PROCESSING, |calls| {
