@@ -10,10 +10,12 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use shardline_console::{Config, Token, Tokens};
+use shardline_ops::Reconciler;
 use shardline_topology::status::Thresholds;
 use tokio_util::sync::CancellationToken;
 
-use crate::GlobalArgs;
+use crate::reconcile::OrdersArgs;
+use crate::{Flags as _, GlobalArgs};
 
 /// The environment variable holding token lines (newline or `;` between them).
 const TOKENS_ENV: &str = "SHARDLINE_CONSOLE_TOKENS";
@@ -46,6 +48,12 @@ pub struct ConsoleArgs {
     /// Backlog age from which a shard shows PAGE.
     #[arg(long, env = "SHARDLINE_BACKLOG_PAGE", default_value = "2m", value_parser = humantime::parse_duration)]
     pub backlog_page: Duration,
+    /// PostgreSQL URL of the order database: the reconcile page then offers
+    /// a dry run (read-only; it emits and writes nothing).
+    #[arg(long, env = "SHARDLINE_ORDERS_URL", hide_env_values = true)]
+    pub orders_url: Option<String>,
+    #[command(flatten)]
+    pub orders: OrdersArgs,
 }
 
 /// The tokens of `--token-file` and the environment, each refusal naming
@@ -93,7 +101,17 @@ pub async fn run(
             (tokens, Some(token))
         }
     };
+    // A dry run's config is checked now: a bad URL fails the start, naming the flag.
+    let reconcile = match args.orders_url {
+        Some(url) => {
+            let config = args.orders.config(url, true, usize::MAX);
+            Reconciler::new(global.fleet(), config.clone()).flags()?;
+            Some(config)
+        }
+        None => None,
+    };
     let config = Config {
+        reconcile,
         tokens,
         base_path: args.base_path,
         allowed_hosts: args.allowed_hosts,

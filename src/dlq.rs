@@ -50,6 +50,9 @@ pub struct Filters {
     /// Only letters dead-lettered from this shard (`x-shard`).
     #[arg(long)]
     pub shard: Option<u16>,
+    /// Only letters of this failure group (the id `dlq list` shows).
+    #[arg(long)]
+    pub group: Option<String>,
     /// At most this many matching letters (reading stops there).
     #[arg(long)]
     pub limit: Option<usize>,
@@ -61,6 +64,8 @@ impl From<Filters> for dlq::Filters {
             reason: f.reason,
             order_id: f.order_id,
             shard: f.shard,
+            group: f.group,
+            ids: None,
             limit: f.limit,
         }
     }
@@ -235,8 +240,8 @@ async fn replay(
 /// Prints a replay's progress; a bar on stderr (when it is a terminal)
 /// counts the letters of each pass.
 fn print_event(event: Event, bar: &mut Option<ProgressBar>) {
-    if let Event::Replayed { letter, shard } = &event {
-        let line = format!("replayed {letter} to shard {shard}");
+    if let Event::Replayed { .. } = &event {
+        let line = event.to_string();
         match bar {
             Some(bar) => {
                 bar.inc(1);
@@ -249,52 +254,9 @@ fn print_event(event: Event, bar: &mut Option<ProgressBar>) {
     if let Some(bar) = bar.take() {
         bar.finish_and_clear();
     }
-    let line = match event {
-        Event::Replaying { letters } => {
-            *bar = Some(crate::progress::bar(letters as u64, "dead letters"));
-            return;
-        }
-        Event::ReplaySkipped { letter } => format!(
-            "skipped {letter}: body is not an order event envelope, nothing to route (left in the DLQ; `dlq show` it, then `dlq purge` or republish a fixed copy)"
-        ),
-        Event::QuarantinesUnknown { cause, connected } => format!(
-            "cannot read quarantines ({cause}); replaying without following them{}",
-            if connected {
-                ""
-            } else {
-                " (check a quarantined order with `dlq list --order-id` afterwards)"
-            }
-        ),
-        Event::ReplayPass {
-            replayed,
-            matching,
-            skipped,
-            read,
-        } => format!(
-            "replayed {replayed} of {matching} matching, {skipped} skipped (not envelopes), {read} read; {} left in the DLQ unreplayed",
-            read - replayed
-        ),
-        Event::QuarantineLifted { order_id } => format!("order {order_id}: quarantine lifted"),
-        Event::NotApplied { order_id, wait } => format!(
-            "order {order_id}: the replayed events were not applied within {} (is a worker with --on-dead-letter quarantine running?); run `dlq replay --order-id {order_id}` again later",
-            humantime::format_duration(wait)
-        ),
-        Event::Requarantined { order_id, letters } => format!(
-            "order {order_id}: {letters} event(s) quarantined during the replay; replaying them"
-        ),
-        Event::StillQuarantined {
-            order_id,
-            head,
-            blocker,
-        } => format!(
-            "order {order_id}: still quarantined behind dead letter {head}{}; fix the cause and replay the order again",
-            blocker.map_or_else(String::new, |l| format!(" ({l})"))
-        ),
-        Event::RoundsExhausted { rounds, orders } => format!(
-            "stopped after {rounds} rounds; the orders still quarantined: {}",
-            orders.join(", ")
-        ),
-        _ => return,
-    };
-    println!("{line}");
+    if let Event::Replaying { letters } = event {
+        *bar = Some(crate::progress::bar(letters as u64, "dead letters"));
+        return;
+    }
+    println!("{event}");
 }

@@ -24,6 +24,30 @@ pub struct ReconcileArgs {
     /// or a key=value string). Only read, in a read-only transaction.
     #[arg(long, env = "SHARDLINE_ORDERS_URL", hide_env_values = true)]
     pub orders_url: String,
+    #[command(flatten)]
+    pub orders: OrdersArgs,
+    /// Run every INTERVAL until SIGTERM or Ctrl-C (a failed run is logged and
+    /// retried at the next one); without it, run once. Each run's summary
+    /// is kept in Redis for the console.
+    #[arg(long, env = "SHARDLINE_INTERVAL", value_parser = parse_interval)]
+    pub interval: Option<Duration>,
+    /// Only report: emit nothing, write nothing (exit 3 when something drifted).
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print one JSON object per run instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Emit nothing in a run that would emit more than this many compensations
+    /// (report them and exit 3): a mass drift is an outage or a
+    /// misconfiguration, not something to paper over.
+    #[arg(long, env = "SHARDLINE_MAX_EMIT", default_value_t = 1000)]
+    pub max_emit: usize,
+}
+
+/// How reconcile reads the order database, besides its URL: shared by
+/// `shardline reconcile` and the console's dry run.
+#[derive(Debug, Clone, Args)]
+pub struct OrdersArgs {
     /// Query returning `order_id, status, updated_at` of the orders updated at
     /// or after `$1` (a timestamp: now minus `--window`).
     #[arg(long, env = "SHARDLINE_ORDERS_QUERY", default_value = reconcile::DEFAULT_QUERY)]
@@ -48,21 +72,21 @@ pub struct ReconcileArgs {
         value_parser = reconcile::parse_expectation
     )]
     pub expect: Vec<(String, String)>,
-    /// Run every INTERVAL until SIGTERM or Ctrl-C (a failed run is logged and
-    /// retried at the next one); without it, run once.
-    #[arg(long, env = "SHARDLINE_INTERVAL", value_parser = parse_interval)]
-    pub interval: Option<Duration>,
-    /// Only report: emit nothing, write nothing (exit 3 when something drifted).
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Print one JSON object per run instead of text.
-    #[arg(long)]
-    pub json: bool,
-    /// Emit nothing in a run that would emit more than this many compensations
-    /// (report them and exit 3): a mass drift is an outage or a
-    /// misconfiguration, not something to paper over.
-    #[arg(long, env = "SHARDLINE_MAX_EMIT", default_value_t = 1000)]
-    pub max_emit: usize,
+}
+
+impl OrdersArgs {
+    /// The reconcile config of these flags on the order database at `orders_url`.
+    pub fn config(self, orders_url: String, dry_run: bool, max_emit: usize) -> ReconcileConfig {
+        ReconcileConfig {
+            orders_url,
+            orders_query: self.orders_query,
+            window: self.window,
+            grace: self.grace,
+            expect: self.expect,
+            dry_run,
+            max_emit,
+        }
+    }
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -78,15 +102,9 @@ pub async fn run(
     args: ReconcileArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<ExitCode> {
-    let config = ReconcileConfig {
-        orders_url: args.orders_url,
-        orders_query: args.orders_query,
-        window: args.window,
-        grace: args.grace,
-        expect: args.expect,
-        dry_run: args.dry_run,
-        max_emit: args.max_emit,
-    };
+    let config = args
+        .orders
+        .config(args.orders_url, args.dry_run, args.max_emit);
     let reconciler = Reconciler::new(global.fleet(), config).flags()?;
     let metrics = Arc::new(Metrics::new());
     if let Some(addr) = global.metrics_addr {
@@ -185,7 +203,7 @@ mod tests {
         }
         let parse = |expect: &str| {
             Cli::try_parse_from(["x", "--orders-url", "postgres://db/o", "--expect", expect])
-                .map(|c| c.args.expect)
+                .map(|c| c.args.orders.expect)
         };
         assert_eq!(
             parse("PAID=payment.captured,SHIPPED=order.shipped").ok(),

@@ -6,13 +6,13 @@
 use std::time::{Duration, SystemTime};
 
 use axum::Json;
-use axum::extract::{Extension, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use shardline_ops::dlq::{self, GroupSummary};
-use shardline_ops::{Filters, LetterQuery};
-use shardline_topology::letters::IndexEntry;
+use shardline_ops::{Filters, Letter, LetterQuery, audit, reconcile};
+use shardline_topology::letters::{IndexEntry, hex};
 
 use crate::server::{Shared, chain, json_error};
 use crate::session::Principal;
@@ -76,13 +76,15 @@ pub(crate) async fn groups(State(state): State<Shared>) -> Response {
 /// sends `reason=`).
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct LettersParams {
-    group: Option<String>,
-    reason: Option<String>,
-    order: Option<String>,
-    shard: Option<String>,
-    from: Option<String>,
-    to: Option<String>,
-    limit: Option<String>,
+    pub(crate) group: Option<String>,
+    pub(crate) reason: Option<String>,
+    pub(crate) order: Option<String>,
+    pub(crate) shard: Option<String>,
+    pub(crate) from: Option<String>,
+    pub(crate) to: Option<String>,
+    /// An order id or a dead-letter id.
+    pub(crate) q: Option<String>,
+    pub(crate) limit: Option<String>,
 }
 
 fn given(value: Option<&String>) -> Option<&str> {
@@ -120,9 +122,11 @@ impl LettersParams {
                 reason: given(self.reason.as_ref()).map(str::to_owned),
                 order_id: given(self.order.as_ref()).map(str::to_owned),
                 shard,
+                group: given(self.group.as_ref()).map(str::to_owned),
+                ids: None,
                 limit: Some(limit),
             },
-            group: given(self.group.as_ref()).map(str::to_owned),
+            search: given(self.q.as_ref()).map(str::to_owned),
             from_ms: given(self.from.as_ref())
                 .map(|v| time_ms("from", v))
                 .transpose()?,
@@ -150,7 +154,7 @@ pub(crate) fn letter_json(l: &IndexEntry) -> serde_json::Value {
     })
 }
 
-/// `GET api/dlq/letters?group=&reason=&order=&shard=&from=&to=&limit=`:
+/// `GET api/dlq/letters?group=&reason=&order=&shard=&from=&to=&q=&limit=`:
 /// index entries, oldest first.
 pub(crate) async fn letters(
     State(state): State<Shared>,
@@ -170,6 +174,146 @@ pub(crate) async fn letters(
     }
 }
 
+/// The most of a letter's body the detail view shows, in bytes.
+pub(crate) const BODY_CAP: usize = 64 * 1024;
+
+/// A letter's body as the detail view shows it: text when it is UTF-8,
+/// else hex; at most [`BODY_CAP`] bytes of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Body {
+    pub(crate) text: String,
+    pub(crate) hex: bool,
+    pub(crate) bytes: usize,
+    pub(crate) capped: bool,
+}
+
+impl Body {
+    pub(crate) fn of(body: &[u8]) -> Self {
+        let capped = body.len() > BODY_CAP;
+        let (text, hex) = match std::str::from_utf8(body) {
+            Ok(text) => (text.chars().take(BODY_CAP).collect(), false),
+            Err(_) => (hex(&body[..body.len().min(BODY_CAP)]), true),
+        };
+        Self {
+            text,
+            hex,
+            bytes: body.len(),
+            capped,
+        }
+    }
+}
+
+/// One dead letter as the detail view shows it, read from the DLQ (the
+/// index holds no body).
+#[derive(Debug, Clone)]
+pub(crate) struct Detail {
+    pub(crate) entry: IndexEntry,
+    pub(crate) routing_key: String,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Body,
+}
+
+impl Detail {
+    pub(crate) fn of(letter: &Letter) -> Self {
+        Self {
+            entry: letter.entry(),
+            routing_key: letter.routing_key().to_owned(),
+            headers: letter.headers(),
+            body: Body::of(letter.body()),
+        }
+    }
+
+    pub(crate) fn json(&self) -> serde_json::Value {
+        let mut json = letter_json(&self.entry);
+        if let Some(object) = json.as_object_mut() {
+            object.insert("routing_key".into(), self.routing_key.clone().into());
+            object.insert(
+                "headers".into(),
+                self.headers
+                    .iter()
+                    .map(|(name, value)| serde_json::json!({ "name": name, "value": value }))
+                    .collect(),
+            );
+            object.insert(
+                "body".into(),
+                serde_json::json!({
+                    "encoding": if self.body.hex { "hex" } else { "utf-8" },
+                    "text": self.body.text,
+                    "bytes": self.body.bytes,
+                    "capped": self.body.capped,
+                }),
+            );
+        }
+        json
+    }
+}
+
+/// The letter `id` from the DLQ: `Ok(None)` when it is not there.
+pub(crate) async fn read_letter(state: &Shared, id: &str) -> Result<Option<Detail>, String> {
+    match dlq::show(&state.fleet, id).await {
+        Ok(letter) => Ok(Some(Detail::of(&letter))),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(chain(&e)),
+    }
+}
+
+/// `GET api/dlq/letter/{id}`: the letter's headers, body, trace id and
+/// attempts, read from the DLQ.
+pub(crate) async fn letter(State(state): State<Shared>, Path(id): Path<String>) -> Response {
+    match read_letter(&state, &id).await {
+        Ok(Some(detail)) => Json(detail.json()).into_response(),
+        Ok(None) => json_error(StatusCode::NOT_FOUND, "no such dead letter in the DLQ"),
+        Err(e) => json_error(StatusCode::BAD_GATEWAY, &e),
+    }
+}
+
+/// Entries the audit view reads when the query gives no `limit`, and the most.
+pub(crate) const AUDIT_SHOWN: usize = 100;
+const AUDIT_MAX: usize = 1000;
+
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct LimitParams {
+    limit: Option<usize>,
+}
+
+/// `GET api/audit?limit=`: the latest actions, newest first.
+pub(crate) async fn audit_log(
+    State(state): State<Shared>,
+    Query(params): Query<LimitParams>,
+) -> Response {
+    let limit = params.limit.unwrap_or(AUDIT_SHOWN).min(AUDIT_MAX);
+    match audit::recent(&state.fleet, limit).await {
+        Ok(entries) => Json(serde_json::json!({ "entries": entries })).into_response(),
+        Err(e) => json_error(StatusCode::BAD_GATEWAY, &chain(&e)),
+    }
+}
+
+/// Reconcile runs the view reads.
+pub(crate) const RUNS_SHOWN: usize = 20;
+
+/// `GET api/reconcile/runs`: the latest runs of `reconcile --interval`,
+/// newest first, and whether this console can start a dry run.
+pub(crate) async fn reconcile_runs(State(state): State<Shared>) -> Response {
+    match reconcile::runs(&state.fleet, RUNS_SHOWN).await {
+        Ok(runs) => Json(serde_json::json!({
+            "runs": runs,
+            "dry_run_available": state.reconcile.is_some(),
+        }))
+        .into_response(),
+        Err(e) => json_error(StatusCode::BAD_GATEWAY, &chain(&e)),
+    }
+}
+
+/// `GET api/fleet/history`: the backlog-age samples of the last minutes
+/// (this process's memory).
+pub(crate) async fn fleet_history(State(state): State<Shared>) -> Response {
+    Json(serde_json::json!({
+        "every_seconds": crate::history::EVERY.as_secs(),
+        "samples": state.history.samples(),
+    }))
+    .into_response()
+}
+
 #[derive(Debug, Deserialize)]
 pub(crate) struct ReleaseRequest {
     order_id: String,
@@ -186,9 +330,12 @@ pub(crate) async fn release(
     if order_id.is_empty() {
         return json_error(StatusCode::BAD_REQUEST, "order_id: required");
     }
-    tracing::info!(who = %who.name, order_id, "console: releasing a quarantined order");
     match dlq::release(&state.fleet, order_id).await {
-        Ok(report) => Json(report).into_response(),
+        Ok(report) => {
+            let detail = serde_json::to_value(&report).unwrap_or_default();
+            crate::actions::audit(&state, &who.name, "release", detail).await;
+            Json(report).into_response()
+        }
         Err(e) => json_error(StatusCode::BAD_GATEWAY, &chain(&e)),
     }
 }

@@ -1,6 +1,7 @@
 //! The console's settings: who may log in, where it is mounted, which Host
 //! names it answers to, the backlog thresholds of its fleet page.
 
+use shardline_ops::ReconcileConfig;
 use shardline_topology::status::Thresholds;
 
 use crate::Error;
@@ -22,6 +23,9 @@ pub struct Config {
     /// Backlog age levels on the fleet page (default WARN from 30 s, PAGE
     /// from 2 min).
     pub thresholds: Thresholds,
+    /// The order database: with it the reconcile page offers a dry run
+    /// (its `dry_run` is set for each run). Default none.
+    pub reconcile: Option<ReconcileConfig>,
 }
 
 impl Config {

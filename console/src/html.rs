@@ -5,13 +5,17 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use shardline_ops::audit::AuditEntry;
 use shardline_ops::dlq::GroupSummary;
+use shardline_ops::reconcile::RunSummary;
 use shardline_ops::topology::StatusReport;
+use shardline_topology::letters::IndexEntry;
 use shardline_topology::status::BreakerState;
 
-use crate::api::rfc3339;
+use crate::api::{Detail, LettersParams, rfc3339};
 use crate::escape::{CELL_CHARS, text};
 use crate::guard::CSRF_FIELD;
+use crate::jobs::{JobState, JobView, Kind};
 use crate::session::Principal;
 use crate::token::Role;
 
@@ -25,6 +29,8 @@ fn e(value: &str) -> String {
 pub(crate) enum Nav {
     Fleet,
     DeadLetters,
+    Audit,
+    Reconcile,
 }
 
 /// A whole page around `body`.
@@ -40,7 +46,7 @@ pub(crate) fn page(base: &str, title: &str, who: &Principal, nav: Nav, body: &st
          <meta name=\"csrf-token\" content=\"{csrf}\">\
          <title>{title} · shardline</title>\
          <link rel=\"stylesheet\" href=\"{css}\"></head><body>\
-         <header><strong>shardline</strong>{fleet}{dead}\
+         <header><strong>shardline</strong>{fleet}{dead}{audit}{reconcile}\
          <span class=\"who\">{name} ({role}) \
          <form method=\"post\" action=\"{logout}\"><input type=\"hidden\" name=\"{CSRF_FIELD}\" value=\"{csrf}\">\
          <button type=\"submit\">Log out</button></form></span></header>\
@@ -55,6 +61,8 @@ pub(crate) fn page(base: &str, title: &str, who: &Principal, nav: Nav, body: &st
             &format!("{base}dead-letters"),
             "Dead letters"
         ),
+        audit = link(Nav::Audit, &format!("{base}audit"), "Audit"),
+        reconcile = link(Nav::Reconcile, &format!("{base}reconcile"), "Reconcile"),
         name = e(&who.name),
         role = who.role.as_str(),
         logout = e(&format!("{base}logout")),
@@ -91,7 +99,7 @@ fn seconds(d: Duration) -> String {
 
 /// The fleet section: the DLQ line, the shards, the workers, the members.
 /// Wrapped by the page in `<div id="fleet">`, replaced every 2 s.
-pub(crate) fn fleet(status: &Result<StatusReport, String>) -> String {
+pub(crate) fn fleet(status: &Result<StatusReport, String>, chart: &str) -> String {
     let report = match status {
         Ok(report) => report,
         Err(error) => {
@@ -127,8 +135,15 @@ pub(crate) fn fleet(status: &Result<StatusReport, String>) -> String {
              (<code>shardline dlq reindex</code>).</p>",
         );
     }
+    let _ = write!(
+        out,
+        "<h2>Backlog age, last minutes</h2><div class=\"chart\">{chart}</div>\
+         <p class=\"muted\">Sampled every {} s by this console and kept in its memory (a restart \
+         starts it empty); Prometheus keeps the workers' <code>shardline_backlog_age_seconds</code> longer.</p>",
+        crate::history::EVERY.as_secs()
+    );
     out.push_str(
-        "<h2>Shards</h2><table><thead><tr><th>shard</th><th>depth</th><th>consumers</th>\
+        "<h2>Shards</h2><table id=\"shards\"><thead><tr><th>shard</th><th>depth</th><th>consumers</th>\
          <th>owner</th><th>backlog age</th><th>level</th><th>in flight</th><th>in-flight age</th>\
          <th>held</th><th>breaker</th><th>note</th></tr></thead><tbody>",
     );
@@ -154,10 +169,11 @@ pub(crate) fn fleet(status: &Result<StatusReport, String>) -> String {
         let r = s.report.as_ref();
         let _ = write!(
             out,
-            "<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+            "<tr data-shard=\"{}\"><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
              <td>{}</td><td class=\"num\">{}</td><td{level_class}>{level}</td>\
              <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>{breaker_cell}\
              <td class=\"note\">{}</td></tr>",
+            s.shard,
             s.shard,
             s.queue.messages,
             s.queue.consumers,
@@ -222,50 +238,66 @@ pub(crate) fn fleet(status: &Result<StatusReport, String>) -> String {
     out
 }
 
-/// The failure groups table, and the release form for an admin.
-pub(crate) fn dead_letters(
-    base: &str,
-    who: &Principal,
-    groups: &Result<Vec<GroupSummary>, String>,
-) -> String {
+/// What the dead-letters page shows: the groups, the letters the filters
+/// select, the filters as given, the jobs.
+pub(crate) struct DeadLetters<'a> {
+    pub(crate) groups: &'a Result<Vec<GroupSummary>, String>,
+    pub(crate) letters: &'a Result<Vec<IndexEntry>, String>,
+    pub(crate) params: &'a LettersParams,
+    pub(crate) jobs: &'a [JobView],
+}
+
+/// A text input of the filter form, holding its value.
+fn input(name: &str, label: &str, value: Option<&String>, placeholder: &str) -> String {
+    format!(
+        "<label>{label} <input name=\"{name}\" value=\"{}\" placeholder=\"{}\"></label> ",
+        e(value.map_or("", String::as_str)),
+        e(placeholder)
+    )
+}
+
+/// The dead-letters page: filters, failure groups (a replay button each
+/// for an admin), the matching letters (selectable for an admin, with
+/// replay and purge), the release form, the jobs.
+pub(crate) fn dead_letters(base: &str, who: &Principal, page: &DeadLetters<'_>) -> String {
+    let admin = who.role == Role::Admin;
+    let p = page.params;
     let mut out = String::from("<h1>Dead letters</h1>");
-    match groups {
-        Err(error) => {
-            let _ = write!(
-                out,
-                "<p class=\"error\">The dead-letter index could not be read: {}</p>",
-                text(error, 1000)
-            );
-        }
-        Ok(groups) if groups.is_empty() => {
-            out.push_str("<p>No dead letters in the index.</p>");
-        }
-        Ok(groups) => {
-            out.push_str(
-                "<h2>Failure groups</h2><table><thead><tr><th>reason</th><th>error (normalised)</th>\
-                 <th>letters</th><th>orders</th><th>first failure</th><th>last failure</th>\
-                 <th>group</th></tr></thead><tbody>",
-            );
-            for g in groups {
-                let letters = format!("{base}api/dlq/letters?group={}", g.group.id);
-                let _ = write!(
-                    out,
-                    "<tr><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
-                     <td>{}</td><td>{}</td><td><a href=\"{}\"><code>{}</code></a></td></tr>",
-                    e(&g.group.reason),
-                    e(&g.group.error),
-                    g.count,
-                    g.orders,
-                    rfc3339(g.first_failed_ms).unwrap_or_default(),
-                    rfc3339(g.last_failed_ms).unwrap_or_default(),
-                    e(&letters),
-                    e(&g.group.id),
-                );
-            }
-            out.push_str("</tbody></table>");
-        }
+    let _ = write!(
+        out,
+        "<form id=\"filters\" method=\"get\" action=\"{}\">{}{}{}{}{}{}{}\
+         <button type=\"submit\">Filter</button> <a href=\"{}\">clear</a></form>",
+        e(&format!("{base}dead-letters")),
+        input("q", "Search", p.q.as_ref(), "order id or dead-letter id"),
+        input("reason", "Reason", p.reason.as_ref(), "handler"),
+        input("order", "Order", p.order.as_ref(), ""),
+        input("shard", "Shard", p.shard.as_ref(), ""),
+        input("from", "From", p.from.as_ref(), "2026-12-01T10:00:00Z"),
+        input("to", "To", p.to.as_ref(), ""),
+        p.group.as_ref().map_or(String::new(), |g| format!(
+            "<input type=\"hidden\" name=\"group\" value=\"{}\">",
+            e(g)
+        )),
+        e(&format!("{base}dead-letters")),
+    );
+    if admin {
+        let _ = write!(
+            out,
+            "<p class=\"actions\" data-api=\"{api}\"><label>Replay rate \
+             <input id=\"replay-rate\" type=\"number\" min=\"0.1\" step=\"any\" value=\"{rate}\"> events/s</label> \
+             (key-ordered: each order's letters in seq order, one confirmed at a time)</p>\
+             <p id=\"action-result\" class=\"muted\"></p>",
+            api = e(&format!("{base}api/")),
+            rate = crate::actions::DEFAULT_RATE,
+        );
     }
-    if who.role == Role::Admin {
+    let _ = write!(
+        out,
+        "<div id=\"index-view\">{}{}</div>",
+        groups_table(base, admin, page.groups),
+        letters_table(base, admin, page.letters)
+    );
+    if admin {
         let _ = write!(
             out,
             "<h2>Release a quarantined order</h2>\
@@ -275,6 +307,389 @@ pub(crate) fn dead_letters(
             e(&format!("{base}api/dlq/release")),
         );
     }
+    let _ = write!(
+        out,
+        "<h2>Jobs</h2><div id=\"jobs\" data-src=\"{}\" data-api=\"{}\">{}</div>",
+        e(&format!("{base}fragment/jobs")),
+        e(&format!("{base}api/jobs/")),
+        jobs(page.jobs, admin),
+    );
+    out
+}
+
+fn groups_table(base: &str, admin: bool, groups: &Result<Vec<GroupSummary>, String>) -> String {
+    let groups = match groups {
+        Err(error) => {
+            return format!(
+                "<p class=\"error\">The dead-letter index could not be read: {}</p>",
+                text(error, 1000)
+            );
+        }
+        Ok(groups) if groups.is_empty() => {
+            return "<h2>Failure groups</h2><p id=\"no-groups\">No dead letters in the index.</p>"
+                .to_owned();
+        }
+        Ok(groups) => groups,
+    };
+    let mut out = String::from(
+        "<h2>Failure groups</h2><table id=\"groups\"><thead><tr><th>reason</th><th>error (normalised)</th>\
+         <th>letters</th><th>orders</th><th>first failure</th><th>last failure</th>\
+         <th>group</th>",
+    );
+    if admin {
+        out.push_str("<th>action</th>");
+    }
+    out.push_str("</tr></thead><tbody>");
+    for g in groups {
+        let letters = format!("{base}dead-letters?group={}", g.group.id);
+        let _ = write!(
+            out,
+            "<tr data-group=\"{id}\"><td>{}</td><td>{}</td><td class=\"num count\">{}</td><td class=\"num\">{}</td>\
+             <td>{}</td><td>{}</td><td><a href=\"{}\"><code>{id}</code></a></td>",
+            e(&g.group.reason),
+            e(&g.group.error),
+            g.count,
+            g.orders,
+            rfc3339(g.first_failed_ms).unwrap_or_default(),
+            rfc3339(g.last_failed_ms).unwrap_or_default(),
+            e(&letters),
+            id = e(&g.group.id),
+        );
+        if admin {
+            let _ = write!(
+                out,
+                "<td><button type=\"button\" class=\"replay-group\" data-group=\"{}\">Replay group</button></td>",
+                e(&g.group.id)
+            );
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
+fn letters_table(base: &str, admin: bool, letters: &Result<Vec<IndexEntry>, String>) -> String {
+    let letters = match letters {
+        Err(error) => return format!("<p class=\"error\">{}</p>", text(error, 1000)),
+        Ok(letters) if letters.is_empty() => {
+            return "<h2>Letters</h2><p id=\"no-letters\">No letters match.</p>".to_owned();
+        }
+        Ok(letters) => letters,
+    };
+    let mut out = format!(
+        "<h2>Letters</h2><p class=\"muted\">{} letter(s), oldest first.</p>",
+        letters.len()
+    );
+    if admin {
+        out.push_str(
+            "<p><button type=\"button\" id=\"replay-selected\">Replay selected</button> \
+             <button type=\"button\" id=\"purge-selected\">Purge selected…</button></p>\
+             <div id=\"purge-confirm\" hidden><p class=\"warning\" id=\"purge-confirm-text\"></p>\
+             <button type=\"button\" id=\"purge-confirm-yes\">Purge for good</button> \
+             <button type=\"button\" id=\"purge-confirm-no\">Keep them</button></div>",
+        );
+    }
+    out.push_str("<table id=\"letters\"><thead><tr>");
+    if admin {
+        out.push_str(
+            "<th><input type=\"checkbox\" id=\"select-all\" aria-label=\"select all\"></th>",
+        );
+    }
+    out.push_str(
+        "<th>dead letter</th><th>reason</th><th>error</th><th>order</th><th>seq</th><th>event</th>\
+         <th>shard</th><th>attempts</th><th>first failed</th></tr></thead><tbody>",
+    );
+    for l in letters {
+        let _ = write!(out, "<tr data-letter=\"{}\">", e(&l.id));
+        if admin {
+            let _ = write!(
+                out,
+                "<td><input type=\"checkbox\" class=\"select\" value=\"{}\"></td>",
+                e(&l.id)
+            );
+        }
+        let href = format!(
+            "{base}dead-letters/letter/{}",
+            percent_encoding::utf8_percent_encode(&l.id, percent_encoding::NON_ALPHANUMERIC)
+        );
+        let _ = write!(
+            out,
+            "<td><a class=\"letter\" href=\"{}\"><code>{}</code></a></td><td>{}</td><td>{}</td><td>{}</td>\
+             <td class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
+            e(&href),
+            e(&l.id),
+            e(&l.reason),
+            e(&l.error),
+            l.order_id.as_deref().map_or("–".to_owned(), e),
+            opt(l.seq),
+            l.kind.as_deref().map_or("–".to_owned(), e),
+            opt(l.shard),
+            opt(l.attempts),
+            rfc3339(l.first_failed_ms).unwrap_or_default(),
+        );
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
+fn opt<T: ToString>(value: Option<T>) -> String {
+    value.map_or_else(|| "–".to_owned(), |v| v.to_string())
+}
+
+/// The jobs panel (also served alone, refreshed when a job starts).
+pub(crate) fn jobs(jobs: &[JobView], admin: bool) -> String {
+    if jobs.is_empty() {
+        return "<p class=\"muted\">No jobs since this console started.</p>".to_owned();
+    }
+    let mut out = String::new();
+    for j in jobs {
+        let state = j.state.as_str();
+        let _ = write!(
+            out,
+            "<div class=\"job job-{state}\" data-job=\"{}\" data-state=\"{state}\">\
+             <strong>{} #{}</strong> of {} by {}, started {}: <span class=\"state\">{state}</span>, \
+             <span class=\"progress\">{}</span>",
+            j.id,
+            j.kind.as_str(),
+            j.id,
+            e(&j.target),
+            e(&j.who),
+            rfc3339(j.started_ms).unwrap_or_default(),
+            e(&j.progress()),
+        );
+        if admin && j.state == JobState::Running {
+            out.push_str(" <button type=\"button\" class=\"cancel\">Cancel</button>");
+        }
+        if let Some(error) = &j.error {
+            let _ = write!(out, "<p class=\"error\">{}</p>", text(error, 1000));
+        }
+        out.push_str("<pre class=\"lines\">");
+        for line in &j.lines {
+            out.push_str(&e(line));
+            out.push('\n');
+        }
+        out.push_str("</pre></div>");
+    }
+    out
+}
+
+/// Hex digits in pairs, 32 bytes a line.
+fn hex_lines(hex: &str) -> String {
+    let pairs: Vec<&str> = hex
+        .as_bytes()
+        .chunks(2)
+        .filter_map(|p| std::str::from_utf8(p).ok())
+        .collect();
+    pairs
+        .chunks(32)
+        .map(|line| line.join(" "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A letter's detail: what the index knows, its headers, its body.
+pub(crate) fn letter(base: &str, id: &str, detail: &Result<Option<Detail>, String>) -> String {
+    let back = format!(
+        "<p><a href=\"{}\">← dead letters</a></p>",
+        e(&format!("{base}dead-letters"))
+    );
+    let d = match detail {
+        Err(error) => {
+            return format!(
+                "{back}<p class=\"error\">The DLQ could not be read: {}</p>",
+                text(error, 1000)
+            );
+        }
+        Ok(None) => {
+            return format!(
+                "{back}<p class=\"warning\" id=\"not-found\">No dead letter <code>{}</code> in the DLQ \
+                 (replayed or purged since, or the id is wrong).</p>",
+                e(id)
+            );
+        }
+        Ok(Some(d)) => d,
+    };
+    let l = &d.entry;
+    let mut out = format!(
+        "{back}<h1>Dead letter <code id=\"letter-id\">{}</code></h1><table id=\"facts\"><tbody>\
+         <tr><th>reason</th><td>{}</td></tr><tr><th>error</th><td>{}</td></tr>\
+         <tr><th>failure group</th><td><a href=\"{}\"><code>{}</code></a></td></tr>\
+         <tr><th>order</th><td>{}</td></tr><tr><th>seq</th><td>{}</td></tr><tr><th>event</th><td>{}</td></tr>\
+         <tr><th>shard</th><td>{}</td></tr><tr><th>attempts</th><td id=\"attempts\">{}</td></tr>\
+         <tr><th>first failed</th><td>{}</td></tr><tr><th>trace id</th><td><code id=\"trace-id\">{}</code></td></tr>\
+         <tr><th>routing key</th><td>{}</td></tr></tbody></table>",
+        e(&l.id),
+        e(&l.reason),
+        text(&l.error, 2000),
+        e(&format!("{base}dead-letters?group={}", l.group)),
+        e(&l.group),
+        l.order_id.as_deref().map_or("–".to_owned(), e),
+        opt(l.seq),
+        l.kind.as_deref().map_or("–".to_owned(), e),
+        opt(l.shard),
+        opt(l.attempts),
+        rfc3339(l.first_failed_ms).unwrap_or_default(),
+        l.trace_id.as_deref().map_or("–".to_owned(), e),
+        e(&d.routing_key),
+    );
+    out.push_str("<h2>Headers</h2><table id=\"headers\"><tbody>");
+    for (name, value) in &d.headers {
+        let _ = write!(
+            out,
+            "<tr><th>{}</th><td>{}</td></tr>",
+            e(name),
+            text(value, 2000)
+        );
+    }
+    out.push_str("</tbody></table>");
+    let b = &d.body;
+    let _ = write!(
+        out,
+        "<h2>Body</h2><p class=\"muted\">{} bytes, {}.</p>",
+        b.bytes,
+        if b.hex {
+            "not UTF-8: shown as hex"
+        } else {
+            "UTF-8 text, escaped"
+        }
+    );
+    if b.hex {
+        let _ = write!(
+            out,
+            "<pre id=\"body\" class=\"hex\">{}</pre>",
+            hex_lines(&b.text)
+        );
+    } else {
+        let _ = write!(out, "<pre id=\"body\">{}</pre>", text(&b.text, usize::MAX));
+    }
+    if b.capped {
+        let _ = write!(
+            out,
+            "<p id=\"body-note\" class=\"muted\">Only the first {} KiB are shown (<code>shardline dlq show</code> prints it all).</p>",
+            crate::api::BODY_CAP / 1024
+        );
+    }
+    out
+}
+
+/// The audit log's latest entries.
+pub(crate) fn audit(entries: &Result<Vec<AuditEntry>, String>) -> String {
+    let mut out = String::from(
+        "<h1>Audit</h1><p class=\"muted\">The console's actions, newest first, kept in Redis \
+         (the latest 1000).</p>",
+    );
+    let entries = match entries {
+        Err(error) => {
+            let _ = write!(
+                out,
+                "<p class=\"error\">The audit log could not be read: {}</p>",
+                text(error, 1000)
+            );
+            return out;
+        }
+        Ok(entries) if entries.is_empty() => {
+            out.push_str("<p id=\"no-audit\">No actions yet.</p>");
+            return out;
+        }
+        Ok(entries) => entries,
+    };
+    out.push_str(
+        "<table id=\"audit\"><thead><tr><th>when</th><th>who</th><th>action</th><th>detail</th></tr></thead><tbody>",
+    );
+    for a in entries {
+        let _ = write!(
+            out,
+            "<tr class=\"audit\"><td>{}</td><td class=\"who\">{}</td><td class=\"action\">{}</td>\
+             <td class=\"detail\"><code>{}</code></td></tr>",
+            rfc3339(a.at_ms).unwrap_or_default(),
+            e(&a.who),
+            e(&a.action),
+            text(&a.detail.to_string(), 1000),
+        );
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
+/// The reconcile runs, and the dry-run button when the console has the
+/// order database.
+pub(crate) fn reconcile(
+    base: &str,
+    admin: bool,
+    dry_run: bool,
+    runs: &Result<Vec<RunSummary>, String>,
+    jobs_now: &[JobView],
+) -> String {
+    let mut out = String::from(
+        "<h1>Reconcile</h1><p class=\"muted\">The latest runs of <code>shardline reconcile --interval</code>, \
+         newest first, as each run writes its summary to Redis (the latest 100).</p>",
+    );
+    if admin && dry_run {
+        let _ = write!(
+            out,
+            "<p><button type=\"button\" id=\"reconcile-dry-run\" data-api=\"{}\">Dry run now</button> \
+             (compares the order database with the fleet; emits and writes nothing)</p>\
+             <p id=\"action-result\" class=\"muted\"></p>",
+            e(&format!("{base}api/reconcile/dry-run")),
+        );
+    } else if !dry_run {
+        out.push_str(
+            "<p class=\"muted\">Start the console with <code>--orders-url</code> for a dry-run button.</p>",
+        );
+    }
+    match runs {
+        Err(error) => {
+            let _ = write!(
+                out,
+                "<p class=\"error\">The runs could not be read: {}</p>",
+                text(error, 1000)
+            );
+        }
+        Ok(runs) if runs.is_empty() => {
+            out.push_str("<p id=\"no-runs\">No runs recorded: is reconcile running with <code>--interval</code>?</p>");
+        }
+        Ok(runs) => {
+            out.push_str(
+                "<table id=\"reconcile-runs\"><thead><tr><th>ended</th><th>took</th><th>scanned</th>\
+                 <th>fresh</th><th>drifted</th><th>emitted</th><th>pending</th><th>outcome</th></tr></thead><tbody>",
+            );
+            for r in runs {
+                let outcome = match &r.error {
+                    Some(error) => format!("<td class=\"error\">{}</td>", e(error)),
+                    None if r.dry_run => "<td>dry run</td>".to_owned(),
+                    None => "<td>ok</td>".to_owned(),
+                };
+                let _ = write!(
+                    out,
+                    "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+                     <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>{outcome}</tr>",
+                    rfc3339(r.at_ms).unwrap_or_default(),
+                    seconds(Duration::from_millis(r.took_ms)),
+                    r.scanned,
+                    r.fresh,
+                    r.drifted,
+                    r.emitted,
+                    r.pending,
+                );
+            }
+            out.push_str("</tbody></table>");
+        }
+    }
+    let dry_runs: Vec<JobView> = jobs_now
+        .iter()
+        .filter(|j| j.kind == Kind::ReconcileDryRun)
+        .cloned()
+        .collect();
+    let _ = write!(
+        out,
+        "<h2>Dry runs</h2><div id=\"jobs\" data-src=\"{}\" data-api=\"{}\">{}</div>",
+        e(&format!(
+            "{base}fragment/jobs?kind={}",
+            Kind::ReconcileDryRun.as_str()
+        )),
+        e(&format!("{base}api/jobs/")),
+        jobs(&dry_runs, admin),
+    );
     out
 }
 
@@ -306,28 +721,144 @@ mod tests {
             last_failed_ms: 2,
             orders: 1,
         };
-        let html = dead_letters("/", &admin(), &Ok(vec![group]));
+        let letter = IndexEntry {
+            id: "d1\u{202e}".into(),
+            reason: "handler".into(),
+            error: "<b>bold</b>".into(),
+            order_id: Some("<o>".into()),
+            ..IndexEntry::default()
+        };
+        let groups = Ok(vec![group]);
+        let letters = Ok(vec![letter]);
+        let params = LettersParams {
+            q: Some("\"><script>".into()),
+            ..LettersParams::default()
+        };
+        let view = DeadLetters {
+            groups: &groups,
+            letters: &letters,
+            params: &params,
+            jobs: &[],
+        };
+        let html = dead_letters("/", &admin(), &view);
         assert!(!html.contains("<script"), "{html}");
-        assert!(!html.contains("<img"), "{html}");
+        assert!(!html.contains("<img") && !html.contains("<b>") && !html.contains("<o>"));
         assert!(!html.contains('\u{202e}') && !html.contains('\u{200b}') && !html.contains('\0'));
         assert!(
             html.contains("&lt;script&gt;alert(1)&lt;/script&gt;\\u{200b}\\u{0}"),
             "{html}"
         );
         assert!(html.contains("handler\\u{202e}"), "{html}");
-        assert!(html.contains("id=\"release\""), "an admin sees the action");
+        assert!(
+            html.contains("value=\"&quot;&gt;&lt;script&gt;\""),
+            "{html}"
+        );
+        assert!(html.contains("dead-letters/letter/d1%E2%80%AE"), "{html}");
+        for admin_only in [
+            "id=\"release\"",
+            "class=\"replay-group\"",
+            "id=\"purge-selected\"",
+            "class=\"select\"",
+        ] {
+            assert!(html.contains(admin_only), "an admin sees {admin_only}");
+        }
         let page = page("/", "Dead letters", &admin(), Nav::DeadLetters, &html);
         assert!(page.contains("ops&lt;b&gt; (admin)"), "{page}");
         let read_only = Principal {
             role: Role::ReadOnly,
             ..admin()
         };
-        assert!(!dead_letters("/", &read_only, &Ok(Vec::new())).contains("id=\"release\""));
+        let html = dead_letters("/", &read_only, &view);
+        for admin_only in [
+            "id=\"release\"",
+            "replay-group",
+            "purge-selected",
+            "class=\"select\"",
+            "replay-rate",
+        ] {
+            assert!(!html.contains(admin_only), "read-only sees no {admin_only}");
+        }
+    }
+
+    #[test]
+    fn a_hostile_letter_renders_as_text_or_hex() {
+        let detail = |body: &[u8]| Detail {
+            entry: IndexEntry {
+                id: "d1".into(),
+                reason: "decode".into(),
+                error: "not JSON".into(),
+                trace_id: Some("0af7651916cd43dd8448eb211c80319c".into()),
+                attempts: Some(3),
+                ..IndexEntry::default()
+            }
+            .grouped(),
+            routing_key: "decode".into(),
+            headers: vec![("x-error".into(), "<svg onload=alert(1)>\u{2066}".into())],
+            body: crate::api::Body::of(body),
+        };
+        let html = letter(
+            "/",
+            "d1",
+            &Ok(Some(detail(
+                "<script>window.__pwned=1</script>\u{202e}\u{200b}".as_bytes(),
+            ))),
+        );
+        assert!(
+            !html.contains("<script") && !html.contains("<svg"),
+            "{html}"
+        );
+        assert!(
+            html.contains("&lt;script&gt;window.__pwned=1&lt;/script&gt;\\u{202e}\\u{200b}"),
+            "{html}"
+        );
+        assert!(
+            html.contains("&lt;svg onload=alert(1)&gt;\\u{2066}"),
+            "{html}"
+        );
+        assert!(html.contains("<code id=\"trace-id\">0af7651916cd43dd8448eb211c80319c</code>"));
+        assert!(html.contains("<td id=\"attempts\">3</td>"));
+        let html = letter("/", "d1", &Ok(Some(detail(b"<a>\xff\xfe"))));
+        assert!(
+            html.contains("<pre id=\"body\" class=\"hex\">3c 61 3e ff fe</pre>"),
+            "{html}"
+        );
+        let big = vec![b'a'; crate::api::BODY_CAP + 1];
+        let html = letter("/", "d1", &Ok(Some(detail(&big))));
+        assert!(html.contains("id=\"body-note\""));
+        assert!(letter("/", "x<", &Ok(None)).contains("No dead letter <code>x&lt;</code>"));
+    }
+
+    #[test]
+    fn a_job_shows_its_progress_and_a_cancel_button_while_it_runs() {
+        let mut view = JobView {
+            id: 7,
+            kind: Kind::Replay,
+            who: "ops".into(),
+            target: "group <g>".into(),
+            state: JobState::Running,
+            started_ms: 1,
+            ended_ms: None,
+            done: 2,
+            total: Some(5),
+            lines: vec!["replayed <d1>".into()],
+            result: None,
+            error: None,
+        };
+        let html = jobs(std::slice::from_ref(&view), true);
+        assert!(
+            html.contains("data-job=\"7\" data-state=\"running\""),
+            "{html}"
+        );
+        assert!(html.contains("replayed 2 of 5") && html.contains("class=\"cancel\""));
+        assert!(html.contains("group &lt;g&gt;") && html.contains("replayed &lt;d1&gt;"));
+        assert!(!jobs(std::slice::from_ref(&view), false).contains("class=\"cancel\""));
+        view.state = JobState::Done;
+        assert!(!jobs(&[view], true).contains("class=\"cancel\""));
     }
 
     #[test]
     fn an_unreadable_fleet_says_why() {
-        let html = fleet(&Err("connection refused <x>".into()));
+        let html = fleet(&Err("connection refused <x>".into()), "");
         assert!(html.contains("connection refused &lt;x&gt;"), "{html}");
     }
 }

@@ -10,8 +10,14 @@
 //! - [`token`]: named tokens (`admin`, `read-only`), their syntax, the
 //!   constant-time lookup.
 //! - `session`: login sessions in memory (cookie id → name, role, CSRF token).
-//! - `pages`, `html`: login, the fleet page and the dead-letters page.
-//! - `api`: the JSON API under `api/`.
+//! - `pages`, `html`: login, the fleet page, the dead-letters page and a
+//!   letter's detail, the audit and reconcile pages.
+//! - `api`: the JSON API under `api/` (reads: fleet, its history, the
+//!   dead-letter index and one letter, the audit log, reconcile runs).
+//! - `actions`: the POSTs (replay, purge, release, reconcile dry run,
+//!   cancel) and the jobs' views over server-sent events.
+//! - `jobs`: server-side jobs that outlive the browser tab.
+//! - `history`: the backlog-age samples and their chart.
 //! - [`escape`]: the one escaping function for untrusted text.
 //! - `assets`: the embedded stylesheet and script.
 //! - [`config`], [`error`]: the settings and what can go wrong.
@@ -19,13 +25,16 @@
 // The fleet status's future (broker probe, queues, Redis) is deep.
 #![recursion_limit = "256"]
 
+mod actions;
 mod api;
 mod assets;
 pub mod config;
 pub mod error;
 pub mod escape;
 mod guard;
+mod history;
 mod html;
+mod jobs;
 mod pages;
 mod server;
 mod session;

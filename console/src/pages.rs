@@ -1,17 +1,21 @@
 //! The page handlers: login and logout (the session cookie), the fleet
-//! page and its refreshed section, the dead-letters page.
+//! page and its refreshed section, the dead-letters page and a letter's
+//! detail, the jobs panel, the audit and reconcile pages.
 
 use axum::Form;
-use axum::extract::{Extension, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use serde::Deserialize;
-use shardline_ops::dlq;
+use shardline_ops::{audit, dlq, reconcile};
 
+use crate::api::{AUDIT_SHOWN, LettersParams, RUNS_SHOWN, read_letter};
 use crate::guard::{see_other, session_id};
+use crate::history;
 use crate::html::{self, Nav};
-use crate::server::{Shared, chain};
+use crate::server::{Shared, Status, chain};
 use crate::session::{COOKIE, Principal, SESSION_TTL};
+use crate::token::Role;
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct LoginQuery {
@@ -103,12 +107,18 @@ fn over_tls(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
 }
 
+/// The fleet section with its chart.
+fn fleet_section(state: &Shared, status: &Status) -> String {
+    let chart = history::chart(&state.history.samples(), &state.status.thresholds);
+    html::fleet(status, &chart)
+}
+
 /// `GET {base}`: the fleet page.
 pub(crate) async fn fleet(
     State(state): State<Shared>,
     Extension(who): Extension<Principal>,
 ) -> Response {
-    let section = html::fleet(&*state.status().await);
+    let section = fleet_section(&state, &state.status().await);
     let body = format!(
         "<h1>Fleet</h1><div id=\"fleet\" data-src=\"{}\">{section}</div>",
         crate::escape::text(&format!("{}fragment/fleet", state.base), 500),
@@ -118,21 +128,113 @@ pub(crate) async fn fleet(
 
 /// `GET fragment/fleet`: the fleet section alone, for the page's refresh.
 pub(crate) async fn fleet_fragment(State(state): State<Shared>) -> Response {
-    Html(html::fleet(&*state.status().await)).into_response()
+    Html(fleet_section(&state, &state.status().await)).into_response()
 }
 
-/// `GET dead-letters`: the failure groups.
+/// `GET dead-letters?group=&reason=&order=&shard=&from=&to=&q=`: the
+/// failure groups, the letters the filters select, the jobs.
 pub(crate) async fn dead_letters(
     State(state): State<Shared>,
     Extension(who): Extension<Principal>,
+    Query(params): Query<LettersParams>,
 ) -> Response {
     let groups = dlq::groups(&state.fleet).await.map_err(|e| chain(&e));
-    let body = html::dead_letters(&state.base, &who, &groups);
+    let letters = match params.query() {
+        Ok(query) => dlq::letters(&state.fleet, &query)
+            .await
+            .map_err(|e| format!("The dead-letter index could not be read: {}", chain(&e))),
+        Err(e) => Err(format!("Filters: {e}")),
+    };
+    let body = html::dead_letters(
+        &state.base,
+        &who,
+        &html::DeadLetters {
+            groups: &groups,
+            letters: &letters,
+            params: &params,
+            jobs: &state.jobs.views(),
+        },
+    );
     Html(html::page(
         &state.base,
         "Dead letters",
         &who,
         Nav::DeadLetters,
+        &body,
+    ))
+    .into_response()
+}
+
+/// `GET dead-letters/letter/{id}`: one letter, read from the DLQ.
+pub(crate) async fn letter(
+    State(state): State<Shared>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Response {
+    let detail = read_letter(&state, &id).await;
+    let body = html::letter(&state.base, &id, &detail);
+    Html(html::page(
+        &state.base,
+        "Dead letter",
+        &who,
+        Nav::DeadLetters,
+        &body,
+    ))
+    .into_response()
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct JobsQuery {
+    kind: Option<String>,
+}
+
+/// `GET fragment/jobs?kind=`: the jobs panel alone, for the page's refresh.
+pub(crate) async fn jobs_fragment(
+    State(state): State<Shared>,
+    Extension(who): Extension<Principal>,
+    Query(query): Query<JobsQuery>,
+) -> Response {
+    let jobs: Vec<_> = state
+        .jobs
+        .views()
+        .into_iter()
+        .filter(|j| query.kind.as_deref().is_none_or(|k| k == j.kind.as_str()))
+        .collect();
+    Html(html::jobs(&jobs, who.role == Role::Admin)).into_response()
+}
+
+/// `GET audit`: the latest actions.
+pub(crate) async fn audit(
+    State(state): State<Shared>,
+    Extension(who): Extension<Principal>,
+) -> Response {
+    let entries = audit::recent(&state.fleet, AUDIT_SHOWN)
+        .await
+        .map_err(|e| chain(&e));
+    let body = html::audit(&entries);
+    Html(html::page(&state.base, "Audit", &who, Nav::Audit, &body)).into_response()
+}
+
+/// `GET reconcile`: the latest reconcile runs, the dry-run button.
+pub(crate) async fn reconcile(
+    State(state): State<Shared>,
+    Extension(who): Extension<Principal>,
+) -> Response {
+    let runs = reconcile::runs(&state.fleet, RUNS_SHOWN)
+        .await
+        .map_err(|e| chain(&e));
+    let body = html::reconcile(
+        &state.base,
+        who.role == Role::Admin,
+        state.reconcile.is_some(),
+        &runs,
+        &state.jobs.views(),
+    );
+    Html(html::page(
+        &state.base,
+        "Reconcile",
+        &who,
+        Nav::Reconcile,
         &body,
     ))
     .into_response()

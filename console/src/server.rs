@@ -10,14 +10,16 @@ use axum::http::StatusCode;
 use axum::middleware;
 use axum::response::{IntoResponse as _, Response};
 use axum::routing::{get, post};
-use shardline_ops::Fleet;
 use shardline_ops::topology::{self, StatusConfig, StatusReport};
+use shardline_ops::{Fleet, ReconcileConfig};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::history::{self, History, Sample};
+use crate::jobs::Jobs;
 use crate::session::Sessions;
 use crate::token::Tokens;
-use crate::{Config, Error, api, assets, config, guard, pages};
+use crate::{Config, Error, actions, api, assets, config, guard, pages};
 
 /// How long one fleet status serves every page and poll: tabs refreshing
 /// every 2 s share one read of the broker and Redis.
@@ -32,7 +34,11 @@ pub(crate) struct State {
     pub(crate) base: String,
     /// Host headers answered to, lower case.
     pub(crate) hosts: Vec<String>,
-    status: StatusConfig,
+    pub(crate) jobs: Jobs,
+    pub(crate) history: History,
+    /// The order database, for the reconcile dry run; `None`: no dry run.
+    pub(crate) reconcile: Option<ReconcileConfig>,
+    pub(crate) status: StatusConfig,
     last_status: tokio::sync::Mutex<Option<(Instant, Status)>>,
 }
 
@@ -57,25 +63,30 @@ impl State {
                 .await
                 .map_err(|e| chain(&e)),
         );
+        if let Ok(report) = &*status {
+            self.history.push(Sample::of(report));
+        }
         *last = Some((Instant::now(), Arc::clone(&status)));
         status
     }
 }
 
-/// An error and its sources, as one line.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let next = s.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
+/// Reads the fleet every [`history::EVERY`] (the chart's samples) until
+/// `stop`; a read within that time by a page counts too.
+async fn sample(state: Shared, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(history::EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {
+                state.status().await;
+            }
         }
-        source = s.source();
     }
-    text
 }
+
+pub(crate) use shardline_ops::error::chain;
 
 /// A JSON `{"error": …}` with `status`.
 pub(crate) fn json_error(status: StatusCode, message: &str) -> Response {
@@ -102,7 +113,11 @@ fn router(state: Shared) -> Router {
     let mut router = Router::new()
         .route(&b, get(pages::fleet))
         .route(&at("dead-letters"), get(pages::dead_letters))
+        .route(&at("dead-letters/letter/{id}"), get(pages::letter))
+        .route(&at("audit"), get(pages::audit))
+        .route(&at("reconcile"), get(pages::reconcile))
         .route(&at("fragment/fleet"), get(pages::fleet_fragment))
+        .route(&at("fragment/jobs"), get(pages::jobs_fragment))
         .route(&at("login"), get(pages::login_form).post(pages::login))
         .route(&at("logout"), post(pages::logout))
         .route(&at("assets/console.css"), get(assets::css))
@@ -111,7 +126,21 @@ fn router(state: Shared) -> Router {
         .route(&at("api/fleet"), get(api::fleet))
         .route(&at("api/dlq/groups"), get(api::groups))
         .route(&at("api/dlq/letters"), get(api::letters))
-        .route(&at("api/dlq/release"), post(api::release));
+        .route(&at("api/dlq/release"), post(api::release))
+        .route(&at("api/dlq/letter/{id}"), get(api::letter))
+        .route(&at("api/dlq/replay"), post(actions::replay))
+        .route(&at("api/dlq/purge"), post(actions::purge))
+        .route(&at("api/fleet/history"), get(api::fleet_history))
+        .route(&at("api/audit"), get(api::audit_log))
+        .route(&at("api/reconcile/runs"), get(api::reconcile_runs))
+        .route(
+            &at("api/reconcile/dry-run"),
+            post(actions::reconcile_dry_run),
+        )
+        .route(&at("api/jobs"), get(actions::jobs))
+        .route(&at("api/jobs/{id}"), get(actions::job))
+        .route(&at("api/jobs/{id}/events"), get(actions::events))
+        .route(&at("api/jobs/{id}/cancel"), post(actions::cancel));
     if b != "/" {
         let base = b.clone();
         router = router.route(
@@ -145,6 +174,9 @@ pub async fn serve(
         sessions: Sessions::default(),
         base,
         hosts: hosts(addr, &config.allowed_hosts),
+        jobs: Jobs::default(),
+        history: History::default(),
+        reconcile: config.reconcile,
         status: StatusConfig {
             thresholds: config.thresholds,
             dlq_browse: None,
@@ -152,9 +184,16 @@ pub async fn serve(
         last_status: tokio::sync::Mutex::new(None),
     });
     tracing::info!(%addr, base = %state.base, tokens = state.tokens.len(), "console listening");
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await?;
+    let sampler = tokio::spawn(sample(Arc::clone(&state), shutdown.clone()));
+    let served = axum::serve(listener, router(Arc::clone(&state)))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await;
+    shutdown.cancel();
+    state.jobs.stop().await;
+    if let Err(e) = sampler.await {
+        tracing::debug!(error = %e, "console: the fleet sampler ended");
+    }
+    served?;
     Ok(())
 }
 

@@ -97,6 +97,15 @@ impl Error {
         move |source| Self::Queue { context, source }
     }
 
+    /// No such dead letter (`dlq show`), here or as the cause of a DLQ error.
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            Self::NotFound { .. } => true,
+            Self::Dlq { source, .. } => source.is_not_found(),
+            _ => false,
+        }
+    }
+
     /// The message with its causes, each config field it names replaced by
     /// `rename(field)` (once, where the message names it).
     pub fn rename_fields(&self, rename: impl Fn(&str) -> String) -> String {
@@ -151,5 +160,7 @@ mod tests {
             nested.rename_fields(|f| f.into()),
             "q on amqp://h/: no dead letter with x-dead-letter-id x"
         );
+        assert!(nested.is_not_found());
+        assert!(!Error::Refused("no".into()).is_not_found());
     }
 }

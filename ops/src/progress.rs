@@ -4,6 +4,7 @@
 //! New variants will come (the broker blocking a publisher under an alarm,
 //! and unblocking it), so matches need a catch-all arm.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::dlq::LetterRef;
@@ -51,4 +52,67 @@ pub enum Event {
     Reconciled(Box<ReconcileReport>),
     /// A reconcile run failed; the next one is tried after the interval.
     ReconcileFailed { error: String },
+}
+
+/// One line for an operator: what the CLI prints and the console's job shows.
+impl fmt::Display for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Replaying { letters } => write!(f, "replaying {letters} dead letter(s)"),
+            Self::Replayed { letter, shard } => write!(f, "replayed {letter} to shard {shard}"),
+            Self::ReplaySkipped { letter } => write!(
+                f,
+                "skipped {letter}: body is not an order event envelope, nothing to route (left in the DLQ; `dlq show` it, then `dlq purge` or republish a fixed copy)"
+            ),
+            Self::QuarantinesUnknown { cause, connected } => write!(
+                f,
+                "cannot read quarantines ({cause}); replaying without following them{}",
+                if *connected {
+                    ""
+                } else {
+                    " (check a quarantined order with `dlq list --order-id` afterwards)"
+                }
+            ),
+            Self::ReplayPass {
+                replayed,
+                matching,
+                skipped,
+                read,
+            } => write!(
+                f,
+                "replayed {replayed} of {matching} matching, {skipped} skipped (not envelopes), {read} read; {} left in the DLQ unreplayed",
+                read.saturating_sub(*replayed)
+            ),
+            Self::QuarantineLifted { order_id } => {
+                write!(f, "order {order_id}: quarantine lifted")
+            }
+            Self::NotApplied { order_id, wait } => write!(
+                f,
+                "order {order_id}: the replayed events were not applied within {} (is a worker with --on-dead-letter quarantine running?); run `dlq replay --order-id {order_id}` again later",
+                humantime::format_duration(*wait)
+            ),
+            Self::Requarantined { order_id, letters } => write!(
+                f,
+                "order {order_id}: {letters} event(s) quarantined during the replay; replaying them"
+            ),
+            Self::StillQuarantined {
+                order_id,
+                head,
+                blocker,
+            } => write!(
+                f,
+                "order {order_id}: still quarantined behind dead letter {head}{}; fix the cause and replay the order again",
+                blocker
+                    .as_ref()
+                    .map_or_else(String::new, |l| format!(" ({l})"))
+            ),
+            Self::RoundsExhausted { rounds, orders } => write!(
+                f,
+                "stopped after {rounds} rounds; the orders still quarantined: {}",
+                orders.join(", ")
+            ),
+            Self::Reconciled(report) => write!(f, "reconcile run: {}", report.summary()),
+            Self::ReconcileFailed { error } => write!(f, "reconcile run failed: {error}"),
+        }
+    }
 }

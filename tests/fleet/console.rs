@@ -418,3 +418,265 @@ async fn console_serves_the_fleet_and_its_dead_letters_behind_a_token() {
     console.stop().await;
     worker.assert_running().await;
 }
+
+impl Console {
+    /// A POST of `body` as JSON with the session's CSRF token.
+    async fn post(&self, path: &str, cookie: &str, csrf: &str, body: &str) -> reqwest::Response {
+        self.http
+            .post(self.url(path))
+            .header(header::COOKIE, cookie)
+            .header("x-csrf-token", csrf)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Follows job `id`'s server-sent events to its `end` event; the job's
+    /// last view and how many `progress` events came before.
+    async fn follow(&self, id: u64, cookie: &str) -> (serde_json::Value, usize) {
+        use futures_util::StreamExt as _;
+        let resp = self.get(&format!("/api/jobs/{id}/events"), cookie).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()[header::CONTENT_TYPE], "text/event-stream");
+        let mut stream = resp.bytes_stream();
+        let (mut text, mut progress) = (String::new(), 0);
+        let follow = async {
+            while let Some(chunk) = stream.next().await {
+                text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+                while let Some(end) = text.find("\n\n") {
+                    let event: String = text.drain(..end + 2).collect();
+                    let data = event
+                        .lines()
+                        .find_map(|l| l.strip_prefix("data: "))
+                        .unwrap_or("null");
+                    if event.starts_with("event: end") {
+                        return serde_json::from_str::<serde_json::Value>(data).unwrap();
+                    }
+                    progress += usize::from(event.starts_with("event: progress"));
+                }
+            }
+            panic!("the events of job {id} ended without an end event: {text}");
+        };
+        let view = tokio::time::timeout(PROCESSING, follow).await.unwrap();
+        (view, progress)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_replays_and_purges_as_jobs_shows_a_letter_and_audits_every_action() {
+    let env = TestEnv::new("console-jobs").await;
+    env.apply_topology().await;
+    let conn = env.connect().await;
+    let event = Event::new("jobs-a", 1, env.shards);
+    let fixed = Arc::new(AtomicBool::new(false));
+    // The event fails for good until fixed.
+    let downstream = Downstream::failing_until_fixed(event.key(), Arc::clone(&fixed)).await;
+    let mut worker = env.start_worker("w1", &downstream, |_| {}).await;
+    let publisher = Publisher::connect(&env).await;
+    publisher.publish(std::slice::from_ref(&event)).await;
+    wait_depth(&env, &conn, 1, PROCESSING).await;
+    // A body that is not an envelope: a letter of another group, to purge.
+    publisher
+        .publish_raw(0, b"<script>window.__pwned=1</script>\xff")
+        .await;
+    wait_depth(&env, &conn, 2, PROCESSING).await;
+    wait_indexed(&env, 2, PROCESSING).await;
+
+    let console = Console::start(&env).await;
+    let (cookie, _) = console.login(ADMIN, &[]).await;
+    let csrf = console.json("/api/me", &cookie).await["csrf"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let groups = console.json("/api/dlq/groups", &cookie).await;
+    let group_of = |reason: &str| {
+        groups["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["reason"] == reason)
+            .unwrap_or_else(|| panic!("no {reason} group in {groups:#}"))["group"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let (handler, decode) = (group_of("handler"), group_of("decode"));
+
+    // A letter's detail comes from the DLQ: headers, body (hex when not
+    // UTF-8), trace id, attempts; the search finds it by id and by order.
+    let handler_letter = console
+        .json(&format!("/api/dlq/letters?group={handler}"), &cookie)
+        .await["letters"][0]
+        .clone();
+    let id = handler_letter["id"].as_str().unwrap().to_owned();
+    let detail = console
+        .json(&format!("/api/dlq/letter/{id}"), &cookie)
+        .await;
+    assert_eq!(detail["order_id"], "jobs-a", "{detail:#}");
+    assert_eq!(detail["body"]["encoding"], "utf-8", "{detail:#}");
+    assert!(
+        detail["trace_id"].as_str().is_some_and(|t| t.len() == 32),
+        "{detail:#}"
+    );
+    assert!(
+        detail["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["name"] == "x-fail-reason" && h["value"] == "handler"),
+        "{detail:#}"
+    );
+    for q in [id.as_str(), "jobs-a"] {
+        let found = console
+            .json(&format!("/api/dlq/letters?q={q}"), &cookie)
+            .await;
+        assert_eq!(
+            found["letters"].as_array().unwrap().len(),
+            1,
+            "q={q}: {found:#}"
+        );
+    }
+    let decode_letter = console
+        .json(&format!("/api/dlq/letters?group={decode}"), &cookie)
+        .await["letters"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let raw = console
+        .json(&format!("/api/dlq/letter/{decode_letter}"), &cookie)
+        .await;
+    assert_eq!(raw["body"]["encoding"], "hex", "{raw:#}");
+    let page = console
+        .get(&format!("/dead-letters/letter/{decode_letter}"), &cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("<pre id=\"body\" class=\"hex\">3c 73 63"),
+        "{page}"
+    );
+    assert!(!page.contains("<script>window"), "{page}");
+    assert_eq!(
+        console
+            .get("/api/dlq/letter/no-such-letter", &cookie)
+            .await
+            .status(),
+        StatusCode::NOT_FOUND
+    );
+    let filtered = console
+        .get(&format!("/dead-letters?group={handler}"), &cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        filtered.contains(&format!("data-letter=\"{id}\"")),
+        "{filtered}"
+    );
+    assert!(!filtered.contains(&format!("data-letter=\"{decode_letter}\"")));
+
+    // An action needs a selection; a purge needs a confirmation.
+    let nothing = console.post("/api/dlq/replay", &cookie, &csrf, "{}").await;
+    assert_eq!(nothing.status(), StatusCode::BAD_REQUEST);
+    let body = format!(r#"{{"ids": ["{decode_letter}"]}}"#);
+    let unconfirmed = console.post("/api/dlq/purge", &cookie, &csrf, &body).await;
+    assert_eq!(unconfirmed.status(), StatusCode::BAD_REQUEST);
+    let unconfirmed: serde_json::Value =
+        serde_json::from_str(&unconfirmed.text().await.unwrap()).unwrap();
+    assert_eq!(unconfirmed["would_purge"], 1, "{unconfirmed}");
+    wait_depth(&env, &conn, 2, PROCESSING).await;
+    let viewer = console
+        .http
+        .post(console.url("/api/dlq/replay"))
+        .bearer_auth(VIEWER)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(format!(r#"{{"group": "{handler}"}}"#))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(viewer.status(), StatusCode::FORBIDDEN);
+
+    // Purge, confirmed: a job that removes the letter and its index entry.
+    let body = format!(r#"{{"ids": ["{decode_letter}"], "confirm": true}}"#);
+    let started = console.post("/api/dlq/purge", &cookie, &csrf, &body).await;
+    assert_eq!(started.status(), StatusCode::ACCEPTED);
+    let job: serde_json::Value = serde_json::from_str(&started.text().await.unwrap()).unwrap();
+    let (purged, _) = console.follow(job["job"].as_u64().unwrap(), &cookie).await;
+    assert_eq!(purged["state"], "done", "{purged:#}");
+    assert_eq!(purged["done"], 1, "{purged:#}");
+    wait_depth(&env, &conn, 1, PROCESSING).await;
+
+    // Fix the downstream and replay the handler group as a job: the event
+    // arrives, the group empties, the job's events said how far it got.
+    fixed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let body = format!(r#"{{"group": "{handler}", "rate": 100}}"#);
+    let started = console.post("/api/dlq/replay", &cookie, &csrf, &body).await;
+    assert_eq!(started.status(), StatusCode::ACCEPTED);
+    let job: serde_json::Value = serde_json::from_str(&started.text().await.unwrap()).unwrap();
+    let job = job["job"].as_u64().unwrap();
+    let (replayed, _) = console.follow(job, &cookie).await;
+    assert_eq!(replayed["state"], "done", "{replayed:#}");
+    assert_eq!(replayed["who"], "ops", "{replayed:#}");
+    assert_eq!(replayed["progress"], "replayed 1 of 1", "{replayed:#}");
+    assert_eq!(replayed["result"]["replayed"], 1, "{replayed:#}");
+    let key = event.key();
+    downstream
+        .wait_for("the event after the replay", PROCESSING, |calls| {
+            calls.iter().any(|c| c.ok() && c.key() == key)
+        })
+        .await;
+    wait_depth(&env, &conn, 0, PROCESSING).await;
+    let groups = console.json("/api/dlq/groups", &cookie).await;
+    assert_eq!(groups["groups"].as_array().unwrap().len(), 0, "{groups:#}");
+    let jobs = console.json("/api/jobs", &cookie).await;
+    assert_eq!(jobs["jobs"].as_array().unwrap().len(), 2, "{jobs:#}");
+    assert_eq!(jobs["jobs"][0]["kind"], "replay", "newest first: {jobs:#}");
+    let ended = console
+        .post(&format!("/api/jobs/{job}/cancel"), &cookie, &csrf, "{}")
+        .await;
+    assert_eq!(ended.status(), StatusCode::CONFLICT);
+
+    // The audit log: who did what, newest first.
+    let audit = console.json("/api/audit", &cookie).await;
+    let actions: Vec<(&str, &str)> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["who"].as_str().unwrap(), e["action"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("ops", "replay finished"),
+            ("ops", "replay started"),
+            ("ops", "purge finished"),
+            ("ops", "purge started"),
+        ],
+        "{audit:#}"
+    );
+    let page = console.get("/audit", &cookie).await.text().await.unwrap();
+    assert!(
+        page.contains("<td class=\"action\">replay finished</td>"),
+        "{page}"
+    );
+    let runs = console.json("/api/reconcile/runs", &cookie).await;
+    assert_eq!(runs["dry_run_available"], false, "{runs:#}");
+    let no_dry_run = console
+        .post("/api/reconcile/dry-run", &cookie, &csrf, "{}")
+        .await;
+    assert_eq!(no_dry_run.status(), StatusCode::NOT_FOUND);
+    let history = console.json("/api/fleet/history", &cookie).await;
+    assert!(
+        !history["samples"].as_array().unwrap().is_empty(),
+        "{history:#}"
+    );
+    let fleet = console.get("/", &cookie).await.text().await.unwrap();
+    assert!(fleet.contains("<svg id=\"backlog-chart\""), "{fleet}");
+    assert!(fleet.contains("<tr data-shard=\"0\">"), "{fleet}");
+
+    console.stop().await;
+    worker.assert_running().await;
+}

@@ -55,26 +55,29 @@ pub struct GroupSummary {
 }
 
 /// Which index entries to read: the [`Filters`] (reason, order, shard,
-/// limit), a failure group, a first-failed time range.
+/// failure group, ids, limit), a first-failed time range, a search.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LetterQuery {
     pub filters: Filters,
-    /// Only letters of this failure group (its id).
-    pub group: Option<String>,
     /// Only letters first failed at or after this Unix ms.
     pub from_ms: Option<u64>,
     /// Only letters first failed at or before this Unix ms.
     pub to_ms: Option<u64>,
+    /// Only the letter with this id, or the letters of the order with this id.
+    pub search: Option<String>,
 }
 
 impl LetterQuery {
     fn matches(&self, entry: &IndexEntry) -> bool {
         self.filters.matches_entry(entry)
-            && self.group.as_ref().is_none_or(|g| *g == entry.group)
             && self
                 .from_ms
                 .is_none_or(|from| entry.first_failed_ms >= from)
             && self.to_ms.is_none_or(|to| entry.first_failed_ms <= to)
+            && self
+                .search
+                .as_ref()
+                .is_none_or(|q| entry.id == *q || entry.order_id.as_ref() == Some(q))
     }
 }
 
@@ -211,13 +214,20 @@ impl<'a> Index<'a> {
         Ok(groups)
     }
 
-    /// The entries matching `query`, oldest first, at most its limit: one
-    /// sorted-set range (the group's, or all letters') or the order's set,
-    /// then the entries themselves.
+    /// The entries matching `query`, oldest first, at most its limit: the
+    /// searched id and order's set, or the order's set, or one sorted-set
+    /// range (the group's, or all letters'); then the entries themselves.
     pub(crate) async fn query(&mut self, query: &LetterQuery) -> Result<Vec<IndexEntry>, Error> {
-        let ids = match (&query.filters.order_id, &query.group) {
-            (Some(order), _) => self.order_ids(order).await?,
-            (None, group) => {
+        let ids = match (&query.search, &query.filters.order_id, &query.filters.group) {
+            (Some(q), _, _) => {
+                let mut ids = self.order_ids(q).await?;
+                ids.push(q.clone());
+                ids.sort();
+                ids.dedup();
+                ids
+            }
+            (None, Some(order), _) => self.order_ids(order).await?,
+            (None, None, group) => {
                 let key = match group {
                     Some(g) => self.keys().dlq_group(g),
                     None => self.keys().dlq_letters(),
@@ -378,8 +388,11 @@ mod tests {
             query.matches(&entry)
         };
         assert!(matches(|_| {}));
-        assert!(matches(|q| q.group = Some("g1".into())));
-        assert!(!matches(|q| q.group = Some("g2".into())));
+        assert!(matches(|q| q.filters.group = Some("g1".into())));
+        assert!(!matches(|q| q.filters.group = Some("g2".into())));
+        assert!(matches(|q| q.search = Some("a".into())));
+        assert!(matches(|q| q.search = Some("o-1".into())));
+        assert!(!matches(|q| q.search = Some("o-2".into())));
         assert!(matches(|q| {
             q.from_ms = Some(1_000);
             q.to_ms = Some(1_000);

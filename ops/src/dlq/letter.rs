@@ -109,6 +109,12 @@ impl Letter {
         })
     }
 
+    /// Its entry in the dead-letter index, as the worker (or `dlq reindex`)
+    /// wrote it.
+    pub fn entry(&self) -> shardline_topology::letters::IndexEntry {
+        shardline_topology::letters::entry_of(self.properties(), self.body())
+    }
+
     pub fn body(&self) -> &[u8] {
         &self.delivery.data
     }
@@ -132,6 +138,21 @@ impl Letter {
         json.get("event")?.as_str().map(str::to_owned)
     }
 
+    /// Its AMQP headers, each value as text (strings as they are, numbers in
+    /// decimal, tables and arrays as the AMQP library prints them).
+    pub fn headers(&self) -> Vec<(String, String)> {
+        self.properties()
+            .headers()
+            .as_ref()
+            .map(|h| {
+                h.inner()
+                    .iter()
+                    .map(|(name, value)| (name.as_str().to_owned(), value_text(value)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Headers and body, as `dlq show` prints them.
     pub fn text(&self) -> String {
         let p = self.properties();
@@ -147,10 +168,8 @@ impl Letter {
             format!("timestamp: {}", opt(*p.timestamp())),
             "headers:".to_owned(),
         ];
-        if let Some(h) = p.headers() {
-            for (name, value) in h.inner() {
-                lines.push(format!("  {}: {}", name.as_str(), value_text(value)));
-            }
+        for (name, value) in self.headers() {
+            lines.push(format!("  {name}: {value}"));
         }
         lines.push(format!("body ({} bytes):", self.body().len()));
         lines.push(String::from_utf8_lossy(self.body()).into_owned());

@@ -20,7 +20,7 @@ mod reader;
 mod reindex;
 mod replay;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
@@ -42,32 +42,30 @@ use crate::{Error, Fleet};
 /// Longest error text in the `list` table (JSON carries it whole).
 const ERROR_CHARS: usize = 60;
 
-/// Which dead letters an operation acts on (all of them by default).
+/// Which dead letters an operation acts on (all of them by default). Each
+/// filter is matched against the letter's index entry, so a selection means
+/// the same in the index and in the DLQ.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filters {
-    /// Only letters with this `x-fail-reason` (`unknown` for letters without one).
+    /// Only letters with this reason: `x-fail-reason`, the broker's own
+    /// (`delivery-limit`) for letters it dead-lettered itself, `unknown`
+    /// for letters without either.
     pub reason: Option<String>,
     /// Only letters whose envelope's `order_id` is this.
     pub order_id: Option<String>,
     /// Only letters dead-lettered from this shard (`x-shard`).
     pub shard: Option<u16>,
+    /// Only letters of this failure group (its id).
+    pub group: Option<String>,
+    /// Only these letters (their index ids: `x-dead-letter-id`, or the id
+    /// derived for a letter the broker dead-lettered itself).
+    pub ids: Option<BTreeSet<String>>,
     /// At most this many matching letters (reading stops there).
     pub limit: Option<usize>,
 }
 
 impl Filters {
-    pub fn matches(&self, letter: &LetterRef) -> bool {
-        self.reason.as_ref().is_none_or(|r| *r == letter.reason)
-            && self
-                .order_id
-                .as_ref()
-                .is_none_or(|o| letter.order_id.as_ref() == Some(o))
-            && self
-                .shard
-                .is_none_or(|s| letter.shard == Some(i64::from(s)))
-    }
-
-    /// The same filters on an index entry.
+    /// The filters on an index entry.
     pub fn matches_entry(&self, entry: &IndexEntry) -> bool {
         self.reason.as_ref().is_none_or(|r| *r == entry.reason)
             && self
@@ -75,10 +73,17 @@ impl Filters {
                 .as_ref()
                 .is_none_or(|o| entry.order_id.as_ref() == Some(o))
             && self.shard.is_none_or(|s| entry.shard == Some(s))
+            && self.group.as_ref().is_none_or(|g| *g == entry.group)
+            && self.ids.as_ref().is_none_or(|ids| ids.contains(&entry.id))
+    }
+
+    /// The filters on a letter read from the DLQ: on its index entry.
+    pub fn matches(&self, letter: &Letter) -> bool {
+        self.matches_entry(&letter.entry())
     }
 
     fn select(&self) -> impl Fn(&Letter) -> bool + '_ {
-        |l| self.matches(&l.info)
+        |l| self.matches(l)
     }
 }
 
@@ -153,11 +158,12 @@ pub(crate) async fn dlq_depth(fleet: &Fleet) -> Result<u64, Error> {
     Ok(u64::from(status?.messages))
 }
 
-/// The dead letter whose `x-dead-letter-id` is `id`.
+/// The dead letter whose index id is `id`: its `x-dead-letter-id`, or the
+/// id derived for a letter the broker dead-lettered itself.
 pub async fn show(fleet: &Fleet, id: &str) -> Result<Letter, Error> {
     with_reader(fleet, async |reader| {
         while let Some(letter) = reader.next().await? {
-            if letter.info.id.as_deref() == Some(id) {
+            if letter.index_id() == id {
                 return Ok(letter);
             }
         }
@@ -566,27 +572,49 @@ mod tests {
     }
 
     #[test]
-    fn filters_match_reason_order_and_shard() {
-        let l = letter("d1", "handler", Some("A1"), Some(2));
-        assert!(Filters::default().matches(&l));
+    fn filters_match_reason_order_shard_group_and_ids() {
+        let entry = |id: &str, reason: &str, order: Option<&str>, shard: Option<u16>| {
+            IndexEntry {
+                id: id.into(),
+                reason: reason.into(),
+                error: "HTTP 500 from downstream".into(),
+                order_id: order.map(Into::into),
+                shard,
+                ..IndexEntry::default()
+            }
+            .grouped()
+        };
+        let l = entry("d1", "handler", Some("A1"), Some(3));
+        assert!(Filters::default().matches_entry(&l));
         let by = |reason: Option<&str>, order: Option<&str>, shard: Option<u16>| Filters {
             reason: reason.map(Into::into),
             order_id: order.map(Into::into),
             shard,
-            limit: None,
+            ..Filters::default()
         };
-        assert!(by(Some("handler"), Some("A1"), Some(3)).matches(&l));
-        assert!(!by(Some("decode"), None, None).matches(&l));
-        assert!(!by(None, Some("A2"), None).matches(&l));
-        assert!(!by(None, None, Some(4)).matches(&l));
-        let bodyless = LetterRef {
-            order_id: None,
-            shard: None,
-            ..letter("d2", "unknown", None, None)
+        assert!(by(Some("handler"), Some("A1"), Some(3)).matches_entry(&l));
+        assert!(!by(Some("decode"), None, None).matches_entry(&l));
+        assert!(!by(None, Some("A2"), None).matches_entry(&l));
+        assert!(!by(None, None, Some(4)).matches_entry(&l));
+        let bodyless = entry("d2", "unknown", None, None);
+        assert!(by(Some("unknown"), None, None).matches_entry(&bodyless));
+        assert!(!by(None, Some(""), None).matches_entry(&bodyless));
+        assert!(!by(None, None, Some(3)).matches_entry(&bodyless));
+        let group = Filters {
+            group: Some(l.group.clone()),
+            ..Filters::default()
         };
-        assert!(by(Some("unknown"), None, None).matches(&bodyless));
-        assert!(!by(None, Some(""), None).matches(&bodyless));
-        assert!(!by(None, None, Some(3)).matches(&bodyless));
+        assert!(group.matches_entry(&l));
+        assert!(
+            !group.matches_entry(&bodyless),
+            "another reason, another group"
+        );
+        let ids = Filters {
+            ids: Some(BTreeSet::from(["d2".to_owned(), "d9".to_owned()])),
+            ..Filters::default()
+        };
+        assert!(!ids.matches_entry(&l));
+        assert!(ids.matches_entry(&bodyless));
     }
 
     #[test]

@@ -115,7 +115,7 @@ pub async fn replay(
     with_reader(fleet, async |reader| {
         let progress: &mut (dyn FnMut(Event) + Send) = &mut progress;
         let selection = reader
-            .select(|l| config.filters.matches(&l.info), config.filters.limit)
+            .select(|l| config.filters.matches(l), config.filters.limit)
             .await?;
         let (replayable, skipped): (Vec<Letter>, Vec<Letter>) = selection
             .matched

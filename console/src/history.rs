@@ -1,0 +1,196 @@
+//! The backlog-age history behind the fleet page's chart: a sample of every
+//! shard's backlog age every [`EVERY`], the last [`KEPT`] of them (ten
+//! minutes), in this process's memory. A restart starts the chart empty; for
+//! longer history, Prometheus scrapes the workers' `shardline_backlog_age_seconds`.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use serde::Serialize;
+use shardline_ops::topology::StatusReport;
+use shardline_topology::status::Thresholds;
+
+/// How often the console samples the fleet.
+pub(crate) const EVERY: Duration = Duration::from_secs(5);
+
+/// Samples kept: ten minutes.
+pub(crate) const KEPT: usize = 120;
+
+/// Every shard's backlog age at one time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct Sample {
+    pub(crate) at_ms: u64,
+    /// Seconds, by shard (index = shard number); `None`: unknown.
+    pub(crate) ages: Vec<Option<f64>>,
+}
+
+impl Sample {
+    pub(crate) fn of(report: &StatusReport) -> Self {
+        Self {
+            at_ms: report.read_at_ms,
+            ages: report
+                .shards
+                .iter()
+                .map(|s| s.backlog_age.map(|a| a.as_secs_f64()))
+                .collect(),
+        }
+    }
+}
+
+/// The samples, oldest first.
+#[derive(Debug, Default)]
+pub(crate) struct History {
+    samples: Mutex<VecDeque<Sample>>,
+}
+
+impl History {
+    pub(crate) fn push(&self, sample: Sample) {
+        let mut samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
+        if samples
+            .back()
+            .is_some_and(|last| last.at_ms >= sample.at_ms)
+        {
+            return;
+        }
+        if samples.len() == KEPT {
+            samples.pop_front();
+        }
+        samples.push_back(sample);
+    }
+
+    pub(crate) fn samples(&self) -> Vec<Sample> {
+        let samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
+        samples.iter().cloned().collect()
+    }
+}
+
+/// Chart size, in SVG units.
+const WIDTH: f64 = 720.0;
+const HEIGHT: f64 = 160.0;
+const LEFT: f64 = 48.0;
+const BOTTOM: f64 = 18.0;
+
+/// The chart as inline SVG (presentation attributes only: the CSP allows no
+/// inline style): one line per shard, the WARN and PAGE levels dashed, the
+/// y axis from 0 to the largest of the ages and the WARN level.
+pub(crate) fn chart(samples: &[Sample], thresholds: &Thresholds) -> String {
+    let warn = thresholds.warn.as_secs_f64();
+    let page = thresholds.page.as_secs_f64();
+    let mut out = format!(
+        "<svg id=\"backlog-chart\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" width=\"{WIDTH}\" height=\"{HEIGHT}\" \
+         role=\"img\" aria-label=\"backlog age per shard, last {} minutes\">",
+        KEPT as u64 * EVERY.as_secs() / 60
+    );
+    let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+        out.push_str(
+            "<text x=\"8\" y=\"20\" fill=\"#666\">No samples yet: the chart fills as the console \
+             samples the fleet every 5 s.</text></svg>",
+        );
+        return out;
+    };
+    let top = samples
+        .iter()
+        .flat_map(|s| s.ages.iter().flatten())
+        .fold(warn, |m, &a| m.max(a))
+        * 1.1;
+    let span = last.at_ms.saturating_sub(first.at_ms).max(1) as f64;
+    let x = |at: u64| LEFT + (at.saturating_sub(first.at_ms) as f64 / span) * (WIDTH - LEFT - 4.0);
+    let y = |age: f64| (HEIGHT - BOTTOM) - (age / top) * (HEIGHT - BOTTOM - 4.0);
+    let _ = write!(
+        out,
+        "<line x1=\"{LEFT}\" y1=\"{b}\" x2=\"{WIDTH}\" y2=\"{b}\" stroke=\"#999\"/>\
+         <text x=\"2\" y=\"{b}\" font-size=\"10\" fill=\"#666\">0 s</text>\
+         <text x=\"2\" y=\"12\" font-size=\"10\" fill=\"#666\">{top:.0} s</text>",
+        b = HEIGHT - BOTTOM,
+    );
+    for (level, color, name) in [(warn, "#b8860b", "WARN"), (page, "#b22222", "PAGE")] {
+        if level <= top {
+            let _ = write!(
+                out,
+                "<line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{WIDTH}\" y2=\"{y:.1}\" stroke=\"{color}\" \
+                 stroke-dasharray=\"4 3\"/><text x=\"{tx}\" y=\"{ty:.1}\" font-size=\"10\" fill=\"{color}\">{name}</text>",
+                y = y(level),
+                tx = WIDTH - 36.0,
+                ty = y(level) - 2.0,
+            );
+        }
+    }
+    let shards = samples.iter().map(|s| s.ages.len()).max().unwrap_or(0);
+    for shard in 0..shards {
+        let points: Vec<String> = samples
+            .iter()
+            .filter_map(|s| {
+                let age = (*s.ages.get(shard)?)?;
+                Some(format!("{:.1},{:.1}", x(s.at_ms), y(age)))
+            })
+            .collect();
+        if points.is_empty() {
+            continue;
+        }
+        let _ = write!(
+            out,
+            "<polyline data-shard=\"{shard}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>",
+            color(shard),
+            points.join(" ")
+        );
+    }
+    let _ = write!(
+        out,
+        "<text x=\"{LEFT}\" y=\"{HEIGHT}\" font-size=\"10\" fill=\"#666\">{} s ago</text>\
+         <text x=\"{}\" y=\"{HEIGHT}\" font-size=\"10\" fill=\"#666\">now</text></svg>",
+        (span / 1000.0).round(),
+        WIDTH - 24.0,
+    );
+    out
+}
+
+/// A shard's line colour: spread around the hue circle.
+fn color(shard: usize) -> String {
+    let hue = (shard * 137) % 360;
+    format!("hsl({hue},60%,40%)")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn sample(at_ms: u64, ages: &[Option<f64>]) -> Sample {
+        Sample {
+            at_ms,
+            ages: ages.to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_history_keeps_the_latest_samples_in_time_order() {
+        let history = History::default();
+        for i in 0..KEPT as u64 + 10 {
+            history.push(sample(1000 + i, &[Some(1.0)]));
+        }
+        history.push(sample(5, &[Some(1.0)]));
+        let samples = history.samples();
+        assert_eq!(samples.len(), KEPT);
+        assert_eq!(samples[0].at_ms, 1010);
+        assert!(samples.windows(2).all(|w| w[0].at_ms < w[1].at_ms));
+    }
+
+    #[test]
+    fn the_chart_draws_a_line_per_shard_and_the_levels() {
+        let thresholds = Thresholds::default();
+        let svg = chart(
+            &[
+                sample(0, &[Some(0.0), None]),
+                sample(5000, &[Some(200.0), Some(3.0)]),
+            ],
+            &thresholds,
+        );
+        assert_eq!(svg.matches("<polyline").count(), 2);
+        assert!(svg.contains("data-shard=\"1\""));
+        assert!(svg.contains(">WARN<") && svg.contains(">PAGE<"), "{svg}");
+        assert!(!svg.contains("style="), "the CSP allows no inline style");
+        assert!(chart(&[], &thresholds).contains("No samples yet"));
+    }
+}
