@@ -9,11 +9,11 @@ use std::sync::atomic::AtomicBool;
 use reqwest::StatusCode;
 use reqwest::header::{self, HeaderMap};
 use shardline_console::{Config, Tokens};
-use shardline_ops::Fleet;
+use shardline_ops::{Fleet, ReconcileConfig};
 use shardline_testkit::dlq::{wait_depth, wait_indexed};
 use shardline_testkit::env::REDIS_URL;
 use shardline_testkit::wait::check;
-use shardline_testkit::{Downstream, Event, PROCESSING, Publisher, TestEnv, wait_until};
+use shardline_testkit::{Downstream, Event, OrdersDb, PROCESSING, Publisher, TestEnv, wait_until};
 use tokio_util::sync::CancellationToken;
 
 const ADMIN: &str = "admin-token-0123456789";
@@ -29,6 +29,11 @@ struct Console {
 
 impl Console {
     async fn start(env: &TestEnv) -> Self {
+        Self::start_with(env, None).await
+    }
+
+    /// With the order database of a reconcile dry run.
+    async fn start_with(env: &TestEnv, reconcile: Option<ReconcileConfig>) -> Self {
         let fleet = Fleet {
             amqp: env.amqp_target(),
             redis: REDIS_URL.parse().unwrap(),
@@ -44,6 +49,7 @@ impl Console {
             )
             .unwrap(),
             base_path: "/".into(),
+            reconcile,
             ..Config::default()
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -679,4 +685,84 @@ async fn console_replays_and_purges_as_jobs_shows_a_letter_and_audits_every_acti
 
     console.stop().await;
     worker.assert_running().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_runs_a_reconcile_dry_run_as_a_job_and_shows_the_recorded_runs() {
+    let env = TestEnv::new("console-reconcile").await;
+    env.apply_topology().await;
+    let db = OrdersDb::new(&env).await;
+    // Paid an hour ago; the fleet never processed its payment.
+    db.set("dry-1", "PAID", std::time::Duration::from_secs(3600))
+        .await;
+    let config = ReconcileConfig {
+        orders_url: db.url(),
+        dry_run: true,
+        ..ReconcileConfig::default()
+    };
+    let console = Console::start_with(&env, Some(config)).await;
+    let (cookie, _) = console.login(ADMIN, &[]).await;
+    let csrf = console.json("/api/me", &cookie).await["csrf"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let page = console
+        .get("/reconcile", &cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("id=\"reconcile-dry-run\""), "{page}");
+    let started = console
+        .post("/api/reconcile/dry-run", &cookie, &csrf, "{}")
+        .await;
+    assert_eq!(started.status(), StatusCode::ACCEPTED);
+    let job: serde_json::Value = serde_json::from_str(&started.text().await.unwrap()).unwrap();
+    let (ran, _) = console.follow(job["job"].as_u64().unwrap(), &cookie).await;
+    assert_eq!(ran["state"], "done", "{ran:#}");
+    assert_eq!(ran["kind"], "reconcile-dry-run", "{ran:#}");
+    assert_eq!(ran["result"]["dry_run"], true, "{ran:#}");
+    assert_eq!(ran["result"]["counts"]["drifted"], 1, "{ran:#}");
+    assert_eq!(ran["result"]["counts"]["emitted"], 0, "{ran:#}");
+    assert_eq!(
+        ran["result"]["drift"][0]["compensation"], "would_emit",
+        "{ran:#}"
+    );
+
+    // A run `reconcile --interval` recorded shows on the page.
+    let run = shardline_ops::RunSummary {
+        at_ms: 1_796_119_200_000,
+        took_ms: 1500,
+        dry_run: false,
+        scanned: 7,
+        fresh: 1,
+        drifted: 2,
+        emitted: 2,
+        pending: 1,
+        error: None,
+    };
+    let fleet = Fleet {
+        redis: REDIS_URL.parse().unwrap(),
+        keys: env.keys(),
+        ..Fleet::default()
+    };
+    shardline_ops::reconcile::record_run(&fleet, &run)
+        .await
+        .unwrap();
+    let runs = console.json("/api/reconcile/runs", &cookie).await;
+    assert_eq!(runs["dry_run_available"], true, "{runs:#}");
+    assert_eq!(runs["runs"][0]["scanned"], 7, "{runs:#}");
+    let page = console
+        .get("/reconcile", &cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("<table id=\"reconcile-runs\">"), "{page}");
+    let audit = console.json("/api/audit", &cookie).await;
+    assert_eq!(
+        audit["entries"][0]["action"], "reconcile dry run finished",
+        "{audit:#}"
+    );
+    console.stop().await;
 }
