@@ -17,11 +17,15 @@
 //!   the dead-letter index's failure groups and entries.
 //! - [`reconcile`]: compensation events for what the order database says
 //!   happened and the fleet never processed; its Prometheus metrics.
+//! - [`audit`]: the operator actions the console performed, who and what,
+//!   kept in Redis.
 //! - [`scratch`]: throwaway names for demos and benchmarks, and removing
 //!   their topology and Redis keys.
 //! - [`progress`]: the events long operations report as they go.
 //! - [`error`]: what went wrong, naming config fields, never flags.
 
+pub mod audit;
+mod capped;
 pub mod dlq;
 pub mod error;
 pub mod fleet;
@@ -30,6 +34,7 @@ pub mod reconcile;
 pub mod scratch;
 pub mod topology;
 
+pub use audit::AuditEntry;
 pub use dlq::{
     Filters, GroupCount, GroupSummary, Letter, LetterQuery, LetterRef, ListReport, PurgeReport,
     ReindexReport, ReleaseReport, ReplayConfig, ReplayReport,
