@@ -63,6 +63,9 @@ pub enum Error {
     /// The order database failed (connection, query, rows).
     #[error("orders database {url}: {cause}")]
     Orders { url: String, cause: String },
+    /// A record (an audit entry, a run summary) could not be written as JSON.
+    #[error("encoding {what}: {cause}")]
+    Encode { what: &'static str, cause: String },
     /// An operation on the DLQ failed; `source` says how. `queue` is the
     /// DLQ's name, or what was done with it ("reading …").
     #[error("{queue} on {url}")]

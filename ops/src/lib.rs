@@ -16,12 +16,17 @@
 //!   replay (key-ordered, confirmed, with quarantine rounds), purge, release;
 //!   the dead-letter index's failure groups and entries.
 //! - [`reconcile`]: compensation events for what the order database says
-//!   happened and the fleet never processed; its Prometheus metrics.
+//!   happened and the fleet never processed; its Prometheus metrics; the
+//!   summaries of its runs at an interval, kept in Redis.
+//! - [`audit`]: the operator actions the console performed, who and what,
+//!   kept in Redis.
 //! - [`scratch`]: throwaway names for demos and benchmarks, and removing
 //!   their topology and Redis keys.
 //! - [`progress`]: the events long operations report as they go.
 //! - [`error`]: what went wrong, naming config fields, never flags.
 
+pub mod audit;
+mod capped;
 pub mod dlq;
 pub mod error;
 pub mod fleet;
@@ -30,6 +35,7 @@ pub mod reconcile;
 pub mod scratch;
 pub mod topology;
 
+pub use audit::AuditEntry;
 pub use dlq::{
     Filters, GroupCount, GroupSummary, Letter, LetterQuery, LetterRef, ListReport, PurgeReport,
     ReindexReport, ReleaseReport, ReplayConfig, ReplayReport,
@@ -37,5 +43,5 @@ pub use dlq::{
 pub use error::Error;
 pub use fleet::Fleet;
 pub use progress::Event;
-pub use reconcile::{ReconcileConfig, ReconcileReport, Reconciler};
+pub use reconcile::{ReconcileConfig, ReconcileReport, Reconciler, RunSummary};
 pub use topology::{StatusConfig, StatusReport};

@@ -34,20 +34,25 @@
 //! - [`nack`]: a nacked event is sent again on a new connection, within `nack_retries`.
 //! - [`dlq`]: `dlq list|show|replay|purge` on dead letters a worker made.
 //! - [`reconcile`]: order snapshots in PostgreSQL against the events the fleet processed: one compensation per missing event, pending ones left alone.
+//! - [`reconcile_runs`]: `Reconciler::run_every` keeps each run's summary (ok or failed) in Redis, capped; a single run keeps none.
+//! - [`dlq_index`]: the dead-letter index under load (reconcile every second while the index is read and another order replayed never compensates a dead letter) and after a Redis loss (`dlq reindex` after `FLUSHDB` rebuilds the same groups).
 //! - [`quarantine`]: `--on-dead-letter quarantine` holds an order behind its dead letter until replayed or released.
 //! - [`tls`]: `amqps://` and `rediss://` with a certificate from a private CA.
 //! - [`console`]: `shardline console` in-process: tokens, the session cookie, Host/Origin/CSRF checks, the JSON API, hostile text escaped.
+//! - [`audit`]: the audit log in Redis: newest first, capped, one per key prefix, an unreadable entry read as such.
 //!
 //! Elsewhere: `tests/trace_inmemory.rs` (a global tracer provider, so its own
 //! binary), `tests/crashloop.rs` (the test-only abort worker, `--features
 //! test-support`), `tests/outages/` (a private RabbitMQ node and a private Redis).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod audit;
 mod breaker;
 mod concurrency;
 mod console;
 mod crash;
 mod dlq;
+mod dlq_index;
 mod duplicates;
 mod elastic;
 mod failures;
@@ -60,9 +65,23 @@ mod ordering;
 mod quarantine;
 mod rate;
 mod reconcile;
+mod reconcile_runs;
 mod shutdown;
 mod standby;
 mod tls;
 mod topology;
 mod trace;
 mod trace_otlp;
+
+/// The `shardline-ops` view of `env`'s fleet, its Redis at `redis_url` (the
+/// shared one, [`shardline_testkit::env::REDIS_URL`], or a private server).
+fn ops_fleet(env: &shardline_testkit::TestEnv, redis_url: &str) -> shardline_ops::Fleet {
+    shardline_ops::Fleet {
+        amqp: env.amqp_target(),
+        redis: redis_url.parse().unwrap(),
+        keys: env.keys(),
+        names: env.names.clone(),
+        shards: env.shards,
+        ..shardline_ops::Fleet::default()
+    }
+}

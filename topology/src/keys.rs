@@ -22,6 +22,8 @@
 //! | `dlq:groups` | the same | group id → `{reason}\n{normalised error}` while the group has letters |
 //! | `dlq:order:{order}` | the same | an order's indexed letter ids (reconcile's pending check) |
 //! | `dlq:replay:{order}` | `dlq replay` | the order's replay lock: `run:{token}` while a replay of it runs, `done:{token}` for a tail after (reconcile: pending) |
+//! | `audit` | the console (`ops::audit::record`) | the operator actions, newest first (a list of JSON entries, capped at `ops::audit::CAP`) |
+//! | `reconcile:runs` | `reconcile` at an interval (`ops::reconcile::record_run`) | the runs' summaries, newest first (a list of JSON documents, capped at `ops::reconcile::RUNS_CAP`) |
 
 use md5::{Digest, Md5};
 
@@ -176,6 +178,20 @@ impl Keys {
         format!("{}reconcile:{order_key}:{}", self.prefix, key_field(kind))
     }
 
+    /// The audit log of operator actions: a list of JSON entries, newest
+    /// first, capped by its writer.
+    pub fn audit(&self) -> String {
+        format!("{}audit", self.prefix)
+    }
+
+    /// The summaries of reconcile's runs at an interval: a list of JSON
+    /// documents, newest first, capped by its writer. No compensation record
+    /// ([`Self::reconcile_emitted`]) has this name: theirs have two parts
+    /// after `reconcile:`.
+    pub fn reconcile_runs(&self) -> String {
+        format!("{}reconcile:runs", self.prefix)
+    }
+
     /// A dead letter's index entry (a hash), by dead-letter id.
     pub fn dlq_letter(&self, id: &str) -> String {
         self.key("dlq:letter:", &key_field(id))
@@ -277,6 +293,8 @@ mod tests {
         assert_eq!(k.dlq_groups(), "p:dlq:groups");
         assert_eq!(k.dlq_order(&order), "p:dlq:order:A%3A1%25");
         assert_eq!(k.dlq_replay_lock(&order), "p:dlq:replay:A%3A1%25");
+        assert_eq!(k.audit(), "p:audit");
+        assert_eq!(k.reconcile_runs(), "p:reconcile:runs");
     }
 
     #[test]

@@ -16,15 +16,18 @@
 //!    meanwhile), then claim each drifted (order, kind) in Redis and publish
 //!    its compensation, confirmed.
 //!
-//! [`Metrics`] keeps the Prometheus counters over the runs of a process.
+//! [`Metrics`] keeps the Prometheus counters over the runs of a process;
+//! `history` keeps a summary of each run at an interval in Redis
+//! ([`record_run`], [`runs`]) for the console.
 
+mod history;
 mod metrics;
 mod orders;
 mod pending;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::TryStreamExt as _;
 use redis::aio::MultiplexedConnection;
@@ -35,6 +38,7 @@ use shardline_topology::{Keys, ShardId, declare};
 use tokio_postgres::types::ToSql;
 use tokio_util::sync::CancellationToken;
 
+pub use history::{RUNS_CAP, RunSummary, record_run, runs};
 pub use metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics, names};
 use orders::{Columns, one_line, redact_orders_url};
 use pending::Whereabouts;
@@ -246,8 +250,9 @@ impl Reconciler {
     }
 
     /// A run every `interval` until `cancel`, the first at once; each run's
-    /// report (or failure) goes to `progress`. A failed run is retried at
-    /// the next interval.
+    /// report (or failure) goes to `progress`, and its [`RunSummary`] to
+    /// Redis ([`record_run`]; a summary that cannot be written is logged and
+    /// the runs go on). A failed run is retried at the next interval.
     pub async fn run_every(
         &self,
         interval: Duration,
@@ -261,8 +266,13 @@ impl Reconciler {
                 _ = tick.tick() => {}
                 () = cancel.cancelled() => break,
             }
-            match self.run_once(cancel).await {
-                Ok(report) => progress(Event::Reconciled(Box::new(report))),
+            let started = Instant::now();
+            let summary = match self.run_once(cancel).await {
+                Ok(report) => {
+                    let summary = RunSummary::of(&report, started.elapsed());
+                    progress(Event::Reconciled(Box::new(report)));
+                    summary
+                }
                 Err(e) => {
                     let error = chain(&e);
                     tracing::error!(
@@ -270,8 +280,19 @@ impl Reconciler {
                         next_in = %humantime::format_duration(interval),
                         "reconcile run failed; trying again at the next interval"
                     );
+                    let summary = RunSummary {
+                        dry_run: self.config.dry_run,
+                        ..RunSummary::failed(error.clone(), started.elapsed())
+                    };
                     progress(Event::ReconcileFailed { error });
+                    summary
                 }
+            };
+            if let Err(e) = record_run(&self.fleet, &summary).await {
+                tracing::warn!(
+                    error = %chain(&e),
+                    "cannot keep the run's summary in Redis; the runs go on"
+                );
             }
         }
         tracing::info!("reconcile stopped");
