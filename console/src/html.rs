@@ -574,9 +574,10 @@ pub(crate) fn letter(base: &str, id: &str, detail: &Result<Option<Detail>, Strin
 
 /// The audit log's latest entries.
 pub(crate) fn audit(entries: &Result<Vec<AuditEntry>, String>) -> String {
-    let mut out = String::from(
+    let mut out = format!(
         "<h1>Audit</h1><p class=\"muted\">The console's actions, newest first, kept in Redis \
-         (the latest 1000).</p>",
+         (the latest {}).</p>",
+        shardline_ops::audit::CAP
     );
     let entries = match entries {
         Err(error) => {
@@ -620,9 +621,10 @@ pub(crate) fn reconcile(
     runs: &Result<Vec<RunSummary>, String>,
     jobs_now: &[JobView],
 ) -> String {
-    let mut out = String::from(
+    let mut out = format!(
         "<h1>Reconcile</h1><p class=\"muted\">The latest runs of <code>shardline reconcile --interval</code>, \
-         newest first, as each run writes its summary to Redis (the latest 100).</p>",
+         newest first, as each run writes its summary to Redis (the latest {}).</p>",
+        shardline_ops::reconcile::RUNS_CAP
     );
     if admin && dry_run {
         let _ = write!(
