@@ -420,10 +420,15 @@ const scenarios = {
     await logIn(page, env("SHARDLINE_ADMIN_TOKEN"));
     await page.waitForSelector("div#fleet table#shards tr[data-shard]");
     await step("fleet-busy");
-    // The chart, when there is one, with a few samples drawn.
-    await page
-      .waitForFunction(() => document.querySelectorAll("svg#backlog-chart path, svg#backlog-chart polyline").length > 0)
-      .catch(() => {});
+    // The chart (a sample every 5 s) with a few samples of the backlog drawn.
+    await page.waitForFunction(
+      () =>
+        [...document.querySelectorAll("svg#backlog-chart polyline")].some(
+          (line) => (line.getAttribute("points") ?? "").trim().split(/\s+/).length >= 4,
+        ),
+      null,
+      { timeout: 40_000 },
+    );
     await page.screenshot({ path: path.join(dir, "console-fleet.png") });
     await deadLetters(page);
     await page.waitForSelector("tr[data-group]");

@@ -103,7 +103,7 @@ async fn screenshots() {
         eprintln!("screenshots: skipped (scripts/screenshots sets SHARDLINE_SCREENSHOTS_DIR)");
         return;
     }
-    Rig::start_with("browser-screenshots", Duration::from_millis(20))
+    Rig::start_with("browser-screenshots", Duration::from_millis(50))
         .await
         .run("screenshots")
         .await;

@@ -243,14 +243,14 @@ impl Rig {
     }
 
     /// For the pictures: two failure groups (a refused event and a malformed
-    /// body), then a few thousand events in flight behind the downstream's
-    /// latency.
+    /// body), then 4,000 events queued behind the downstream's latency: a
+    /// backlog that lasts about half a minute.
     async fn fleet_busy(&self) {
         self.inject_failure().await;
         self.publisher.publish_raw(0, HOSTILE_TEXT.as_bytes()).await;
         wait_indexed(&self.env, 2, PROCESSING).await;
         let orders: Vec<String> = (0..200).map(|i| format!("demo-{i}")).collect();
-        let events = shardline_testkit::interleaved(&orders, 10, self.env.shards);
+        let events = shardline_testkit::interleaved(&orders, 20, self.env.shards);
         self.publisher.publish(&events).await;
     }
 
