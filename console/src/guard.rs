@@ -66,7 +66,7 @@ pub(crate) async fn guard(State(state): State<Shared>, req: Request, next: Next)
     );
     headers.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     headers

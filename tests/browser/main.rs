@@ -95,14 +95,14 @@ async fn hostile_bodies_render_as_text() {
 /// The README's pictures, `docs/console-fleet.png` and
 /// `docs/console-dead-letters.png` (1280x800), of a busy fleet with two
 /// failure groups. Only `scripts/screenshots` runs it (it sets
-/// `SHARDLINE_SCREENSHOTS_DIR`); elsewhere it does nothing.
+/// `SHARDLINE_SCREENSHOTS_DIR`); `scripts/test` skips it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "draws the README's pictures: scripts/screenshots"]
 async fn screenshots() {
-    if std::env::var_os("SHARDLINE_SCREENSHOTS_DIR").is_none() {
-        eprintln!("screenshots: skipped (scripts/screenshots sets SHARDLINE_SCREENSHOTS_DIR)");
-        return;
-    }
+    assert!(
+        std::env::var_os("SHARDLINE_SCREENSHOTS_DIR").is_some(),
+        "screenshots: run scripts/screenshots (it sets SHARDLINE_SCREENSHOTS_DIR)"
+    );
     Rig::start_with("browser-screenshots", Duration::from_millis(50))
         .await
         .run("screenshots")

@@ -124,7 +124,7 @@ fn assert_security_headers(headers: &HeaderMap) {
     let csp = headers[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
     assert!(csp.starts_with("default-src 'self'"), "{csp}");
     assert_eq!(headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
-    assert_eq!(headers[header::REFERRER_POLICY], "no-referrer");
+    assert_eq!(headers[header::REFERRER_POLICY], "same-origin");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
