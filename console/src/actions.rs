@@ -431,20 +431,7 @@ mod tests {
 
     #[test]
     fn a_replay_counts_what_it_replayed_of_what_it_found() {
-        let mut view = JobView {
-            id: 1,
-            kind: Kind::Replay,
-            who: "ops".into(),
-            target: "group g".into(),
-            state: JobState::Running,
-            started_ms: 0,
-            ended_ms: None,
-            done: 0,
-            total: None,
-            lines: Vec::new(),
-            result: None,
-            error: None,
-        };
+        let mut view = JobView::new(1, Kind::Replay, "ops", "group g".into());
         on_replay_event(&mut view, &Event::Replaying { letters: 3 });
         let letter = shardline_ops::LetterRef {
             id: Some("d1".into()),

@@ -408,6 +408,7 @@ fn letters_table(base: &str, admin: bool, letters: &Result<Vec<IndexEntry>, Stri
                 e(&l.id)
             );
         }
+        let [order, seq, kind, shard, attempts, failed] = facts(l);
         let href = format!(
             "{base}dead-letters/letter/{}",
             percent_encoding::utf8_percent_encode(&l.id, percent_encoding::NON_ALPHANUMERIC)
@@ -420,16 +421,28 @@ fn letters_table(base: &str, admin: bool, letters: &Result<Vec<IndexEntry>, Stri
             e(&l.id),
             e(&l.reason),
             e(&l.error),
-            l.order_id.as_deref().map_or("–".to_owned(), e),
-            opt(l.seq),
-            l.kind.as_deref().map_or("–".to_owned(), e),
-            opt(l.shard),
-            opt(l.attempts),
-            rfc3339(l.first_failed_ms).unwrap_or_default(),
+            order,
+            seq,
+            kind,
+            shard,
+            attempts,
+            failed,
         );
     }
     out.push_str("</tbody></table>");
     out
+}
+
+/// An entry's order, seq, event, shard, attempts and first failure, as cells.
+fn facts(l: &IndexEntry) -> [String; 6] {
+    [
+        l.order_id.as_deref().map_or("–".to_owned(), e),
+        opt(l.seq),
+        l.kind.as_deref().map_or("–".to_owned(), e),
+        opt(l.shard),
+        opt(l.attempts),
+        rfc3339(l.first_failed_ms).unwrap_or_default(),
+    ]
 }
 
 fn opt<T: ToString>(value: Option<T>) -> String {
@@ -510,6 +523,7 @@ pub(crate) fn letter(base: &str, id: &str, detail: &Result<Option<Detail>, Strin
         Ok(Some(d)) => d,
     };
     let l = &d.entry;
+    let [order, seq, kind, shard, attempts, failed] = facts(l);
     let mut out = format!(
         "{back}<h1>Dead letter <code id=\"letter-id\">{}</code></h1><table id=\"facts\"><tbody>\
          <tr><th>reason</th><td>{}</td></tr><tr><th>error</th><td>{}</td></tr>\
@@ -523,12 +537,12 @@ pub(crate) fn letter(base: &str, id: &str, detail: &Result<Option<Detail>, Strin
         text(&l.error, 2000),
         e(&format!("{base}dead-letters?group={}", l.group)),
         e(&l.group),
-        l.order_id.as_deref().map_or("–".to_owned(), e),
-        opt(l.seq),
-        l.kind.as_deref().map_or("–".to_owned(), e),
-        opt(l.shard),
-        opt(l.attempts),
-        rfc3339(l.first_failed_ms).unwrap_or_default(),
+        order,
+        seq,
+        kind,
+        shard,
+        attempts,
+        failed,
         l.trace_id.as_deref().map_or("–".to_owned(), e),
         e(&d.routing_key),
     );
@@ -832,20 +846,10 @@ mod tests {
 
     #[test]
     fn a_job_shows_its_progress_and_a_cancel_button_while_it_runs() {
-        let mut view = JobView {
-            id: 7,
-            kind: Kind::Replay,
-            who: "ops".into(),
-            target: "group <g>".into(),
-            state: JobState::Running,
-            started_ms: 1,
-            ended_ms: None,
-            done: 2,
-            total: Some(5),
-            lines: vec!["replayed <d1>".into()],
-            result: None,
-            error: None,
-        };
+        let mut view = JobView::new(7, Kind::Replay, "ops", "group <g>".into());
+        view.done = 2;
+        view.total = Some(5);
+        view.lines = vec!["replayed <d1>".into()];
         let html = jobs(std::slice::from_ref(&view), true);
         assert!(
             html.contains("data-job=\"7\" data-state=\"running\""),

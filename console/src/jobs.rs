@@ -86,6 +86,24 @@ pub(crate) struct JobView {
 }
 
 impl JobView {
+    /// A job just started: running, nothing done yet.
+    pub(crate) fn new(id: u64, kind: Kind, who: &str, target: String) -> Self {
+        Self {
+            id,
+            kind,
+            who: who.to_owned(),
+            target,
+            state: JobState::Running,
+            started_ms: now_ms(),
+            ended_ms: None,
+            done: 0,
+            total: None,
+            lines: Vec::new(),
+            result: None,
+            error: None,
+        }
+    }
+
     /// `replayed 3 of 10`, for the page.
     pub(crate) fn progress(&self) -> String {
         let verb = match self.kind {
@@ -202,20 +220,7 @@ impl Jobs {
         F: Future<Output = ()> + Send + 'static,
     {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        let (view, _) = watch::channel(JobView {
-            id,
-            kind,
-            who: who.to_owned(),
-            target,
-            state: JobState::Running,
-            started_ms: now_ms(),
-            ended_ms: None,
-            done: 0,
-            total: None,
-            lines: Vec::new(),
-            result: None,
-            error: None,
-        });
+        let (view, _) = watch::channel(JobView::new(id, kind, who, target));
         let cancel = self.all.child_token();
         let task = tokio::spawn(run(Progress {
             view: view.clone(),

@@ -547,6 +547,23 @@ impl TestEnv {
             .unwrap()
     }
 
+    /// The environment as the operator tools see it, on the shared Redis.
+    pub fn ops_fleet(&self) -> shardline_ops::Fleet {
+        self.ops_fleet_on(REDIS_URL)
+    }
+
+    /// [`Self::ops_fleet`] on the Redis at `redis_url` (a private server).
+    pub fn ops_fleet_on(&self, redis_url: &str) -> shardline_ops::Fleet {
+        shardline_ops::Fleet {
+            amqp: self.amqp_target(),
+            redis: redis_url.parse().unwrap(),
+            keys: self.keys(),
+            names: self.names.clone(),
+            shards: self.shards,
+            ..shardline_ops::Fleet::default()
+        }
+    }
+
     /// Number of Redis keys under this environment's prefix.
     pub fn redis_key_count(&self) -> usize {
         let mut con = redis::Client::open(REDIS_URL)

@@ -11,9 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use shardline_console::{Config, Tokens};
-use shardline_ops::Fleet;
 use shardline_testkit::dlq::{index_groups, indexed, wait_depth, wait_indexed};
-use shardline_testkit::env::REDIS_URL;
 use shardline_testkit::paths::scratch;
 use shardline_testkit::{
     Call, Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, Worker, all_ok,
@@ -72,14 +70,7 @@ impl Rig {
         let worker = env.start_worker(WORKER, &downstream, |_| {}).await;
         let publisher = Publisher::connect(&env).await;
 
-        let fleet = Fleet {
-            amqp: env.amqp_target(),
-            redis: REDIS_URL.parse().unwrap(),
-            keys: env.keys(),
-            names: env.names.clone(),
-            shards: env.shards,
-            ..Fleet::default()
-        };
+        let fleet = env.ops_fleet();
         let config = Config {
             tokens: Tokens::parse(
                 &format!("ops:admin:{ADMIN}\nviewer:read-only:{VIEWER}\n"),

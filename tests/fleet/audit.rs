@@ -6,10 +6,7 @@ use serde_json::json;
 use shardline_ops::Fleet;
 use shardline_ops::audit::{self, AuditEntry, CAP, UNREADABLE};
 use shardline_testkit::TestEnv;
-use shardline_testkit::env::REDIS_URL;
 use shardline_topology::Keys;
-
-use crate::ops_fleet;
 
 async fn len(env: &TestEnv, fleet: &Fleet) -> usize {
     redis::cmd("LLEN")
@@ -22,7 +19,7 @@ async fn len(env: &TestEnv, fleet: &Fleet) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_log_keeps_the_newest_actions_first_capped_per_prefix() {
     let env = TestEnv::new("audit").await;
-    let fleet = ops_fleet(&env, REDIS_URL);
+    let fleet = env.ops_fleet();
     // Another fleet on the same Redis, under a prefix of its own (inside the
     // environment's, so that its keys go with it).
     let other = Fleet {

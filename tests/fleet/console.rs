@@ -9,9 +9,8 @@ use std::sync::atomic::AtomicBool;
 use reqwest::StatusCode;
 use reqwest::header::{self, HeaderMap};
 use shardline_console::{Config, Tokens};
-use shardline_ops::{Fleet, ReconcileConfig};
+use shardline_ops::ReconcileConfig;
 use shardline_testkit::dlq::{wait_depth, wait_indexed};
-use shardline_testkit::env::REDIS_URL;
 use shardline_testkit::wait::check;
 use shardline_testkit::{Downstream, Event, OrdersDb, PROCESSING, Publisher, TestEnv, wait_until};
 use tokio_util::sync::CancellationToken;
@@ -34,14 +33,7 @@ impl Console {
 
     /// With the order database of a reconcile dry run.
     async fn start_with(env: &TestEnv, reconcile: Option<ReconcileConfig>) -> Self {
-        let fleet = Fleet {
-            amqp: env.amqp_target(),
-            redis: REDIS_URL.parse().unwrap(),
-            keys: env.keys(),
-            names: env.names.clone(),
-            shards: env.shards,
-            ..Fleet::default()
-        };
+        let fleet = env.ops_fleet();
         let config = Config {
             tokens: Tokens::parse(
                 &format!("# test tokens\nops:admin:{ADMIN}\nviewer:read-only:{VIEWER}\n"),
@@ -106,6 +98,11 @@ impl Console {
             .send()
             .await
             .unwrap()
+    }
+
+    /// The page at `path`, as text.
+    async fn page(&self, path: &str, cookie: &str) -> String {
+        self.get(path, cookie).await.text().await.unwrap()
     }
 
     async fn json(&self, path: &str, cookie: &str) -> serde_json::Value {
@@ -230,12 +227,7 @@ async fn console_serves_the_fleet_and_its_dead_letters_behind_a_token() {
     let page = page.text().await.unwrap();
     assert!(page.contains("<td>w1</td>"), "{page}");
     assert!(page.contains("class=\"level-ok\""), "{page}");
-    let fragment = console
-        .get("/fragment/fleet", &cookie)
-        .await
-        .text()
-        .await
-        .unwrap();
+    let fragment = console.page("/fragment/fleet", &cookie).await;
     assert!(fragment.contains("<td>w1</td>"), "{fragment}");
 
     // The dead letter's failure group and its letter.
@@ -555,11 +547,8 @@ async fn console_replays_and_purges_as_jobs_shows_a_letter_and_audits_every_acti
         .await;
     assert_eq!(raw["body"]["encoding"], "hex", "{raw:#}");
     let page = console
-        .get(&format!("/dead-letters/letter/{decode_letter}"), &cookie)
-        .await
-        .text()
-        .await
-        .unwrap();
+        .page(&format!("/dead-letters/letter/{decode_letter}"), &cookie)
+        .await;
     assert!(
         page.contains("<pre id=\"body\" class=\"hex\">3c 73 63"),
         "{page}"
@@ -573,11 +562,8 @@ async fn console_replays_and_purges_as_jobs_shows_a_letter_and_audits_every_acti
         StatusCode::NOT_FOUND
     );
     let filtered = console
-        .get(&format!("/dead-letters?group={handler}"), &cookie)
-        .await
-        .text()
-        .await
-        .unwrap();
+        .page(&format!("/dead-letters?group={handler}"), &cookie)
+        .await;
     assert!(
         filtered.contains(&format!("data-letter=\"{id}\"")),
         "{filtered}"
@@ -663,7 +649,7 @@ async fn console_replays_and_purges_as_jobs_shows_a_letter_and_audits_every_acti
         ],
         "{audit:#}"
     );
-    let page = console.get("/audit", &cookie).await.text().await.unwrap();
+    let page = console.page("/audit", &cookie).await;
     assert!(
         page.contains("<td class=\"action\">replay finished</td>"),
         "{page}"
@@ -679,7 +665,7 @@ async fn console_replays_and_purges_as_jobs_shows_a_letter_and_audits_every_acti
         !history["samples"].as_array().unwrap().is_empty(),
         "{history:#}"
     );
-    let fleet = console.get("/", &cookie).await.text().await.unwrap();
+    let fleet = console.page("/", &cookie).await;
     assert!(fleet.contains("<svg id=\"backlog-chart\""), "{fleet}");
     assert!(fleet.contains("<tr data-shard=\"0\">"), "{fleet}");
 
@@ -706,12 +692,7 @@ async fn console_runs_a_reconcile_dry_run_as_a_job_and_shows_the_recorded_runs()
         .as_str()
         .unwrap()
         .to_owned();
-    let page = console
-        .get("/reconcile", &cookie)
-        .await
-        .text()
-        .await
-        .unwrap();
+    let page = console.page("/reconcile", &cookie).await;
     assert!(page.contains("id=\"reconcile-dry-run\""), "{page}");
     let started = console
         .post("/api/reconcile/dry-run", &cookie, &csrf, "{}")
@@ -741,23 +722,13 @@ async fn console_runs_a_reconcile_dry_run_as_a_job_and_shows_the_recorded_runs()
         pending: 1,
         error: None,
     };
-    let fleet = Fleet {
-        redis: REDIS_URL.parse().unwrap(),
-        keys: env.keys(),
-        ..Fleet::default()
-    };
-    shardline_ops::reconcile::record_run(&fleet, &run)
+    shardline_ops::reconcile::record_run(&env.ops_fleet(), &run)
         .await
         .unwrap();
     let runs = console.json("/api/reconcile/runs", &cookie).await;
     assert_eq!(runs["dry_run_available"], true, "{runs:#}");
     assert_eq!(runs["runs"][0]["scanned"], 7, "{runs:#}");
-    let page = console
-        .get("/reconcile", &cookie)
-        .await
-        .text()
-        .await
-        .unwrap();
+    let page = console.page("/reconcile", &cookie).await;
     assert!(page.contains("<table id=\"reconcile-runs\">"), "{page}");
     let audit = console.json("/api/audit", &cookie).await;
     assert_eq!(

@@ -11,44 +11,23 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde_json::json;
 use shardline_ops::dlq::{self, Filters, LetterQuery, ReplayConfig};
 use shardline_ops::reconcile::{self, OnItsWay, RUNS_CAP};
 use shardline_ops::topology::{self, StatusConfig};
 use shardline_ops::{Event, Fleet, ReconcileConfig, ReconcileReport, Reconciler};
 use shardline_testkit::dlq::{depth, wait_depth, wait_indexed};
-use shardline_testkit::env::REDIS_URL;
 use shardline_testkit::redis::RedisServer;
 use shardline_testkit::wait::check;
-use shardline_testkit::{
-    Call, Downstream, OrdersDb, PROCESSING, Publisher, Reply, TestEnv, wait_until,
-};
-use shardline_topology::NewEvent;
+use shardline_testkit::{Downstream, OrdersDb, PROCESSING, Publisher, Reply, TestEnv, wait_until};
 use tokio_util::sync::CancellationToken;
 
-use crate::ops_fleet;
+use crate::reconcile::{answered, payment_with_id};
 
-const PAID: &str = "payment.captured";
 const SETTLED: Duration = Duration::from_secs(600);
 
 /// A `payment.captured` without seq, its event id `pay-{order_id}-{n}`.
 fn payment(order_id: &str, n: usize) -> Vec<u8> {
-    NewEvent {
-        order_id: order_id.into(),
-        event: PAID.into(),
-        seq: None,
-        event_id: Some(format!("pay-{order_id}-{n}")),
-        data: json!({ "amount": 1200 }),
-    }
-    .to_body()
-    .unwrap()
-}
-
-fn answered(calls: &[Call], order_id: &str) -> usize {
-    calls
-        .iter()
-        .filter(|c| c.order_id.as_deref() == Some(order_id) && c.ok() && c.completed)
-        .count()
+    payment_with_id(order_id, &format!("pay-{order_id}-{n}"))
 }
 
 fn now_ms() -> u64 {
@@ -81,7 +60,7 @@ async fn reconcile_every_second_during_reads_and_a_replay_never_compensates_a_de
     env.apply_topology().await;
     let db = OrdersDb::new(&env).await;
     let conn = env.connect().await;
-    let fleet = ops_fleet(&env, REDIS_URL);
+    let fleet = env.ops_fleet();
     let fixed = Arc::new(AtomicBool::new(false));
     let downstream = Downstream::scripted({
         let fixed = Arc::clone(&fixed);
@@ -319,7 +298,7 @@ async fn dlq_reindex_after_flushdb_rebuilds_the_same_groups() {
     let env = TestEnv::new("dlq-reindex-flush").await;
     env.apply_topology().await;
     let redis = RedisServer::start(&env.id).await;
-    let fleet = ops_fleet(&env, &redis.url());
+    let fleet = env.ops_fleet_on(&redis.url());
     let conn = env.connect().await;
     let downstream = Downstream::scripted(|call, _| match call.order_id.as_deref() {
         Some(o) if o.starts_with("rx-a") => Reply::status(422),

@@ -72,16 +72,3 @@ mod tls;
 mod topology;
 mod trace;
 mod trace_otlp;
-
-/// The `shardline-ops` view of `env`'s fleet, its Redis at `redis_url` (the
-/// shared one, [`shardline_testkit::env::REDIS_URL`], or a private server).
-fn ops_fleet(env: &shardline_testkit::TestEnv, redis_url: &str) -> shardline_ops::Fleet {
-    shardline_ops::Fleet {
-        amqp: env.amqp_target(),
-        redis: redis_url.parse().unwrap(),
-        keys: env.keys(),
-        names: env.names.clone(),
-        shards: env.shards,
-        ..shardline_ops::Fleet::default()
-    }
-}

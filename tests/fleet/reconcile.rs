@@ -63,18 +63,24 @@ fn counts(
 
 /// A `payment.captured` without seq, as a shop's publisher sends it.
 fn payment(order_id: &str) -> Vec<u8> {
+    payment_with_id(order_id, &format!("pay-{order_id}"))
+}
+
+/// A `payment.captured` without seq, with its event id.
+pub(crate) fn payment_with_id(order_id: &str, event_id: &str) -> Vec<u8> {
     NewEvent {
         order_id: order_id.into(),
         event: PAID.into(),
         seq: None,
-        event_id: Some(format!("pay-{order_id}")),
+        event_id: Some(event_id.into()),
         data: json!({ "amount": 1200 }),
     }
     .to_body()
     .unwrap()
 }
 
-fn answered(calls: &[Call], order_id: &str) -> usize {
+/// The downstream's completed 2xx answers for `order_id`.
+pub(crate) fn answered(calls: &[Call], order_id: &str) -> usize {
     calls
         .iter()
         .filter(|c| c.order_id.as_deref() == Some(order_id) && c.ok() && c.completed)

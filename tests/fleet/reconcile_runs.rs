@@ -8,12 +8,9 @@ use std::time::Duration;
 
 use shardline_ops::reconcile::{self, RUNS_CAP, RunSummary};
 use shardline_ops::{Event, Fleet, ReconcileConfig, ReconcileReport, Reconciler};
-use shardline_testkit::env::REDIS_URL;
 use shardline_testkit::wait::check;
 use shardline_testkit::{ChildWorker, OrdersDb, PROCESSING, TestEnv, wait_until};
 use tokio_util::sync::CancellationToken;
-
-use crate::ops_fleet;
 
 const SETTLED: Duration = Duration::from_secs(600);
 const INTERVAL: Duration = Duration::from_millis(300);
@@ -64,7 +61,7 @@ async fn reconcile_at_an_interval_keeps_each_runs_summary() {
     db.set("rs-missing", "PAID", SETTLED).await;
     db.set("rs-fresh", "PAID", Duration::from_secs(30)).await;
     db.set("rs-created", "CREATED", SETTLED).await;
-    let fleet = ops_fleet(&env, REDIS_URL);
+    let fleet = env.ops_fleet();
     let config = ReconcileConfig {
         orders_url: db.url(),
         ..ReconcileConfig::default()
