@@ -737,3 +737,76 @@ async fn console_runs_a_reconcile_dry_run_as_a_job_and_shows_the_recorded_runs()
     );
     console.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_replay_stops_between_letters_and_leaves_the_rest_in_the_dlq() {
+    let env = TestEnv::new("console-cancel").await;
+    env.apply_topology().await;
+    let conn = env.connect().await;
+    let fixed = Arc::new(AtomicBool::new(false));
+    let on = Arc::clone(&fixed);
+    let downstream = Downstream::scripted(move |_, _| {
+        if on.load(std::sync::atomic::Ordering::SeqCst) {
+            shardline_testkit::Reply::ok()
+        } else {
+            shardline_testkit::Reply::status(422)
+        }
+    })
+    .await;
+    let mut worker = env.start_worker("w1", &downstream, |_| {}).await;
+    let events: Vec<Event> = ["cancel-a", "cancel-b", "cancel-c"]
+        .iter()
+        .map(|o| Event::new(o, 1, env.shards))
+        .collect();
+    Publisher::connect(&env).await.publish(&events).await;
+    wait_depth(&env, &conn, 3, PROCESSING).await;
+    wait_indexed(&env, 3, PROCESSING).await;
+    fixed.store(true, std::sync::atomic::Ordering::SeqCst);
+
+    let console = Console::start(&env).await;
+    let (cookie, _) = console.login(ADMIN, &[]).await;
+    let csrf = console.json("/api/me", &cookie).await["csrf"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let groups = console.json("/api/dlq/groups", &cookie).await;
+    assert_eq!(groups["groups"][0]["count"], 3, "{groups:#}");
+    let group = groups["groups"][0]["group"].as_str().unwrap().to_owned();
+    // One letter every 5 s: the cancel comes in the pause after the first.
+    let body = format!(r#"{{"group": "{group}", "rate": 0.2}}"#);
+    let started = console.post("/api/dlq/replay", &cookie, &csrf, &body).await;
+    assert_eq!(started.status(), StatusCode::ACCEPTED);
+    let job: serde_json::Value = serde_json::from_str(&started.text().await.unwrap()).unwrap();
+    let job = job["job"].as_u64().unwrap();
+    let (on, session) = (&console, cookie.as_str());
+    wait_until("the first letter replayed", PROCESSING, || async move {
+        let view = on.json(&format!("/api/jobs/{job}"), session).await;
+        check(view["done"] == 1, || format!("{view:#}"))
+    })
+    .await;
+    let cancel = console
+        .post(&format!("/api/jobs/{job}/cancel"), &cookie, &csrf, "{}")
+        .await;
+    assert_eq!(cancel.status(), StatusCode::OK);
+    let (ended, _) = console.follow(job, &cookie).await;
+    assert_eq!(ended["state"], "cancelled", "{ended:#}");
+    assert_eq!(ended["done"], 1, "{ended:#}");
+    assert_eq!(ended["result"]["cancelled"], true, "{ended:#}");
+    // The two letters it did not reach stay, in the DLQ and in the index.
+    wait_depth(&env, &conn, 2, PROCESSING).await;
+    let groups = console.json("/api/dlq/groups", &cookie).await;
+    assert_eq!(groups["groups"][0]["count"], 2, "{groups:#}");
+    let audit = console.json("/api/audit", &cookie).await;
+    let mut actions: Vec<&str> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    // The cancel and the job's end are written concurrently: either first.
+    assert_eq!(actions.pop(), Some("replay started"), "{audit:#}");
+    actions.sort_unstable();
+    assert_eq!(actions, ["job cancelled", "replay cancelled"], "{audit:#}");
+    console.stop().await;
+    worker.assert_running().await;
+}
