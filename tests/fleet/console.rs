@@ -100,6 +100,16 @@ impl Console {
             .unwrap()
     }
 
+    /// An admin's session cookie and its CSRF token.
+    async fn admin_session(&self) -> (String, String) {
+        let (cookie, _) = self.login(ADMIN, &[]).await;
+        let csrf = self.json("/api/me", &cookie).await["csrf"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        (cookie, csrf)
+    }
+
     /// The page at `path`, as text.
     async fn page(&self, path: &str, cookie: &str) -> String {
         self.get(path, cookie).await.text().await.unwrap()
@@ -483,11 +493,7 @@ async fn console_replays_and_purges_as_jobs_shows_a_letter_and_audits_every_acti
     wait_indexed(&env, 2, PROCESSING).await;
 
     let console = Console::start(&env).await;
-    let (cookie, _) = console.login(ADMIN, &[]).await;
-    let csrf = console.json("/api/me", &cookie).await["csrf"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (cookie, csrf) = console.admin_session().await;
     let groups = console.json("/api/dlq/groups", &cookie).await;
     let group_of = |reason: &str| {
         groups["groups"]
@@ -687,11 +693,7 @@ async fn console_runs_a_reconcile_dry_run_as_a_job_and_shows_the_recorded_runs()
         ..ReconcileConfig::default()
     };
     let console = Console::start_with(&env, Some(config)).await;
-    let (cookie, _) = console.login(ADMIN, &[]).await;
-    let csrf = console.json("/api/me", &cookie).await["csrf"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (cookie, csrf) = console.admin_session().await;
     let page = console.page("/reconcile", &cookie).await;
     assert!(page.contains("id=\"reconcile-dry-run\""), "{page}");
     let started = console
@@ -764,11 +766,7 @@ async fn a_cancelled_replay_stops_between_letters_and_leaves_the_rest_in_the_dlq
     fixed.store(true, std::sync::atomic::Ordering::SeqCst);
 
     let console = Console::start(&env).await;
-    let (cookie, _) = console.login(ADMIN, &[]).await;
-    let csrf = console.json("/api/me", &cookie).await["csrf"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (cookie, csrf) = console.admin_session().await;
     let groups = console.json("/api/dlq/groups", &cookie).await;
     assert_eq!(groups["groups"][0]["count"], 3, "{groups:#}");
     let group = groups["groups"][0]["group"].as_str().unwrap().to_owned();
