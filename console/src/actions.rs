@@ -131,26 +131,53 @@ pub(crate) async fn replay(
         );
     }
     let detail = serde_json::json!({ "selection": request.selection.json(), "rate": rate });
-    audit(&state, &who.name, "replay started", detail.clone()).await;
-    let shared = Shared::clone(&state);
-    let name = who.name.clone();
-    let id = state
-        .jobs
-        .start(Kind::Replay, &who.name, target, move |p| async move {
+    launch(
+        &state,
+        &who,
+        Kind::Replay,
+        target,
+        detail,
+        |shared, p| async move {
             let config = ReplayConfig {
                 filters,
                 rate: Some(rate),
                 ..ReplayConfig::default()
             };
-            let outcome = dlq::replay(&shared.fleet, &config, &p.cancel, |event| {
+            dlq::replay(&shared.fleet, &config, &p.cancel, |event| {
                 p.update(|v| on_replay_event(v, &event));
             })
-            .await;
-            let outcome = outcome
-                .map(|r| serde_json::to_value(&r).unwrap_or_default())
-                .map_err(|e| chain(&e));
-            end(&shared, &name, "replay", detail, &p, outcome).await;
-        });
+            .await
+            .map(|r| serde_json::to_value(&r).unwrap_or_default())
+            .map_err(|e| chain(&e))
+        },
+    )
+    .await
+}
+
+/// Writes "`kind` started" to the audit log, starts `run` as a job, and
+/// when it ends writes how it ended; `202 {"job": id}`.
+async fn launch<F>(
+    state: &Shared,
+    who: &Principal,
+    kind: Kind,
+    target: String,
+    detail: serde_json::Value,
+    run: impl FnOnce(Shared, Progress) -> F,
+) -> Response
+where
+    F: Future<Output = Result<serde_json::Value, String>> + Send + 'static,
+{
+    let what = kind.action();
+    audit(state, &who.name, &format!("{what} started"), detail.clone()).await;
+    let shared = Shared::clone(state);
+    let name = who.name.clone();
+    let id = state.jobs.start(kind, &who.name, target, move |p| {
+        let work = run(Shared::clone(&shared), p.clone());
+        async move {
+            let outcome = work.await;
+            end(&shared, &name, what, detail, &p, outcome).await;
+        }
+    });
     started(id)
 }
 
@@ -228,28 +255,27 @@ pub(crate) async fn purge(
         };
     }
     let detail = serde_json::json!({ "selection": request.selection.json() });
-    audit(&state, &who.name, "purge started", detail.clone()).await;
-    let shared = Shared::clone(&state);
-    let name = who.name.clone();
-    let id = state
-        .jobs
-        .start(Kind::Purge, &who.name, target, move |p| async move {
-            let outcome = dlq::purge(&shared.fleet, &filters).await;
-            if let Ok(report) = &outcome {
-                p.update(|v| {
-                    v.done = report.removed.len() as u64;
-                    v.total = Some(v.done);
-                    for letter in &report.removed {
-                        v.line(format!("purged {letter}"));
-                    }
-                });
-            }
-            let outcome = outcome
-                .map(|r| serde_json::to_value(&r).unwrap_or_default())
-                .map_err(|e| chain(&e));
-            end(&shared, &name, "purge", detail, &p, outcome).await;
-        });
-    started(id)
+    launch(
+        &state,
+        &who,
+        Kind::Purge,
+        target,
+        detail,
+        |shared, p| async move {
+            let report = dlq::purge(&shared.fleet, &filters)
+                .await
+                .map_err(|e| chain(&e))?;
+            p.update(|v| {
+                v.done = report.removed.len() as u64;
+                v.total = Some(v.done);
+                for letter in &report.removed {
+                    v.line(format!("purged {letter}"));
+                }
+            });
+            Ok(serde_json::to_value(&report).unwrap_or_default())
+        },
+    )
+    .await
 }
 
 /// `POST api/reconcile/dry-run`: one reconcile run that emits and writes
@@ -274,36 +300,28 @@ pub(crate) async fn reconcile_dry_run(
         Ok(r) => r,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, &chain(&e)),
     };
+    let target = "the order database".to_owned();
     let detail = serde_json::json!({});
-    audit(
+    launch(
         &state,
-        &who.name,
-        "reconcile dry run started",
-        detail.clone(),
-    )
-    .await;
-    let shared = Shared::clone(&state);
-    let name = who.name.clone();
-    let id = state.jobs.start(
+        &who,
         Kind::ReconcileDryRun,
-        &who.name,
-        "the order database".into(),
-        move |p| async move {
-            let outcome = reconciler.run_once(&p.cancel).await;
-            if let Ok(report) = &outcome {
-                p.update(|v| {
-                    v.done = 1;
-                    v.total = Some(1);
-                    v.line(report.summary());
-                });
-            }
-            let outcome = outcome
-                .map(|r| r.json(&|s: &str| s.to_owned()))
-                .map_err(|e| chain(&e));
-            end(&shared, &name, "reconcile dry run", detail, &p, outcome).await;
+        target,
+        detail,
+        |_, p| async move {
+            let report = reconciler
+                .run_once(&p.cancel)
+                .await
+                .map_err(|e| chain(&e))?;
+            p.update(|v| {
+                v.done = 1;
+                v.total = Some(1);
+                v.line(report.summary());
+            });
+            Ok(report.json(&|s: &str| s.to_owned()))
         },
-    );
-    started(id)
+    )
+    .await
 }
 
 /// `GET api/jobs`: every job of this console process, newest first.

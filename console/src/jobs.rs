@@ -41,6 +41,15 @@ impl Kind {
             Self::ReconcileDryRun => "reconcile-dry-run",
         }
     }
+
+    /// The action in the audit log's words (`replay started`, …).
+    pub(crate) fn action(self) -> &'static str {
+        match self {
+            Self::Replay => "replay",
+            Self::Purge => "purge",
+            Self::ReconcileDryRun => "reconcile dry run",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -157,6 +166,7 @@ impl Job {
 }
 
 /// What a job's task gets: its cancel token and a way to update its view.
+#[derive(Clone)]
 pub(crate) struct Progress {
     view: watch::Sender<JobView>,
     pub(crate) cancel: CancellationToken,
