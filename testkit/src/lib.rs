@@ -40,6 +40,7 @@ pub mod broker;
 pub mod checks;
 pub mod child;
 pub mod cluster;
+pub mod console;
 pub mod dlq;
 pub mod downstream;
 pub mod env;

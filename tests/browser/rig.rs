@@ -5,23 +5,19 @@
 //! answers its steps.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use shardline_console::{Config, Tokens};
+use shardline_testkit::console::{ADMIN, ServedConsole, VIEWER};
 use shardline_testkit::dlq::{index_groups, indexed, wait_depth, wait_indexed};
 use shardline_testkit::paths::scratch;
 use shardline_testkit::{
     Call, Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, Worker, all_ok,
 };
-use tokio_util::sync::CancellationToken;
 
 use crate::driver::Driver;
 
-const ADMIN: &str = "browser-admin-token-0123456789";
-const VIEWER: &str = "browser-viewer-token-0123456789";
 const WORKER: &str = "w1";
 /// The order whose seq 2 the downstream refuses (422) until fixed.
 const ORDER: &str = "bx";
@@ -40,9 +36,7 @@ pub struct Rig {
     fixed: Arc<AtomicBool>,
     publisher: Publisher,
     worker: Worker,
-    console: SocketAddr,
-    stop_console: CancellationToken,
-    console_task: tokio::task::JoinHandle<Result<(), shardline_console::Error>>,
+    console: ServedConsole,
 }
 
 impl Rig {
@@ -70,25 +64,7 @@ impl Rig {
         let worker = env.start_worker(WORKER, &downstream, |_| {}).await;
         let publisher = Publisher::connect(&env).await;
 
-        let fleet = env.ops_fleet();
-        let config = Config {
-            tokens: Tokens::parse(
-                &format!("ops:admin:{ADMIN}\nviewer:read-only:{VIEWER}\n"),
-                false,
-            )
-            .unwrap(),
-            base_path: "/".into(),
-            ..Config::default()
-        };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let console = listener.local_addr().unwrap();
-        let stop_console = CancellationToken::new();
-        let console_task = tokio::spawn(shardline_console::serve(
-            config,
-            fleet,
-            listener,
-            stop_console.clone(),
-        ));
+        let console = ServedConsole::start(&env, None).await;
         Self {
             env,
             downstream,
@@ -96,8 +72,6 @@ impl Rig {
             publisher,
             worker,
             console,
-            stop_console,
-            console_task,
         }
     }
 
@@ -105,7 +79,10 @@ impl Rig {
     /// then checks that the worker and the console still run and stops them.
     pub async fn run(mut self, scenario: &str) {
         let vars = [
-            ("SHARDLINE_CONSOLE_URL", format!("http://{}/", self.console)),
+            (
+                "SHARDLINE_CONSOLE_URL",
+                format!("http://{}/", self.console.addr),
+            ),
             ("SHARDLINE_ADMIN_TOKEN", ADMIN.to_owned()),
             ("SHARDLINE_VIEWER_TOKEN", VIEWER.to_owned()),
             ("SHARDLINE_SHARDS", self.env.shards.get().to_string()),
@@ -121,13 +98,7 @@ impl Rig {
             let value = self.answer(&step).await;
             driver.ok(&value).await;
         }
-        assert!(
-            !self.console_task.is_finished(),
-            "the console stopped: {:?}",
-            self.console_task.await
-        );
-        self.stop_console.cancel();
-        self.console_task.await.unwrap().unwrap();
+        self.console.stop().await;
         self.worker.assert_running().await;
         self.worker.stop().await;
     }

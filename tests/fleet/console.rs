@@ -8,21 +8,16 @@ use std::sync::atomic::AtomicBool;
 
 use reqwest::StatusCode;
 use reqwest::header::{self, HeaderMap};
-use shardline_console::{Config, Tokens};
 use shardline_ops::ReconcileConfig;
+use shardline_testkit::console::{ADMIN, ServedConsole, VIEWER};
 use shardline_testkit::dlq::{wait_depth, wait_indexed};
 use shardline_testkit::wait::check;
 use shardline_testkit::{Downstream, Event, OrdersDb, PROCESSING, Publisher, TestEnv, wait_until};
-use tokio_util::sync::CancellationToken;
 
-const ADMIN: &str = "admin-token-0123456789";
-const VIEWER: &str = "viewer-token-0123456789";
-
-/// The console of `env` on a free loopback port, until the token fires.
+/// The console of `env` and an HTTP client that does not follow redirects.
 struct Console {
     addr: SocketAddr,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), shardline_console::Error>>,
+    served: ServedConsole,
     http: reqwest::Client,
 }
 
@@ -33,34 +28,14 @@ impl Console {
 
     /// With the order database of a reconcile dry run.
     async fn start_with(env: &TestEnv, reconcile: Option<ReconcileConfig>) -> Self {
-        let fleet = env.ops_fleet();
-        let config = Config {
-            tokens: Tokens::parse(
-                &format!("# test tokens\nops:admin:{ADMIN}\nviewer:read-only:{VIEWER}\n"),
-                false,
-            )
-            .unwrap(),
-            base_path: "/".into(),
-            reconcile,
-            ..Config::default()
-        };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(shardline_console::serve(
-            config,
-            fleet,
-            listener,
-            shutdown.clone(),
-        ));
+        let served = ServedConsole::start(env, reconcile).await;
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .unwrap();
         Self {
-            addr,
-            shutdown,
-            task,
+            addr: served.addr,
+            served,
             http,
         }
     }
@@ -122,8 +97,7 @@ impl Console {
     }
 
     async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.unwrap().unwrap();
+        self.served.stop().await;
     }
 }
 
