@@ -109,6 +109,12 @@ pub struct WorkerArgs {
     /// at most this long after the downstream recovers.
     #[arg(long, env = "SHARDLINE_BREAKER_COOLDOWN_MAX", default_value = shown(BreakerPolicy::default().cooldown_max), value_parser = humantime::parse_duration, help_heading = "Downstream breaker")]
     pub breaker_cooldown_max: Duration,
+    /// HTTP answers that are the downstream's configuration, not the event's,
+    /// when three or more orders get the same one within the breaker window
+    /// (a rotated token, a wrong path): calls pause instead of dead-lettering
+    /// the stream. Until then they are retried; other 4xx are the event's.
+    #[arg(long, env = "SHARDLINE_CONFIG_STATUSES", value_name = "CODES", value_delimiter = ',', default_values_t = shardline_worker::handler::DEFAULT_CONFIG_STATUSES, value_parser = clap::value_parser!(u16).range(400..500), help_heading = "Downstream breaker")]
+    pub config_statuses: Vec<u16>,
     /// Longest one handler attempt may take (then it counts as a retryable failure).
     #[arg(long, env = "SHARDLINE_HANDLER_TIMEOUT", default_value = shown(Config::default().handler_timeout), value_parser = humantime::parse_duration)]
     pub handler_timeout: Duration,
@@ -367,6 +373,19 @@ fn handler_error(e: HandlerSpecError) -> anyhow::Error {
     }
 }
 
+/// The handler `--handler` names; an HTTP one with `--config-statuses`.
+fn handler_of(
+    args: &WorkerArgs,
+) -> Result<std::sync::Arc<dyn shardline_worker::Handler>, HandlerSpecError> {
+    let spec = args.handler.as_str();
+    if spec.starts_with("http://") || spec.starts_with("https://") {
+        let http = shardline_worker::Http::new(spec)?
+            .with_config_statuses(args.config_statuses.iter().copied());
+        return Ok(std::sync::Arc::new(http));
+    }
+    shardline_worker::from_spec(spec)
+}
+
 /// `host-pid`, unique per process on a host.
 pub fn default_worker_name() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -381,7 +400,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<ExitCode> {
     let config = args.config(global)?;
-    let handler = shardline_worker::from_spec(&args.handler).map_err(handler_error)?;
+    let handler = handler_of(&args).map_err(handler_error)?;
     shardline_worker::run(config, handler, shutdown)
         .await
         .map_err(in_flags)?;

@@ -15,7 +15,7 @@ use shardline_topology::declare::{self, DlqKind, QueueType, TopologyOptions};
 use shardline_topology::fleet::{FleetAssignment, MemberRecord};
 use shardline_topology::probe::{self, Finding, Version};
 use shardline_topology::status::{
-    BreakerState, Level, ShardReport, Thresholds, WorkerReport, unix_ms,
+    BreakerState, Level, PauseCause, ShardReport, Thresholds, WorkerReport, unix_ms,
 };
 use shardline_topology::{ApplyReport, Keys, Names, ShardId, ShardStatus};
 
@@ -458,15 +458,17 @@ fn secs(d: Duration) -> f64 {
 }
 
 impl StatusReport {
-    /// A shard at PAGE, events waiting with nobody consuming them, or a
-    /// worker's downstream breaker open for the PAGE threshold or longer.
+    /// A shard at PAGE, events waiting with nobody consuming them, a
+    /// worker's downstream breaker open for the PAGE threshold or longer, or
+    /// a worker paused for the downstream's configuration (at once: only an
+    /// operator can fix it).
     pub fn needs_attention(&self) -> bool {
         self.shards
             .iter()
             .any(|s| s.level == Some(Level::Page) || s.unconsumed())
-            || self
-                .open_breakers()
-                .any(|(_, open)| open >= self.thresholds.page)
+            || self.open_breakers().any(|(worker, open)| {
+                open >= self.thresholds.page || worker.breaker.cause == PauseCause::Configuration
+            })
             || !self.unconsumed_assignments().is_empty()
     }
 
@@ -696,12 +698,21 @@ impl StatusReport {
             }
         }
         for (worker, open) in self.open_breakers() {
-            let page = if open >= t.page { "PAGE: " } else { "" };
+            let misconfigured = worker.breaker.cause == PauseCause::Configuration;
+            let page = if open >= t.page || misconfigured {
+                "PAGE: "
+            } else {
+                ""
+            };
+            let what = if misconfigured {
+                "misconfigured".to_owned()
+            } else {
+                format!("breaker {}", worker.breaker.state.as_str())
+            };
             let _ = writeln!(
                 out,
-                "{page}worker {}: downstream breaker {} for {:.1}s, calls paused ({})",
+                "{page}worker {}: downstream {what} for {:.1}s, calls paused ({})",
                 worker.worker,
-                worker.breaker.state.as_str(),
                 open.as_secs_f64(),
                 worker.breaker.reason
             );
@@ -917,30 +928,45 @@ mod tests {
         assert!(!status.dlq.reindex_needed());
     }
 
-    #[test]
-    fn an_open_breaker_is_shown_and_pages_after_the_page_threshold() {
-        let t = Thresholds::default();
-        let mut status = status_of(Vec::new(), t);
-        let worker = |open_ms: u64| WorkerReport {
-            worker: "worker-b".into(),
+    /// Worker `name`, its breaker open for `open_ms` with `reason`, for `cause`.
+    fn paused_worker(
+        status: &StatusReport,
+        name: &str,
+        open_ms: u64,
+        reason: &str,
+        cause: PauseCause,
+    ) -> WorkerReport {
+        WorkerReport {
+            worker: name.into(),
             assigned: vec![0],
             consuming: vec![0],
             updated_at_ms: status.read_at_ms,
             breaker: BreakerReport {
                 state: BreakerState::Open,
                 since_ms: Some(status.read_at_ms - open_ms),
-                reason: "the probe call failed".into(),
+                reason: reason.into(),
                 trips: 1,
+                cause,
             },
+        }
+    }
+
+    #[test]
+    fn an_open_breaker_is_shown_and_pages_after_the_page_threshold() {
+        let t = Thresholds::default();
+        let mut status = status_of(Vec::new(), t);
+        let reason = "the probe call failed";
+        let worker = |status: &StatusReport, open_ms| {
+            paused_worker(status, "worker-b", open_ms, reason, PauseCause::Outage)
         };
-        status.workers = vec![worker(30_000)];
+        status.workers = vec![worker(&status, 30_000)];
         let table = status.table();
         assert!(
             table.contains("worker worker-b: downstream breaker open for 30.0s, calls paused (the probe call failed)"),
             "{table}"
         );
         assert!(!status.needs_attention());
-        status.workers = vec![worker(120_000)];
+        status.workers = vec![worker(&status, 120_000)];
         assert!(
             status.table().contains("PAGE: worker worker-b"),
             "{}",
@@ -948,6 +974,30 @@ mod tests {
         );
         assert!(status.needs_attention());
         assert_eq!(status.json()["workers"][0]["breaker"]["state"], "open");
+        assert_eq!(status.json()["workers"][0]["breaker"]["cause"], "outage");
+    }
+
+    #[test]
+    fn a_misconfigured_downstream_pages_at_once_and_names_the_answer() {
+        let mut status = status_of(Vec::new(), Thresholds::default());
+        let reason = "the downstream's configuration: downstream answered 302, a redirect to http://h/landed";
+        status.workers = vec![paused_worker(
+            &status,
+            "worker-c",
+            2_000,
+            reason,
+            PauseCause::Configuration,
+        )];
+        let table = status.table();
+        assert!(
+            table.contains("PAGE: worker worker-c: downstream misconfigured for 2.0s, calls paused (the downstream's configuration: downstream answered 302, a redirect to http://h/landed)"),
+            "{table}"
+        );
+        assert!(status.needs_attention());
+        assert_eq!(
+            status.json()["workers"][0]["breaker"]["cause"],
+            "configuration"
+        );
     }
 
     #[test]

@@ -407,6 +407,7 @@ mod tests {
                 trace: &trace,
                 traceparent: "",
                 published_at_ms: None,
+                baggage: None,
             };
             assert!(recorder.handle(&event).await.is_ok());
         }

@@ -87,6 +87,8 @@ pub struct Reply {
     pub delay: Duration,
     /// A `Retry-After` header, in seconds.
     pub retry_after: Option<u64>,
+    /// A `Location` header (for redirects).
+    pub location: Option<&'static str>,
 }
 
 impl Reply {
@@ -99,7 +101,14 @@ impl Reply {
             status,
             delay: Duration::ZERO,
             retry_after: None,
+            location: None,
         }
+    }
+
+    /// With a `Location: {to}` header.
+    pub fn location(mut self, to: &'static str) -> Self {
+        self.location = Some(to);
+        self
     }
 
     /// With a `Retry-After: {seconds}` header.
@@ -341,6 +350,9 @@ async fn handle(
     let mut response = Response::builder().status(reply.status);
     if let Some(seconds) = reply.retry_after {
         response = response.header("retry-after", seconds.to_string());
+    }
+    if let Some(to) = reply.location {
+        response = response.header("location", to);
     }
     let response = response.body(Full::new(Bytes::from_static(b"{}"))).unwrap();
     Ok(response)

@@ -23,6 +23,7 @@
 //! - [`concurrency`]: `--concurrency K`: K calls in flight per shard, never two of one order.
 //! - [`group_commit`]: `--group-commit N`: events claimed, committed and acked in groups, once and in order.
 //! - [`breaker`]: a downstream outage pauses the fleet and dead-letters nothing; a poison event still does.
+//! - [`attribution`]: each failure's fault decides what follows: hostile trace headers are dropped, a redirect or the same 401 for every order pauses the worker, a refusal only one order gets is dead-lettered.
 //! - [`rate`]: `--max-rate R`: the worker's calls never outrun R per second plus the burst.
 //! - [`crash`]: kill -9 mid-stream loses nothing and repeats at most the events in flight (K with `--concurrency K`).
 //! - [`elastic`]: `--assign auto`: members join, stop and die; shards spread and move without loss.
@@ -46,6 +47,7 @@
 //! test-support`), `tests/outages/` (a private RabbitMQ node and a private Redis).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod attribution;
 mod audit;
 mod breaker;
 mod concurrency;

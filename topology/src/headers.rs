@@ -11,7 +11,7 @@ use opentelemetry::Context;
 use opentelemetry::trace::{SpanContext, TraceContextExt as _};
 
 use crate::w3c;
-pub use crate::w3c::{TRACEPARENT, TRACESTATE, is_valid_traceparent, new_traceparent};
+pub use crate::w3c::{BAGGAGE, TRACEPARENT, TRACESTATE, is_valid_traceparent, new_traceparent};
 
 /// Publish time in milliseconds since the Unix epoch (signed 64-bit).
 pub const PUBLISHED_AT_MS: &str = "x-published-at-ms";
@@ -171,6 +171,15 @@ pub fn header_str<'a>(props: &'a BasicProperties, name: &str) -> Option<&'a str>
     match header(props, name)? {
         AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok(),
         AMQPValue::ShortString(s) => Some(s.as_str()),
+        _ => None,
+    }
+}
+
+/// A header's raw bytes: a long or short string, whatever it holds.
+pub fn header_bytes<'a>(props: &'a BasicProperties, name: &str) -> Option<&'a [u8]> {
+    match header(props, name)? {
+        AMQPValue::LongString(s) => Some(s.as_bytes()),
+        AMQPValue::ShortString(s) => Some(s.as_str().as_bytes()),
         _ => None,
     }
 }

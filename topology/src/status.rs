@@ -181,6 +181,31 @@ pub struct BreakerReport {
     /// Times it opened since the worker started.
     #[serde(default)]
     pub trips: u64,
+    /// Why calls are paused (or were, when closed): absent in documents of
+    /// workers older than this field, read as an outage.
+    #[serde(default)]
+    pub cause: PauseCause,
+}
+
+/// Why a worker's calls are paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PauseCause {
+    /// The downstream is out: connections refused, timeouts, 5xx.
+    #[default]
+    Outage,
+    /// The downstream's configuration is wrong (a redirect, or the same
+    /// 401/403/404/405/410 for several orders): an operator must act.
+    Configuration,
+}
+
+impl PauseCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Outage => "outage",
+            Self::Configuration => "configuration",
+        }
+    }
 }
 
 impl BreakerReport {

@@ -82,6 +82,13 @@ pub mod attr {
     pub const ERROR: &str = "shardline.error";
     /// On a replay span: the trace id of the failed attempt it links to.
     pub const LINKED_TRACE_ID: &str = "shardline.linked_trace_id";
+    /// On a header-dropped event: the header's name.
+    pub const HEADER: &str = "shardline.header";
+    /// On a header-dropped event: why HTTP cannot carry its value.
+    pub const DROPPED_BECAUSE: &str = "shardline.dropped_because";
+    /// On a failed attempt's retry event: whose fault it was (`event`,
+    /// `availability`, `configuration`, `unconfirmed`).
+    pub const FAULT: &str = "shardline.fault";
 }
 
 /// `shardline.outcome` values.
@@ -103,6 +110,10 @@ pub mod event {
     pub const CLAIM_WAIT: &str = "claim wait";
     /// A publish re-sent on a new channel after a connection loss.
     pub const RESENT: &str = "resent";
+    /// An optional header the event arrived with was left out of the
+    /// downstream request (or, for `traceparent`, of the trace): its value
+    /// cannot travel in HTTP or is not W3C trace context.
+    pub const HEADER_DROPPED: &str = "header dropped";
 }
 
 #[cfg(test)]

@@ -17,6 +17,8 @@ use opentelemetry::trace::{
 pub const TRACEPARENT: &str = "traceparent";
 /// Header of the W3C trace state.
 pub const TRACESTATE: &str = "tracestate";
+/// Header of W3C baggage: forwarded to the downstream as it arrived.
+pub const BAGGAGE: &str = "baggage";
 
 /// A fresh W3C `traceparent` (version 00, sampled) of a new trace.
 pub fn new_traceparent() -> String {

@@ -2,10 +2,18 @@
 //! a poison event, and while the downstream is out pauses every shard of the
 //! worker instead of letting each event burn its retry budget into the DLQ.
 //!
-//! Every handler attempt of the worker reports its end here ([`Breaker::record`]):
-//! a success, a retryable failure (connection refused or reset, timeout, 408,
-//! 429, 5xx) or nothing (a permanent failure says nothing about an outage).
+//! Every handler attempt of the worker reports its end here ([`Breaker::record`]),
+//! as its fault ([`crate::handler::Fault`]) decided it: a success; the
+//! downstream's availability (connection refused or reset, timeout, 408, 429,
+//! 5xx: outage evidence); its configuration (a redirect: calls pause at once);
+//! an unconfirmed answer (401, 403, 404, 405, 410 by default: the
+//! configuration's once [`CONFIG_ORDERS`] orders got the same one since the
+//! last success); or nothing (the event's own fault says nothing about the
+//! downstream, and never opens or reopens the breaker).
 //!
+//! - **Configuration**: calls pause like an open breaker ([`PauseCause::Configuration`]),
+//!   with an error line and the status document naming the answer; the probe
+//!   and a success resume them. Never a mass dead letter.
 //! - **Closed → open** when, over the last [`BreakerPolicy::window`], at least
 //!   [`BreakerPolicy::min_failures`] attempts failed retryably, they are at
 //!   least [`BreakerPolicy::failure_ratio`] of the window's attempts, and they
@@ -37,7 +45,7 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use shardline_topology::status::{BreakerReport, BreakerState};
+use shardline_topology::status::{BreakerReport, BreakerState, PauseCause};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -48,18 +56,39 @@ use crate::process::Budget;
 /// Distinct failing orders in the window before it may open.
 pub(crate) const MIN_FAILING_ORDERS: usize = 3;
 
+/// Distinct orders that got the same unconfirmed answer, since the last
+/// success and within the window, that make it the configuration's.
+pub(crate) const CONFIG_ORDERS: usize = 3;
+
 /// How an attempt ended, as far as the breaker cares.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Verdict {
     Success,
-    /// A retryable failure; `first` when it was the event's first attempt,
-    /// with the `Retry-After` it carried.
+    /// The downstream's availability; `first` when it was the event's first
+    /// attempt, with the `Retry-After` it carried.
     Failure {
         first: bool,
         retry_after: Option<Duration>,
     },
-    /// A permanent failure: says nothing about an outage.
+    /// The downstream's configuration, whatever the event: `error` says what it answered.
+    Misconfigured {
+        error: String,
+    },
+    /// An answer that is the configuration's if other orders get it too.
+    Refused {
+        answer: String,
+        error: String,
+    },
+    /// The event's own fault: says nothing about the downstream.
     Neutral,
+}
+
+/// An unconfirmed answer in the window.
+#[derive(Debug, Clone)]
+struct Refusal {
+    at: Instant,
+    order: u64,
+    answer: String,
 }
 
 /// What [`Breaker::judge`] says about an event that used its retryable attempts.
@@ -118,6 +147,8 @@ pub(crate) struct Transition {
     pub(crate) paused_for: Option<Duration>,
     /// Opened from closed (a new epoch), not again after a failed probe.
     pub(crate) trip: bool,
+    /// Why calls are paused (open and half-open).
+    pub(crate) cause: PauseCause,
 }
 
 /// The breaker's rules on an explicit clock, without I/O: unit-tested as is.
@@ -127,7 +158,11 @@ pub(crate) struct Core {
     recent: VecDeque<Seen>,
     failures: usize,
     failing_orders: HashMap<u64, usize>,
+    /// Unconfirmed answers since the last success, within the window.
+    refusals: VecDeque<Refusal>,
     state: BreakerState,
+    /// Why calls are paused, or were last.
+    cause: PauseCause,
     /// Open or half-open since (calls paused since).
     paused_since: Option<Instant>,
     /// Open: when it turns half-open.
@@ -152,7 +187,9 @@ impl Core {
             recent: VecDeque::new(),
             failures: 0,
             failing_orders: HashMap::new(),
+            refusals: VecDeque::new(),
             state: BreakerState::Closed,
+            cause: PauseCause::Outage,
             paused_since: None,
             probe_at: now,
             probing: false,
@@ -191,6 +228,7 @@ impl Core {
                     probe_in: None,
                     paused_for: None,
                     trip: false,
+                    cause: self.cause,
                 };
                 (Ok(true), Some(t))
             }
@@ -229,6 +267,7 @@ impl Core {
             }
             Verdict::Success => {
                 self.successes.note(now, order);
+                self.refusals.clear();
                 self.push(Seen {
                     at: now,
                     order,
@@ -261,16 +300,72 @@ impl Core {
                             self.failing_orders.len(),
                             humantime::format_duration(self.policy.window)
                         );
-                        Some(self.open(now, reason, retry_after))
+                        Some(self.open(now, PauseCause::Outage, reason, retry_after))
                     }
                     BreakerState::HalfOpen if probe => {
-                        self.cooldown = (self.cooldown * 2).min(self.policy.cooldown_max);
-                        Some(self.open(now, "the probe call failed".into(), retry_after))
+                        let reason = "the probe call failed".into();
+                        Some(self.reopen(now, reason, retry_after))
+                    }
+                    _ => None,
+                }
+            }
+            Verdict::Misconfigured { error } => match self.state {
+                BreakerState::Closed => {
+                    let reason = format!("the downstream's configuration: {error}");
+                    Some(self.open(now, PauseCause::Configuration, reason, None))
+                }
+                BreakerState::HalfOpen if probe => {
+                    let reason = format!("the probe call: {error}");
+                    Some(self.reopen(now, reason, None))
+                }
+                _ => None,
+            },
+            Verdict::Refused { answer, error } => {
+                self.refusals.push_back(Refusal {
+                    at: now,
+                    order,
+                    answer,
+                });
+                let orders = self.refusing_orders();
+                let confirmed = orders >= CONFIG_ORDERS;
+                let reason = || {
+                    format!(
+                        "the downstream's configuration: {error}, the same answer for {orders} orders since the last success"
+                    )
+                };
+                match self.state {
+                    BreakerState::Closed if confirmed => {
+                        Some(self.open(now, PauseCause::Configuration, reason(), None))
+                    }
+                    BreakerState::HalfOpen
+                        if probe && (confirmed || self.cause == PauseCause::Configuration) =>
+                    {
+                        self.cause = PauseCause::Configuration;
+                        Some(self.reopen(now, reason(), None))
+                    }
+                    BreakerState::HalfOpen if probe => {
+                        self.probe_inconclusive();
+                        None
                     }
                     _ => None,
                 }
             }
         }
+    }
+
+    /// Distinct orders that got the latest unconfirmed answer, since the last
+    /// success and within the window.
+    fn refusing_orders(&self) -> usize {
+        let Some(latest) = self.refusals.back() else {
+            return 0;
+        };
+        let orders: std::collections::HashSet<u64> = self
+            .refusals
+            .iter()
+            .filter(|r| r.answer == latest.answer)
+            .map(|r| r.order)
+            .collect();
+        orders.len()
     }
 
     /// An event of `order` used its retryable attempts; its budget began at
@@ -291,14 +386,20 @@ impl Core {
         }
         if self.first_failures.other_than_since(order, asked_at) {
             let reason = "an event of another order failed too, and no call succeeded since".into();
-            return (Judgement::Outage, Some(self.open(now, reason, None)));
+            let opened = self.open(now, PauseCause::Outage, reason, None);
+            return (Judgement::Outage, Some(opened));
         }
         (Judgement::Pending, None)
     }
 
-    /// Opens from the fleet's state: another worker's breaker is open.
-    pub(crate) fn open_from_fleet(&mut self, now: Instant, reason: String) -> Option<Transition> {
-        (self.state == BreakerState::Closed).then(|| self.open(now, reason, None))
+    /// Opens from the fleet's state: another worker's breaker is open, for `cause`.
+    pub(crate) fn open_from_fleet(
+        &mut self,
+        now: Instant,
+        cause: PauseCause,
+        reason: String,
+    ) -> Option<Transition> {
+        (self.state == BreakerState::Closed).then(|| self.open(now, cause, reason, None))
     }
 
     /// The report for the worker's status document.
@@ -310,6 +411,7 @@ impl Core {
             }),
             reason: self.reason.clone(),
             trips,
+            cause: self.cause,
         }
     }
 
@@ -332,13 +434,31 @@ impl Core {
             && self.failing_orders.len() >= MIN_FAILING_ORDERS
     }
 
-    fn open(&mut self, now: Instant, reason: String, retry_after: Option<Duration>) -> Transition {
+    /// A failed probe: open again, the cooldown doubled (capped).
+    fn reopen(
+        &mut self,
+        now: Instant,
+        reason: String,
+        retry_after: Option<Duration>,
+    ) -> Transition {
+        self.cooldown = (self.cooldown * 2).min(self.policy.cooldown_max);
+        self.open(now, self.cause, reason, retry_after)
+    }
+
+    fn open(
+        &mut self,
+        now: Instant,
+        cause: PauseCause,
+        reason: String,
+        retry_after: Option<Duration>,
+    ) -> Transition {
         let trip = self.state == BreakerState::Closed;
         if trip {
             self.epoch += 1;
             self.cooldown = self.policy.cooldown;
             self.paused_since = Some(now);
         }
+        self.cause = cause;
         self.state = BreakerState::Open;
         self.probing = false;
         let hinted = retry_after.map_or(Duration::ZERO, |d| d.min(self.policy.cooldown_max));
@@ -351,6 +471,7 @@ impl Core {
             probe_in: Some(wait),
             paused_for: None,
             trip,
+            cause,
         }
     }
 
@@ -365,6 +486,7 @@ impl Core {
         self.recent.clear();
         self.failures = 0;
         self.failing_orders.clear();
+        self.refusals.clear();
         self.reason = reason.to_owned();
         Transition {
             to: BreakerState::Closed,
@@ -372,6 +494,7 @@ impl Core {
             probe_in: None,
             paused_for,
             trip: false,
+            cause: self.cause,
         }
     }
 
@@ -398,6 +521,11 @@ impl Core {
             }
             self.recent.pop_front();
         }
+        while let Some(oldest) = self.refusals.front()
+            && now.saturating_duration_since(oldest.at) > self.policy.window
+        {
+            self.refusals.pop_front();
+        }
     }
 }
 
@@ -417,6 +545,8 @@ pub(crate) struct BreakerMetrics {
     pub(crate) trips: Counter,
     /// Seconds calls were paused, summed over the pauses that ended.
     pub(crate) paused_seconds: Counter<f64, AtomicU64>,
+    /// 1 while calls are paused for the downstream's configuration.
+    pub(crate) misconfigured: Gauge,
 }
 
 /// The worker's breaker, shared by its shards.
@@ -596,8 +726,8 @@ impl Breaker {
     /// Starts open when the fleet's breaker is (another worker's status
     /// document says so): a worker restarted during an outage does not
     /// rediscover it with its events' budgets.
-    pub(crate) fn open_from_fleet(&self, reason: String) {
-        let transition = self.with_core(|core| core.open_from_fleet(Instant::now(), reason));
+    pub(crate) fn open_from_fleet(&self, cause: PauseCause, reason: String) {
+        let transition = self.with_core(|core| core.open_from_fleet(Instant::now(), cause, reason));
         self.apply(transition);
     }
 
@@ -618,6 +748,8 @@ impl Breaker {
             changed
         });
         self.metrics.state.set(i64::from(t.to.value()));
+        let misconfigured = paused && t.cause == PauseCause::Configuration;
+        self.metrics.misconfigured.set(i64::from(misconfigured));
         match t.to {
             BreakerState::Open => {
                 if t.trip {
@@ -625,7 +757,11 @@ impl Breaker {
                     self.epoch.fetch_add(1, Ordering::AcqRel);
                 }
                 let probe_in = t.probe_in.unwrap_or_default();
-                tracing::warn!(reason = %t.reason, probe_in = ?probe_in, "downstream breaker open: calls paused on every shard");
+                if misconfigured {
+                    tracing::error!(reason = %t.reason, probe_in = ?probe_in, "downstream misconfigured: calls paused on every shard until it answers 2xx");
+                } else {
+                    tracing::warn!(reason = %t.reason, probe_in = ?probe_in, "downstream breaker open: calls paused on every shard");
+                }
             }
             BreakerState::HalfOpen => {
                 tracing::info!(reason = %t.reason, "downstream breaker half-open");
@@ -843,6 +979,129 @@ mod tests {
         let mut core = Core::new(policy(), t0);
         core.record(t0 + MS, 2, retry_fail(), false);
         assert_eq!(core.judge(t0 + MS, 1, t0, 0, t0).0, Judgement::Pending);
+    }
+
+    fn refused(answer: &str) -> Verdict {
+        Verdict::Refused {
+            answer: answer.into(),
+            error: format!("downstream answered {answer} (POST http://h/events)"),
+        }
+    }
+
+    #[test]
+    fn events_own_faults_never_open_it_whatever_the_orders() {
+        let t0 = Instant::now();
+        let mut core = Core::new(policy(), t0);
+        for i in 0..200_u32 {
+            assert_eq!(
+                core.record(t0 + MS * i, u64::from(i), Verdict::Neutral, false),
+                None
+            );
+        }
+        assert_eq!(core.state(), BreakerState::Closed);
+        assert_eq!(
+            core.judge(t0 + MS * 300, 1, t0, 0, t0).0,
+            Judgement::Pending
+        );
+    }
+
+    #[test]
+    fn a_redirect_pauses_at_once_for_the_configuration_and_a_success_resumes() {
+        let t0 = Instant::now();
+        let mut core = Core::new(policy(), t0);
+        let error = "downstream answered 302, a redirect to http://h/landed".to_owned();
+        let t = core
+            .record(t0, 1, Verdict::Misconfigured { error }, false)
+            .expect("opens on one answer of one order");
+        assert_eq!(
+            (t.to, t.cause, t.trip),
+            (BreakerState::Open, PauseCause::Configuration, true)
+        );
+        assert!(t.reason.contains("http://h/landed"), "{}", t.reason);
+        assert_eq!(core.report(t0, 1).cause, PauseCause::Configuration);
+        // The probe is redirected again: open again, the cooldown doubled.
+        let at = t0 + policy().cooldown;
+        assert_eq!(core.admit(at).0, Ok(true));
+        let error = "downstream answered 302".to_owned();
+        let again = core
+            .record(at, 2, Verdict::Misconfigured { error }, true)
+            .expect("reopens");
+        assert_eq!(again.probe_in, Some(policy().cooldown * 2));
+        assert!(!again.trip);
+        // Fixed: the next probe succeeds and closes it.
+        let at = at + policy().cooldown * 2;
+        assert_eq!(core.admit(at).0, Ok(true));
+        let closed = core.record(at, 3, Verdict::Success, true).expect("closes");
+        assert_eq!(closed.to, BreakerState::Closed);
+        assert_eq!(core.epoch(), 1);
+    }
+
+    #[test]
+    fn the_same_refusal_for_three_orders_is_the_configurations() {
+        let t0 = Instant::now();
+        let mut core = Core::new(policy(), t0);
+        // One order, again and again: the event's, whatever the count.
+        for i in 0..20_u32 {
+            assert_eq!(core.record(t0 + MS * i, 1, refused("401"), false), None);
+        }
+        assert_eq!(core.record(t0 + MS * 30, 2, refused("401"), false), None);
+        // A different answer of a third order is no confirmation.
+        assert_eq!(core.record(t0 + MS * 31, 3, refused("404"), false), None);
+        let t = core
+            .record(t0 + MS * 32, 4, refused("401"), false)
+            .expect("the third order with 401 confirms it");
+        assert_eq!(
+            (t.to, t.cause),
+            (BreakerState::Open, PauseCause::Configuration)
+        );
+        assert!(
+            t.reason.contains("downstream answered 401") && t.reason.contains("3 orders"),
+            "{}",
+            t.reason
+        );
+    }
+
+    #[test]
+    fn a_success_or_the_window_makes_refusals_the_events() {
+        let t0 = Instant::now();
+        let mut core = Core::new(policy(), t0);
+        core.record(t0, 1, refused("404"), false);
+        core.record(t0 + MS, 2, refused("404"), false);
+        // Another order succeeds: the downstream is configured; the two were the events'.
+        core.record(t0 + MS * 2, 9, Verdict::Success, false);
+        assert_eq!(core.record(t0 + MS * 3, 3, refused("404"), false), None);
+        assert_eq!(
+            core.judge(t0 + MS * 4, 1, t0, 0, t0 + MS * 4).0,
+            Judgement::Poison
+        );
+        // Refusals older than the window are forgotten.
+        let late = t0 + policy().window + MS * 10;
+        assert_eq!(core.record(late, 4, refused("404"), false), None);
+        assert_eq!(core.record(late + MS, 5, refused("404"), false), None);
+        assert_eq!(core.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn refusals_are_no_outage_evidence() {
+        let t0 = Instant::now();
+        let mut core = Core::new(policy(), t0);
+        core.record(t0 + MS, 2, refused("403"), false);
+        assert_eq!(core.judge(t0 + MS, 1, t0, 0, t0).0, Judgement::Pending);
+        // And refusals from many orders do not count as failures for an outage.
+        for i in 10..20_u64 {
+            core.record(t0 + MS * 2, i, refused(&i.to_string()), false);
+        }
+        assert_eq!(core.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_refused_probe_of_an_outage_is_inconclusive_unless_confirmed() {
+        let t0 = Instant::now();
+        let mut core = open_core(t0);
+        let at = t0 + policy().cooldown;
+        assert_eq!(core.admit(at).0, Ok(true));
+        assert_eq!(core.record(at, 7, refused("401"), true), None);
+        assert_eq!(core.admit(at).0, Ok(true), "the next attempt probes");
     }
 
     #[tokio::test(start_paused = true)]

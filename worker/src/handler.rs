@@ -1,7 +1,7 @@
 //! What the worker calls for each event, and the built-in handlers.
 //!
 //! Handlers never see broker types: they get the decoded [`Event`] and answer
-//! with success, a retryable error or a permanent one.
+//! with success or a [`HandlerError`] that says whose [`Fault`] the failure is.
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use opentelemetry::Context;
-use opentelemetry::trace::TraceContextExt as _;
-use shardline_topology::headers::{TRACEPARENT, TRACESTATE};
 use shardline_topology::{Envelope, ShardId};
+
+mod http;
+
+pub use http::{DEFAULT_CONFIG_STATUSES, Http};
 
 /// One event as a handler sees it.
 #[derive(Debug, Clone, Copy)]
@@ -33,35 +35,121 @@ pub struct Event<'a> {
     pub traceparent: &'a str,
     /// When the publisher sent it (`x-published-at-ms`), when known.
     pub published_at_ms: Option<i64>,
+    /// The W3C `baggage` it arrived with, as published (unchecked: the HTTP
+    /// handler forwards it only when HTTP can carry it).
+    pub baggage: Option<&'a [u8]>,
 }
 
-/// How a handler failed, shaped by what the worker does next. Build one with
-/// [`HandlerError::retryable`] or [`HandlerError::permanent`]: the variants
-/// will grow fields (a `Retry-After` hint next), so they are matched with `..`
-/// and never built field by field outside this crate.
+/// Whose fault a failed attempt is. Decided once, where the failure happens
+/// (the handler's [`HandlerError`], or the worker for its own connections);
+/// the worker decides what follows from it alone:
+///
+/// | fault | what follows |
+/// |---|---|
+/// | [`Fault::Event`] | dead letter (at once when permanent); never breaker evidence |
+/// | [`Fault::Availability`] | retried in place; breaker evidence (an outage pauses every shard) |
+/// | [`Fault::Configuration`] | every shard paused like an open breaker, with an alert; never a mass dead letter |
+/// | [`Fault::Unconfirmed`] | retried; the configuration's once three orders got the same answer, the event's once other orders succeed |
+/// | [`Fault::Infrastructure`] | the shard pauses and reconnects; neither an attempt nor evidence |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fault {
+    /// The event itself: it cannot be decoded or sent, or the downstream
+    /// refuses this one event.
+    Event,
+    /// The downstream is down or overloaded: connection refused or reset,
+    /// a timeout, 408, 429, 5xx.
+    Availability,
+    /// The downstream's configuration (or the handler URL) is wrong: a redirect,
+    /// or an answer every order gets.
+    Configuration,
+    /// An answer that is the configuration's when other orders get it too,
+    /// else the event's (by default 401, 403, 404, 405 and 410).
+    Unconfirmed,
+    /// Our own infrastructure: the broker or Redis. Never a handler's answer.
+    Infrastructure,
+}
+
+impl Fault {
+    /// Every fault, in the order of the metric's series.
+    pub const ALL: [Self; 5] = [
+        Self::Event,
+        Self::Availability,
+        Self::Configuration,
+        Self::Unconfirmed,
+        Self::Infrastructure,
+    ];
+
+    /// Its name in metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Event => "event",
+            Self::Availability => "availability",
+            Self::Configuration => "configuration",
+            Self::Unconfirmed => "unconfirmed",
+            Self::Infrastructure => "infrastructure",
+        }
+    }
+
+    /// Its position in [`Fault::ALL`].
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Self::Event => 0,
+            Self::Availability => 1,
+            Self::Configuration => 2,
+            Self::Unconfirmed => 3,
+            Self::Infrastructure => 4,
+        }
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a handler failed, by whose fault it is ([`HandlerError::fault`]).
+/// Build one with its constructors ([`HandlerError::retryable`],
+/// [`HandlerError::permanent`], [`HandlerError::misconfigured`],
+/// [`HandlerError::refused`]): the variants may grow fields, so they are
+/// matched with `..` and never built field by field outside this crate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum HandlerError {
-    /// Worth another attempt (downstream busy, 5xx, connection refused…);
-    /// `retry_after` when the downstream said when (`Retry-After`).
+    /// The downstream is unavailable (busy, 5xx, connection refused…): worth
+    /// another attempt; `retry_after` when the downstream said when
+    /// (`Retry-After`).
     #[error("{message}")]
     #[non_exhaustive]
     Retryable {
         message: String,
         retry_after: Option<Duration>,
     },
-    /// Will never succeed as is: dead-letter now.
+    /// The event's own fault; will never succeed as is: dead-letter now.
     #[error("{message}")]
     #[non_exhaustive]
     Permanent { message: String },
-    /// The attempt took longer than the handler timeout; retryable.
-    #[error("handler timed out after {after:?}")]
+    /// The attempt took longer than the handler timeout: the downstream's
+    /// availability.
+    #[error("timed out after {}", humantime::format_duration(*after))]
     #[non_exhaustive]
     Timeout { after: Duration },
+    /// The downstream's configuration is wrong whatever the event (a
+    /// redirect): the worker pauses its shards.
+    #[error("{message}")]
+    #[non_exhaustive]
+    Misconfigured { message: String },
+    /// The downstream refused the event with `answer`, which is its
+    /// configuration's fault if other orders get the same answer, else the
+    /// event's.
+    #[error("{message}")]
+    #[non_exhaustive]
+    Refused { message: String, answer: String },
 }
 
 impl HandlerError {
-    /// A failure worth another attempt.
+    /// The downstream is unavailable; another attempt may succeed.
     pub fn retryable(message: impl Into<String>) -> Self {
         Self::Retryable {
             message: message.into(),
@@ -69,9 +157,9 @@ impl HandlerError {
         }
     }
 
-    /// A failure worth another attempt no sooner than `after` (the
-    /// downstream's `Retry-After`): it sets this event's next delay (capped
-    /// by `RetryPolicy::retry_after_cap`), never the other events'.
+    /// The downstream is unavailable and asked for no attempt sooner than
+    /// `after` (`Retry-After`): it sets this event's next delay (capped by
+    /// `RetryPolicy::retry_after_cap`), never the other events'.
     pub fn retryable_after(message: impl Into<String>, after: Duration) -> Self {
         Self::Retryable {
             message: message.into(),
@@ -87,7 +175,7 @@ impl HandlerError {
         }
     }
 
-    /// A failure no retry will fix: the event is dead-lettered at once.
+    /// The event's own failure, which no retry will fix: dead-lettered at once.
     pub fn permanent(message: impl Into<String>) -> Self {
         Self::Permanent {
             message: message.into(),
@@ -99,9 +187,37 @@ impl HandlerError {
         Self::Timeout { after }
     }
 
-    /// Whether another attempt may succeed.
+    /// The downstream's configuration is wrong for every event (a redirect:
+    /// the handler URL is not the service's).
+    pub fn misconfigured(message: impl Into<String>) -> Self {
+        Self::Misconfigured {
+            message: message.into(),
+        }
+    }
+
+    /// The downstream refused the event with `answer` (such as `401`): its
+    /// configuration's fault when three or more orders get the same answer,
+    /// else the event's.
+    pub fn refused(message: impl Into<String>, answer: impl Into<String>) -> Self {
+        Self::Refused {
+            message: message.into(),
+            answer: answer.into(),
+        }
+    }
+
+    /// Whose fault it is.
+    pub fn fault(&self) -> Fault {
+        match self {
+            Self::Permanent { .. } => Fault::Event,
+            Self::Retryable { .. } | Self::Timeout { .. } => Fault::Availability,
+            Self::Misconfigured { .. } => Fault::Configuration,
+            Self::Refused { .. } => Fault::Unconfirmed,
+        }
+    }
+
+    /// Whether another attempt may succeed: all but the event's permanent faults.
     pub fn is_retryable(&self) -> bool {
-        !matches!(self, Self::Permanent { .. })
+        self.fault() != Fault::Event
     }
 }
 
@@ -146,108 +262,6 @@ impl Handler for Log {
     }
 }
 
-/// Forwards each event to a URL (POST, original body).
-///
-/// 2xx is success; 408, 429, 5xx and transport errors are retryable (with
-/// the delay of a `Retry-After` header on 429 and 503, in seconds or as an
-/// HTTP date); any other status is permanent.
-#[derive(Debug, Clone)]
-pub struct Http {
-    client: reqwest::Client,
-    url: reqwest::Url,
-}
-
-impl Http {
-    pub fn new(url: &str) -> Result<Self, HandlerSpecError> {
-        let url = reqwest::Url::parse(url).map_err(|e| HandlerSpecError::Url {
-            url: url.to_owned(),
-            cause: e.to_string(),
-        })?;
-        let client = reqwest::Client::builder()
-            .build()
-            .map_err(|e| HandlerSpecError::Client(e.to_string()))?;
-        Ok(Self { client, url })
-    }
-}
-
-#[async_trait]
-impl Handler for Http {
-    async fn handle(&self, event: &Event<'_>) -> Result<(), HandlerError> {
-        let mut request = self
-            .client
-            .post(self.url.clone())
-            .header("content-type", "application/json")
-            .header("idempotency-key", header_value(event.dedup_key))
-            .header("x-shard", event.shard.get().to_string())
-            .header("x-order-id", header_value(&event.envelope.order_id))
-            .header("x-attempt", event.attempt.to_string());
-        if let Some(seq) = event.envelope.seq {
-            request = request.header("x-seq", seq.to_string());
-        }
-        request = request.header(TRACEPARENT, event.traceparent);
-        let span = event.trace.span();
-        let state = span.span_context().trace_state().header();
-        if !state.is_empty() {
-            request = request.header(TRACESTATE, state);
-        }
-        let response = request
-            .body(event.body.to_vec())
-            .send()
-            .await
-            .map_err(|e| HandlerError::retryable(format!("POST {}: {e}", self.url)))?;
-        let status = response.status().as_u16();
-        let retry_after = matches!(status, 429 | 503)
-            .then(|| response.headers().get(reqwest::header::RETRY_AFTER))
-            .flatten()
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()));
-        match (classify(status), retry_after) {
-            (Err(HandlerError::Retryable { message, .. }), Some(after)) => {
-                Err(HandlerError::retryable_after(message, after))
-            }
-            (result, _) => result,
-        }
-    }
-}
-
-/// A `Retry-After` value: delay seconds, or an HTTP date (a date in the
-/// past is no delay). `None` when it is neither.
-fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
-    let value = value.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
-}
-
-/// The status mapping of SPEC §3.
-fn classify(status: u16) -> Result<(), HandlerError> {
-    match status {
-        200..=299 => Ok(()),
-        408 | 429 | 500..=599 => Err(HandlerError::retryable(format!(
-            "downstream answered {status}"
-        ))),
-        _ => Err(HandlerError::permanent(format!(
-            "downstream answered {status}"
-        ))),
-    }
-}
-
-/// `value` with `%`, control characters and non-ASCII bytes percent-encoded, so
-/// any order id travels in an HTTP header.
-fn header_value(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for byte in value.bytes() {
-        if (0x20..0x7f).contains(&byte) && byte != b'%' {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
-}
-
 /// A handler spec that names no built-in handler. Messages speak of "the
 /// handler spec"; a command line says which flag it came from.
 #[derive(Debug, thiserror::Error)]
@@ -269,74 +283,5 @@ pub fn from_spec(spec: &str) -> Result<Arc<dyn Handler>, HandlerSpecError> {
         "log" => Ok(Arc::new(Log)),
         s if s.starts_with("http://") || s.starts_with("https://") => Ok(Arc::new(Http::new(s)?)),
         other => Err(HandlerSpecError::Unknown(other.to_owned())),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn status_mapping() {
-        assert_eq!(classify(200), Ok(()));
-        assert_eq!(classify(204), Ok(()));
-        for retryable in [408, 429, 500, 503, 599] {
-            assert!(matches!(
-                classify(retryable),
-                Err(HandlerError::Retryable { .. })
-            ));
-        }
-        for permanent in [400, 404, 409, 422, 301] {
-            assert!(matches!(
-                classify(permanent),
-                Err(HandlerError::Permanent { .. })
-            ));
-        }
-    }
-
-    #[test]
-    fn retry_after_takes_seconds_or_a_date() {
-        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
-        assert_eq!(
-            parse_retry_after("120", now),
-            Some(Duration::from_secs(120))
-        );
-        assert_eq!(parse_retry_after(" 0 ", now), Some(Duration::ZERO));
-        assert_eq!(
-            parse_retry_after("Wed, 21 Oct 2015 07:28:30 GMT", now),
-            Some(Duration::from_secs(30))
-        );
-        assert_eq!(
-            parse_retry_after("Wed, 21 Oct 2015 07:00:00 GMT", now),
-            Some(Duration::ZERO)
-        );
-        assert_eq!(parse_retry_after("soon", now), None);
-        assert_eq!(parse_retry_after("-5", now), None);
-    }
-
-    #[test]
-    fn header_values_are_percent_encoded() {
-        assert_eq!(
-            header_value("A1024:order.created:3"),
-            "A1024:order.created:3"
-        );
-        assert_eq!(header_value("é"), "%C3%A9");
-        assert_eq!(header_value("100%"), "100%25");
-        assert_eq!(header_value("a\nb"), "a%0Ab");
-    }
-
-    #[test]
-    fn handler_specs() {
-        assert!(from_spec("noop").is_ok());
-        assert!(from_spec("log").is_ok());
-        assert!(from_spec("http://127.0.0.1:8080/events").is_ok());
-        assert!(matches!(
-            from_spec("ftp://x"),
-            Err(HandlerSpecError::Unknown(_))
-        ));
-        assert!(matches!(
-            from_spec("http://"),
-            Err(HandlerSpecError::Url { .. })
-        ));
     }
 }

@@ -38,10 +38,13 @@
 //! - `dedup`: the Redis state: claims, `done` marks, each order's last seq.
 //! - `quarantine`: per-order quarantine behind a dead letter ([`OnDeadLetter::Quarantine`]).
 //! - `breaker`: the worker-wide downstream breaker ([`Config::breaker`]):
-//!   an outage pauses every shard instead of filling the DLQ.
+//!   an outage, or a downstream misconfigured for every event, pauses every
+//!   shard instead of filling the DLQ.
 //! - `rate`: the worker-wide call rate limit ([`Config::max_rate`]), a token bucket.
 //! - `store`: one Redis connection per shard; outages pause the shard.
-//! - [`handler`]: the [`Handler`] trait, its errors and the built-in handlers.
+//! - [`handler`]: the [`Handler`] trait, its errors with their [`Fault`] (whose
+//!   fault a failure is decides what follows), and the built-in handlers; the
+//!   HTTP one attributes every answer and transport error.
 //! - `settle`: the one place an outcome becomes ack, or dead letter then ack.
 //! - `live`: each shard's live state (in flight, held, consuming or not).
 //! - [`metrics`]: the one set of counters, and the metric names.
@@ -80,7 +83,9 @@ pub use config::{
     BreakerPolicy, Config, ConfigError, FleetPolicy, OnDeadLetter, OnGap, Problem, RetryPolicy,
 };
 pub use error::{BindError, WorkerError};
-pub use handler::{Event, Handler, HandlerError, HandlerSpecError, Http, Log, Noop, from_spec};
+pub use handler::{
+    Event, Fault, Handler, HandlerError, HandlerSpecError, Http, Log, Noop, from_spec,
+};
 pub use live::ShardState;
 pub use metrics::Counts;
 pub use progress::Progress;

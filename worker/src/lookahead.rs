@@ -2,11 +2,12 @@
 //! already sent it, so that its dedup claim can ride along with the current
 //! event's commit: one Redis round trip per event instead of two.
 //!
-//! It also finds the breaker's evidence attempt for a serial shard
-//! ([`Lookahead::take_other`]): an event of another order, taken from further
+//! It also finds the breaker's evidence attempts for a serial shard
+//! ([`Lookahead::take_other`]): events of other orders, taken from further
 //! down the broker window; the deliveries passed over on the way wait here, in
-//! delivery order, and the evidence event's result is set aside for the
-//! shard's loop ([`Lookahead::take_aside`]).
+//! delivery order. An evidence event whose attempt failed comes back to the
+//! front, unsettled; one settled is set aside for the shard's loop
+//! ([`Lookahead::take_aside`]).
 
 use std::collections::{HashSet, VecDeque};
 
@@ -165,7 +166,7 @@ impl Lookahead {
     /// The evidence attempt's event: the first delivery here of an order
     /// other than `order_key` (and than those of the deliveries passed over
     /// that it may not overtake), never a redelivered one (it may be a
-    /// killer). Reads what the broker has sent without waiting; `None` when
+    /// killer) nor one an evidence attempt already tried (`Ready::tried`). Reads what the broker has sent without waiting; `None` when
     /// nothing fits yet ([`Lookahead::arrival`] waits for more).
     pub(crate) fn take_other(&mut self, order_key: &str, processor: &Processor) -> Option<Ready> {
         while !matches!(self.parked.back(), Some(Peeked::End(_)))
@@ -181,7 +182,7 @@ impl Lookahead {
                 continue;
             };
             let order = decoded.order_key.as_str();
-            if !ready.delivery.redelivered && !passed.contains(order) {
+            if !ready.delivery.redelivered && ready.tried.is_none() && !passed.contains(order) {
                 found = Some(i);
                 break;
             }

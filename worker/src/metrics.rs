@@ -24,6 +24,7 @@ use shardline_topology::headers::FailReason;
 use shardline_topology::status::{Level, Thresholds};
 
 use crate::breaker::BreakerMetrics;
+use crate::handler::Fault;
 use crate::live::{ShardState, ShardWatch, Snapshot, unix_ms};
 use crate::membership::FleetMetrics;
 
@@ -39,6 +40,14 @@ pub mod names {
     pub const PROCESSING_SECONDS: &str = "shardline_processing_seconds";
     /// Counter `{shard}`: handler calls, first attempts and retries.
     pub const HANDLER_ATTEMPTS: &str = "shardline_handler_attempts";
+    /// Counter `{cause}`: failed handler attempts by whose fault they were
+    /// (`event`, `availability`, `configuration`, `unconfirmed`), and
+    /// `infrastructure`: Redis became unreachable or a broker connection was
+    /// lost (shards paused, no attempt counted).
+    pub const ATTEMPT_FAILURES: &str = "shardline_attempt_failures";
+    /// Gauge: 1 while calls are paused for the downstream's configuration (a
+    /// redirect, or the same 401/403/404/405/410 for several orders).
+    pub const DOWNSTREAM_MISCONFIGURED: &str = "shardline_downstream_misconfigured";
     /// Counter: times Redis became unreachable (shards paused).
     pub const REDIS_OUTAGES: &str = "shardline_redis_outages";
     /// Counter: broker connections opened after the first.
@@ -103,6 +112,11 @@ struct KindLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabel {
+    cause: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     shard: u16,
     outcome: &'static str,
@@ -122,6 +136,8 @@ struct WorkerCounters {
     gaps: Counter,
     fenced: Counter,
     grouped: Counter,
+    /// Failures by [`Fault`], indexed by [`Fault::index`].
+    failures: [Counter; 5],
     /// Read by [`crate::Progress`] only (not exported: no metric of its own yet).
     takeovers: Counter,
 }
@@ -150,7 +166,18 @@ impl Metrics {
         let attempts = Family::<ShardLabel, Counter>::default();
         let queue_depth = Family::<ShardLabel, Gauge>::default();
         let dlq_depth = Gauge::default();
-        let worker = WorkerCounters::default();
+        let failures = Family::<CauseLabel, Counter>::default();
+        let worker = WorkerCounters {
+            // One statement each, as for the handovers below.
+            failures: Fault::ALL.map(|fault| {
+                failures
+                    .get_or_create(&CauseLabel {
+                        cause: fault.as_str(),
+                    })
+                    .clone()
+            }),
+            ..WorkerCounters::default()
+        };
 
         let shard_metrics: Vec<Arc<ShardMetrics>> = shards
             .iter()
@@ -217,6 +244,11 @@ impl Metrics {
             dlq_depth.clone(),
         );
         registry.register(
+            names::ATTEMPT_FAILURES,
+            "Failed handler attempts by whose fault they were (event, availability, configuration, unconfirmed), and infrastructure failures (Redis unreachable, broker connection lost)",
+            failures,
+        );
+        registry.register(
             names::REDIS_OUTAGES,
             "Times Redis became unreachable (shards paused until it returned)",
             worker.redis_outages.clone(),
@@ -246,6 +278,11 @@ impl Metrics {
             names::BREAKER_STATE,
             "The downstream breaker: 0 closed, 1 open (calls paused), 2 half-open (one probe call)",
             breaker.state.clone(),
+        );
+        registry.register(
+            names::DOWNSTREAM_MISCONFIGURED,
+            "1 while handler calls are paused for the downstream's configuration (a redirect, or the same 401/403/404/405/410 for several orders)",
+            breaker.misconfigured.clone(),
         );
         registry.register(
             names::BREAKER_TRIPS,
@@ -328,9 +365,17 @@ impl Metrics {
         self.worker.redis_outages.clone()
     }
 
-    /// The broker connections were opened again.
+    /// The broker connections were opened again (after a loss: an
+    /// infrastructure failure).
     pub(crate) fn broker_reconnected(&self) {
         self.worker.broker_reconnects.inc();
+        self.worker.failures[Fault::Infrastructure.index()].inc();
+    }
+
+    /// The counter of infrastructure failures, for the Redis health that
+    /// notices an outage.
+    pub(crate) fn infrastructure_failures(&self) -> Counter {
+        self.worker.failures[Fault::Infrastructure.index()].clone()
     }
 
     pub(crate) fn set_queue_depth(&self, shard: ShardId, messages: u32) {
@@ -360,6 +405,8 @@ impl Metrics {
             grouped: self.worker.grouped.get(),
             breaker_trips: self.breaker.trips.get(),
             breaker_paused_ms: (self.breaker.paused_seconds.get() * 1000.0) as u64,
+            downstream_misconfigured: self.breaker.misconfigured.get() == 1,
+            failures: self.worker.failures.each_ref().map(Counter::get),
             dead_letters: std::array::from_fn(|i| {
                 self.shards.iter().map(|m| m.dead_letters[i].get()).sum()
             }),
@@ -403,6 +450,11 @@ impl ShardMetrics {
     /// The handler is called (a first attempt or a retry).
     pub(crate) fn attempt(&self) {
         self.attempts.inc();
+    }
+
+    /// A handler attempt failed, by `fault`.
+    pub(crate) fn attempt_failed(&self, fault: Fault) {
+        self.worker.failures[fault.index()].inc();
     }
 
     /// A failed handler attempt is retried in place.
@@ -564,6 +616,10 @@ pub struct Counts {
     pub breaker_trips: u64,
     /// Milliseconds calls were paused by the breaker, over the pauses that ended.
     pub breaker_paused_ms: u64,
+    /// Calls are paused now for the downstream's configuration.
+    pub downstream_misconfigured: bool,
+    /// Failures by [`Fault`], in the order of [`Fault::ALL`].
+    pub(crate) failures: [u64; 5],
     /// By reason, in the order of [`FailReason::ALL`].
     pub(crate) dead_letters: [u64; FailReason::ALL.len()],
 }
@@ -575,6 +631,12 @@ impl Counts {
             .iter()
             .position(|r| *r == reason)
             .map_or(0, |i| self.dead_letters[i])
+    }
+
+    /// Failed handler attempts of `fault` (for [`Fault::Infrastructure`]:
+    /// Redis outages and broker connections lost).
+    pub fn failures(&self, fault: Fault) -> u64 {
+        self.failures[fault.index()]
     }
 
     /// Dead letters published, all reasons.

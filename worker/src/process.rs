@@ -27,7 +27,7 @@ use crate::breaker::{self, Breaker, Permit};
 use crate::config::{Config, OnDeadLetter, RetryPolicy};
 use crate::dedup::{Admission, Claim as HeldBy, DeadLettered, Dedup, Start, Verdict, Written};
 use crate::era::RedisEra;
-use crate::handler::{Event, Handler, HandlerError};
+use crate::handler::{Event, Fault, Handler, HandlerError};
 use crate::metrics::ShardMetrics;
 use crate::quarantine;
 use crate::rate::RateLimiter;
@@ -440,6 +440,7 @@ impl Processor {
             trace: trace.context(),
             traceparent: trace.traceparent(),
             published_at_ms: decoded.published_at_ms,
+            baggage: headers::header_bytes(msg.properties, headers::BAGGAGE),
         };
         self.metrics.attempt();
         // The process span is the current context inside the handler, for
@@ -452,15 +453,11 @@ impl Processor {
             Ok(result) => result,
             Err(_) => Err(HandlerError::timeout(self.handler_timeout)),
         };
+        if let Err(e) = &result {
+            self.metrics.attempt_failed(e.fault());
+        }
         if let Some(permit) = permit {
-            permit.record(match &result {
-                Ok(()) => breaker::Verdict::Success,
-                Err(e) if e.is_retryable() => breaker::Verdict::Failure {
-                    first: attempt == 1,
-                    retry_after: e.retry_after(),
-                },
-                Err(_) => breaker::Verdict::Neutral,
-            });
+            permit.record(breaker_verdict(&result, attempt));
         }
         result
     }
@@ -598,6 +595,15 @@ impl Processor {
         }
         if recording {
             cx.span().set_attributes(self.span_attributes(msg, decoded));
+            if let Some(why) = dropped_traceparent(msg.properties) {
+                cx.span().add_event(
+                    telemetry::event::HEADER_DROPPED,
+                    vec![
+                        KeyValue::new(attr::HEADER, headers::TRACEPARENT),
+                        KeyValue::new(attr::DROPPED_BECAUSE, why),
+                    ],
+                );
+            }
         }
         let traceparent = w3c::traceparent(&span_context);
         ProcessTrace {
@@ -637,6 +643,48 @@ impl Processor {
             }
         }
         attributes
+    }
+}
+
+/// Why an incoming `traceparent` was not continued (the span is a new root),
+/// when there was one.
+fn dropped_traceparent(properties: &BasicProperties) -> Option<&'static str> {
+    headers::header(properties, headers::TRACEPARENT)?;
+    let Some(bytes) = headers::header_bytes(properties, headers::TRACEPARENT) else {
+        return Some("not text");
+    };
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return Some("not UTF-8");
+    };
+    if headers::is_valid_traceparent(text) {
+        None
+    } else if text.contains(['\r', '\n']) {
+        Some("CR/LF")
+    } else if text.contains('\0') {
+        Some("NUL")
+    } else {
+        Some("not a W3C traceparent")
+    }
+}
+
+/// What a call's result tells the breaker: only its fault decides.
+fn breaker_verdict(result: &Result<(), HandlerError>, attempt: u32) -> breaker::Verdict {
+    let Err(error) = result else {
+        return breaker::Verdict::Success;
+    };
+    match (error.fault(), error) {
+        (Fault::Availability, _) => breaker::Verdict::Failure {
+            first: attempt == 1,
+            retry_after: error.retry_after(),
+        },
+        (Fault::Configuration, _) => breaker::Verdict::Misconfigured {
+            error: error.to_string(),
+        },
+        (Fault::Unconfirmed, HandlerError::Refused { answer, .. }) => breaker::Verdict::Refused {
+            answer: answer.clone(),
+            error: error.to_string(),
+        },
+        _ => breaker::Verdict::Neutral,
     }
 }
 
@@ -680,6 +728,7 @@ impl ProcessTrace {
                         i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
                     ),
                     KeyValue::new(attr::ERROR, error.to_string()),
+                    KeyValue::new(attr::FAULT, error.fault().as_str()),
                 ],
             );
         }

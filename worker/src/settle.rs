@@ -12,13 +12,13 @@ use shardline_topology::headers::DeadLetter;
 use shardline_topology::letters;
 use shardline_topology::telemetry::outcome;
 use shardline_topology::{Names, ShardId};
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::breaker::Judgement;
 use crate::dedup::{Done, HeldClaim, Written};
 use crate::gate::Directive;
-use crate::lookahead::{Lookahead, Ready};
+use crate::lookahead::{Lookahead, Ready, Tried};
 use crate::metrics::ShardMetrics;
 use crate::process::{Budget, Decoded, Message, Next, Outcome, ProcessTrace, Processor};
 use crate::store::RedisSlot;
@@ -165,7 +165,7 @@ async fn settle_traced(
                     Some(after) => {
                         ctx.metrics.retried();
                         trace.retry(attempt, after, &error);
-                        tracing::warn!(shard = %ctx.shard, attempt, retry_in = ?after, %error, trace_id = %trace.span_context().trace_id(), span_id = %trace.span_context().span_id(), "handler failed; retrying in place");
+                        tracing::warn!(shard = %ctx.shard, attempt, retry_in = ?after, %error, fault = %error.fault(), trace_id = %trace.span_context().trace_id(), span_id = %trace.span_context().span_id(), "handler failed; retrying in place");
                         tokio::time::sleep(after).await;
                         attempt += 1;
                         continue;
@@ -309,14 +309,7 @@ async fn judge(
         match lookahead.as_deref_mut() {
             Some(lookahead) => {
                 if let Some(other) = lookahead.take_other(order, &ctx.processor) {
-                    let verdict = || breaker.judge(order, budget, asked_at);
-                    let (settled, decided) =
-                        settle_evidence(ctx, dead_letters, redis, other, &mut changes, verdict)
-                            .await?;
-                    lookahead.set_aside(settled);
-                    if let Some(judgement) = decided {
-                        return Ok(judgement);
-                    }
+                    evidence_attempt(ctx, dead_letters, redis, other, lookahead).await?;
                     continue;
                 }
                 tokio::select! {
@@ -336,20 +329,36 @@ async fn judge(
     }
 }
 
-/// Settles the evidence event `other` to its end (it cannot be dropped
-/// half-way), while its first attempt's outcome may decide the waiting
-/// event's `verdict` at once: when it fails too, the breaker opens before
-/// its own retries. The verdict, when one came while it ran.
-async fn settle_evidence(
+/// The first attempt at `other`, an event of another order, as the breaker's
+/// evidence. A failure that may be retried leaves it unsettled, with that
+/// attempt's outcome (`Ready::tried`), back at the front of the lookahead (the
+/// deliveries before it are of other orders): the shard's loop goes on from
+/// there, and the judge may try a third order. Any other outcome is settled
+/// now and set aside for the shard's loop.
+async fn evidence_attempt(
     ctx: &ShardContext,
     dead_letters: &ConfirmChannel,
     redis: &mut RedisSlot,
-    other: Ready,
-    changes: &mut watch::Receiver<u64>,
-    verdict: impl Fn() -> Judgement,
-) -> Result<(Settled, Option<Judgement>), lapin::Error> {
+    mut other: Ready,
+    lookahead: &mut Lookahead,
+) -> Result<(), lapin::Error> {
+    if let Ok(decoded) = &other.decoded {
+        let msg = Message::of(&other.delivery);
+        let trace = ctx.processor.start_trace(&msg, Some(decoded));
+        let admitted = other.admitted.take();
+        let outcome = ctx
+            .processor
+            .attempt(redis, &msg, decoded, 1, admitted, false, &trace)
+            .await;
+        let failed = matches!(outcome, Outcome::Failed { .. });
+        other.tried = Some(Box::new(Tried { outcome, trace }));
+        if failed {
+            lookahead.unpark(vec![other]);
+            return Ok(());
+        }
+    }
     let mut in_flight = None;
-    let evidence = Box::pin(settle(
+    let settled = Box::pin(settle(
         ctx,
         dead_letters,
         redis,
@@ -357,17 +366,10 @@ async fn settle_evidence(
         Directive::Normal,
         None,
         &mut in_flight,
-    ));
-    tokio::pin!(evidence);
-    let mut decided = None;
-    loop {
-        tokio::select! {
-            settled = &mut evidence => return Ok((settled?, decided)),
-            _ = changes.changed(), if decided.is_none() => {
-                decided = Some(verdict()).filter(|j| *j != Judgement::Pending);
-            }
-        }
-    }
+    ))
+    .await?;
+    lookahead.set_aside(settled);
+    Ok(())
 }
 
 /// A write was fenced: the event stays unacked for the shard's newer owner.

@@ -24,15 +24,19 @@ pub(crate) struct RedisHealth {
     down: AtomicBool,
     /// Bumped once per outage.
     outages: Counter,
+    /// The infrastructure failures (`shardline_attempt_failures{cause="infrastructure"}`),
+    /// bumped with `outages`.
+    infrastructure: Counter,
     /// Checked on every new connection: a new primary moves it on.
     era: Arc<RedisEra>,
 }
 
 impl RedisHealth {
-    pub(crate) fn new(outages: Counter, era: Arc<RedisEra>) -> Self {
+    pub(crate) fn new(outages: Counter, infrastructure: Counter, era: Arc<RedisEra>) -> Self {
         Self {
             down: AtomicBool::new(false),
             outages,
+            infrastructure,
             era,
         }
     }
@@ -44,6 +48,7 @@ impl RedisHealth {
     fn went_down(&self, error: &RedisError) {
         if !self.down.swap(true, Ordering::Relaxed) {
             self.outages.inc();
+            self.infrastructure.inc();
             if is_not_primary(error) {
                 tracing::error!(error = %error, "Redis node is no longer the primary (failover): its connections are dropped, shards paused until the primary answers");
             } else {

@@ -105,7 +105,11 @@ impl Worker {
         warn_if_redis_may_evict(&pool).await;
         let era = Arc::new(RedisEra::new(config.keys().redis_era()));
         start_order_state(&pool, &config.keys(), &era).await;
-        let health = Arc::new(RedisHealth::new(metrics.redis_outages(), era.clone()));
+        let health = Arc::new(RedisHealth::new(
+            metrics.redis_outages(),
+            metrics.infrastructure_failures(),
+            era.clone(),
+        ));
         let rate = config
             .max_rate
             .map(|r| Arc::new(RateLimiter::new(r, RateLimiter::default_burst(r))));
@@ -118,12 +122,13 @@ impl Worker {
             let read = status::fleet_breaker(&pool, &keys);
             let read = tokio::time::timeout(Duration::from_secs(2), read).await;
             match read.unwrap_or_else(|_| Err("timed out".into())) {
-                Ok(Some(fleet)) if fleet.worker != config.worker_name => {
-                    breaker.open_from_fleet(format!(
+                Ok(Some(fleet)) if fleet.worker != config.worker_name => breaker.open_from_fleet(
+                    fleet.breaker.cause,
+                    format!(
                         "the fleet's breaker is open (worker {}: {})",
                         fleet.worker, fleet.breaker.reason
-                    ))
-                }
+                    ),
+                ),
                 Ok(_) => {}
                 Err(e) => {
                     tracing::debug!(error = %e, "cannot read the fleet's breaker; starting closed")

@@ -39,7 +39,11 @@ impl Store {
         let era = Arc::new(RedisEra::new(self.config.keys().redis_era()));
         let dedup = Dedup::new(&self.config, shard, era.clone());
         let pool = self.config.redis.pool(2).unwrap();
-        let health = Arc::new(RedisHealth::new(Default::default(), era.clone()));
+        let health = Arc::new(RedisHealth::new(
+            Default::default(),
+            Default::default(),
+            era.clone(),
+        ));
         let slot = RedisSlot::new(pool, dedup.scripts(), health);
         Consumer { dedup, slot }
     }
