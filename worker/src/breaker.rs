@@ -51,7 +51,6 @@ use tokio::time::Instant;
 
 use crate::config::BreakerPolicy;
 use crate::live::unix_ms;
-use crate::process::Budget;
 
 /// Distinct failing orders in the window before it may open.
 pub(crate) const MIN_FAILING_ORDERS: usize = 3;
@@ -699,11 +698,18 @@ impl Breaker {
     }
 
     /// The verdict now on an event of `order_key` whose retryable attempts
-    /// are used up (`budget`); it asked at `asked_at`.
-    pub(crate) fn judge(&self, order_key: &str, budget: &Budget, asked_at: Instant) -> Judgement {
+    /// are used up (its budget began at `budget_since`, in breaker epoch
+    /// `budget_epoch`); it asked at `asked_at`.
+    pub(crate) fn judge(
+        &self,
+        order_key: &str,
+        budget_since: Instant,
+        budget_epoch: u64,
+        asked_at: Instant,
+    ) -> Judgement {
         let order = self.order_of(order_key);
         let (judgement, transition) = self.with_core(|core| {
-            core.judge(Instant::now(), order, budget.since, budget.epoch, asked_at)
+            core.judge(Instant::now(), order, budget_since, budget_epoch, asked_at)
         });
         self.apply(transition);
         judgement

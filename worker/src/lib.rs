@@ -35,6 +35,8 @@
 //!   of one order, redelivered events alone, a bound on waiting events.
 //! - `gate`: the sequence gate's held events, per order, with their deadlines.
 //! - `process`: one delivery to an outcome: decode, admit, call the handler.
+//! - `retry`: an event's budget of counted failures and the delay before its
+//!   next attempt; the dead letter once it is spent.
 //! - `dedup`: the Redis state: claims, `done` marks, each order's last seq.
 //! - `quarantine`: per-order quarantine behind a dead letter ([`OnDeadLetter::Quarantine`]).
 //! - `breaker`: the worker-wide downstream breaker ([`Config::breaker`]):
@@ -71,6 +73,7 @@ mod process;
 mod progress;
 mod quarantine;
 mod rate;
+mod retry;
 mod schedule;
 mod settle;
 mod shard;

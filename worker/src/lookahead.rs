@@ -5,9 +5,8 @@
 //! It also finds the breaker's evidence attempts for a serial shard
 //! ([`Lookahead::take_other`]): events of other orders, taken from further
 //! down the broker window; the deliveries passed over on the way wait here, in
-//! delivery order. An evidence event whose attempt failed comes back to the
-//! front, unsettled; one settled is set aside for the shard's loop
-//! ([`Lookahead::take_aside`]).
+//! delivery order, and the evidence event comes back to the front, unsettled,
+//! with the outcome of its attempt (`Ready::tried`).
 
 use std::collections::{HashSet, VecDeque};
 
@@ -19,7 +18,6 @@ use tokio::time::Instant;
 use crate::dedup::{Claim, Verdict};
 use crate::gate::Holdable;
 use crate::process::{Decoded, Message, Outcome, ProcessTrace, Processor};
-use crate::settle::Settled;
 use crate::store::RedisSlot;
 
 /// A delivery with what is known about it before processing starts.
@@ -31,12 +29,13 @@ pub(crate) struct Ready {
     pub(crate) admitted: Option<Verdict>,
     /// When the sequence gate first held it.
     held_since: Option<Instant>,
-    /// Its first call, made in a group, failed: the serial path goes on
-    /// from there (`group.rs`).
+    /// Its first call was made already, in a group that it failed in
+    /// (`group.rs`) or as the breaker's evidence (`settle.rs`): the serial
+    /// path goes on from that outcome.
     pub(crate) tried: Option<Box<Tried>>,
 }
 
-/// A first call made in a group that failed: its outcome and its span.
+/// A first call made already: its outcome and its span.
 pub(crate) struct Tried {
     pub(crate) outcome: Outcome,
     pub(crate) trace: ProcessTrace,
@@ -89,7 +88,6 @@ enum Peeked {
 pub(crate) struct Lookahead {
     consumer: Consumer,
     parked: VecDeque<Peeked>,
-    aside: Vec<Settled>,
 }
 
 impl Lookahead {
@@ -97,7 +95,6 @@ impl Lookahead {
         Self {
             consumer,
             parked: VecDeque::new(),
-            aside: Vec::new(),
         }
     }
 
@@ -202,16 +199,6 @@ impl Lookahead {
         }
         let next = self.consumer.next().await;
         self.parked.push_back(Self::wrap(next, processor));
-    }
-
-    /// Keeps how an evidence event left `settle`, for the shard's loop.
-    pub(crate) fn set_aside(&mut self, settled: Settled) {
-        self.aside.push(settled);
-    }
-
-    /// The evidence events settled since last asked.
-    pub(crate) fn take_aside(&mut self) -> Vec<Settled> {
-        std::mem::take(&mut self.aside)
     }
 
     /// Forgets the verdict asked for early (its claim stays; asking again

@@ -19,7 +19,6 @@ use shardline_topology::headers::{self, FailReason};
 use shardline_topology::letters::IndexEntry;
 use shardline_topology::telemetry::{self, attr, op, outcome};
 use shardline_topology::{Envelope, EnvelopeError, ShardId, w3c};
-use tokio::time::Instant;
 
 use shardline_topology::Keys;
 
@@ -64,7 +63,7 @@ pub(crate) enum Outcome {
     /// Processed before: ack without calling the handler.
     Duplicate,
     /// The attempt failed but may succeed (the claim is kept, and so the
-    /// order's place): `settle` decides, with the event's [`Budget`], whether
+    /// order's place): `settle` decides, with the event's retry budget, whether
     /// and when it is tried again.
     Failed { error: HandlerError },
     /// A live claim of another consumer: look again after this long.
@@ -84,18 +83,6 @@ pub(crate) enum Outcome {
     },
 }
 
-/// An event's retry budget: the retryable failures that count toward
-/// `--max-attempts` (not those of a downstream outage).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Budget {
-    used: u32,
-    /// When its first counted failure happened: a success of another order
-    /// since then shows the downstream up.
-    pub(crate) since: Instant,
-    /// The breaker's epoch it was counted in.
-    pub(crate) epoch: u64,
-}
-
 /// The claim an event holds while it waits for the breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Claim {
@@ -105,14 +92,6 @@ enum Claim {
     Started,
     /// Held across a failed attempt: its start was given back.
     Idle,
-}
-
-/// What follows a retryable failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Next {
-    Retry(Duration),
-    /// The budget is used: dead-letter, unless the breaker calls it an outage.
-    Exhausted,
 }
 
 /// What survives between attempts at one delivery.
@@ -227,44 +206,9 @@ impl Processor {
         self.rate.is_none() && !self.breaker.as_ref().is_some_and(|b| b.is_paused())
     }
 
-    /// A new retry budget for an event, in the breaker's current epoch.
-    pub(crate) fn budget(&self) -> Budget {
-        Budget {
-            used: 0,
-            since: Instant::now(),
-            epoch: self.breaker.as_ref().map_or(0, |b| b.epoch()),
-        }
-    }
-
-    /// After a retryable failure: counts it in `budget` — unless the breaker
-    /// is paused, or opened since the budget began (then the budget starts
-    /// again: its failures were the outage's) — and says what comes next.
-    pub(crate) fn after_failure(&self, budget: &mut Budget, error: &HandlerError) -> Next {
-        if let Some(breaker) = &self.breaker {
-            let epoch = breaker.epoch();
-            if epoch != budget.epoch {
-                *budget = Budget {
-                    used: 0,
-                    since: Instant::now(),
-                    epoch,
-                };
-            }
-            if breaker.is_paused() {
-                return Next::Retry(self.retry.next_delay(1));
-            }
-        }
-        if budget.used == 0 {
-            budget.since = Instant::now();
-        }
-        budget.used += 1;
-        if budget.used >= self.retry.max_attempts {
-            return Next::Exhausted;
-        }
-        let after = match error.retry_after() {
-            Some(asked) => asked.min(self.retry.retry_after_cap),
-            None => self.retry.next_delay(budget.used),
-        };
-        Next::Retry(after)
+    /// How failed attempts are retried (`Config::retry`).
+    pub(crate) fn retry_policy(&self) -> &RetryPolicy {
+        &self.retry
     }
 
     /// Parses the envelope; a body that is not one is dead-lettered at once.
@@ -476,18 +420,6 @@ impl Processor {
             None => None,
         };
         self.call(msg, decoded, 1, permit, trace).await
-    }
-
-    /// The dead letter of an event whose retryable attempts are used up.
-    pub(crate) fn exhausted(error: &HandlerError, attempts: u32) -> Outcome {
-        Outcome::DeadLetter {
-            reason: match error {
-                HandlerError::Timeout { .. } => FailReason::Timeout,
-                _ => FailReason::Handler,
-            },
-            error: error.to_string(),
-            attempts,
-        }
     }
 
     /// Waits until the breaker lets a handler call start (at once when

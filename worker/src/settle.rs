@@ -20,7 +20,8 @@ use crate::dedup::{Done, HeldClaim, Written};
 use crate::gate::Directive;
 use crate::lookahead::{Lookahead, Ready, Tried};
 use crate::metrics::ShardMetrics;
-use crate::process::{Budget, Decoded, Message, Next, Outcome, ProcessTrace, Processor};
+use crate::process::{Decoded, Message, Outcome, ProcessTrace, Processor};
+use crate::retry::{self, Budget, Next};
 use crate::store::RedisSlot;
 
 /// While the dead-letter queue cannot take a message, how long to wait between
@@ -115,7 +116,7 @@ async fn settle_traced(
     let bypass = directive == Directive::Bypass;
     let mut attempt = 1;
     let mut first_failed_at = None;
-    let mut budget = ctx.processor.budget();
+    let mut budget = Budget::new(ctx.processor.breaker());
     loop {
         let outcome = match (&ready.decoded, &directive) {
             (_, Directive::DeadLetter(reason, error)) => Outcome::DeadLetter {
@@ -148,14 +149,15 @@ async fn settle_traced(
         let outcome = match (outcome, decoded) {
             (Outcome::Failed { error }, Some(decoded)) => {
                 first_failed_at.get_or_insert_with(SystemTime::now);
-                let after = match ctx.processor.after_failure(&mut budget, &error) {
+                let policy = ctx.processor.retry_policy();
+                let after = match budget.after_failure(policy, ctx.processor.breaker(), &error) {
                     Next::Retry(after) => Some(after),
                     Next::Exhausted => {
                         let lookahead = lookahead.as_deref_mut();
-                        match judge(ctx, dead_letters, redis, decoded, &budget, lookahead).await? {
+                        match judge(ctx, redis, decoded, &budget, lookahead).await {
                             Judgement::Poison => None,
                             Judgement::Outage | Judgement::Pending => {
-                                budget = ctx.processor.budget();
+                                budget = Budget::new(ctx.processor.breaker());
                                 Some(Duration::ZERO)
                             }
                         }
@@ -170,10 +172,10 @@ async fn settle_traced(
                         attempt += 1;
                         continue;
                     }
-                    None => Processor::exhausted(&error, attempt),
+                    None => retry::exhausted(&error, attempt),
                 }
             }
-            (Outcome::Failed { error }, None) => Processor::exhausted(&error, attempt),
+            (Outcome::Failed { error }, None) => retry::exhausted(&error, attempt),
             (outcome, _) => outcome,
         };
         match outcome {
@@ -276,20 +278,19 @@ async fn settle_traced(
 
 /// Whether an event that used its retryable attempts met a poison event or an
 /// outage (`breaker.rs`): without a breaker, poison. While the verdict is
-/// pending, a serial shard tries an event of another order from its window
-/// here (set aside for its loop), a concurrent shard asks its loop for one
+/// pending, a serial shard tries events of other orders from its window here
+/// (one attempt each, left for its loop to settle), a concurrent shard asks its loop for one
 /// (`ShardContext::evidence`); at most one window later without an answer
 /// the event is dead-lettered as without a breaker.
 async fn judge(
     ctx: &ShardContext,
-    dead_letters: &ConfirmChannel,
     redis: &mut RedisSlot,
     decoded: &Decoded,
     budget: &Budget,
     mut lookahead: Option<&mut Lookahead>,
-) -> Result<Judgement, lapin::Error> {
+) -> Judgement {
     let Some(breaker) = ctx.processor.breaker() else {
-        return Ok(Judgement::Poison);
+        return Judgement::Poison;
     };
     let asked_at = Instant::now();
     let deadline = asked_at + breaker.evidence_wait();
@@ -298,18 +299,18 @@ async fn judge(
     let order = decoded.order_key.as_str();
     loop {
         changes.borrow_and_update();
-        let judgement = breaker.judge(order, budget, asked_at);
+        let judgement = breaker.judge(order, budget.since, budget.epoch, asked_at);
         if judgement != Judgement::Pending {
-            return Ok(judgement);
+            return judgement;
         }
         if Instant::now() >= deadline {
             tracing::warn!(shard = %ctx.shard, order = %decoded.envelope.order_id, wait = ?breaker.evidence_wait(), "no call of another order to tell an outage from a poison event: dead-lettered as without a breaker");
-            return Ok(Judgement::Poison);
+            return Judgement::Poison;
         }
         match lookahead.as_deref_mut() {
             Some(lookahead) => {
                 if let Some(other) = lookahead.take_other(order, &ctx.processor) {
-                    evidence_attempt(ctx, dead_letters, redis, other, lookahead).await?;
+                    evidence_attempt(ctx, redis, other, lookahead).await;
                     continue;
                 }
                 tokio::select! {
@@ -330,18 +331,16 @@ async fn judge(
 }
 
 /// The first attempt at `other`, an event of another order, as the breaker's
-/// evidence. A failure that may be retried leaves it unsettled, with that
-/// attempt's outcome (`Ready::tried`), back at the front of the lookahead (the
-/// deliveries before it are of other orders): the shard's loop goes on from
-/// there, and the judge may try a third order. Any other outcome is settled
-/// now and set aside for the shard's loop.
+/// evidence: its outcome is recorded by the breaker when the call ends. The
+/// event goes back, unsettled, to the front of the lookahead (the deliveries
+/// before it are of other orders) with that outcome (`Ready::tried`): the
+/// shard's loop settles it from there, after the waiting event.
 async fn evidence_attempt(
     ctx: &ShardContext,
-    dead_letters: &ConfirmChannel,
     redis: &mut RedisSlot,
     mut other: Ready,
     lookahead: &mut Lookahead,
-) -> Result<(), lapin::Error> {
+) {
     if let Ok(decoded) = &other.decoded {
         let msg = Message::of(&other.delivery);
         let trace = ctx.processor.start_trace(&msg, Some(decoded));
@@ -350,26 +349,9 @@ async fn evidence_attempt(
             .processor
             .attempt(redis, &msg, decoded, 1, admitted, false, &trace)
             .await;
-        let failed = matches!(outcome, Outcome::Failed { .. });
         other.tried = Some(Box::new(Tried { outcome, trace }));
-        if failed {
-            lookahead.unpark(vec![other]);
-            return Ok(());
-        }
     }
-    let mut in_flight = None;
-    let settled = Box::pin(settle(
-        ctx,
-        dead_letters,
-        redis,
-        other,
-        Directive::Normal,
-        None,
-        &mut in_flight,
-    ))
-    .await?;
-    lookahead.set_aside(settled);
-    Ok(())
+    lookahead.unpark(vec![other]);
 }
 
 /// A write was fenced: the event stays unacked for the shard's newer owner.

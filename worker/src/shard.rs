@@ -40,6 +40,12 @@ use crate::schedule::{Entry, Schedule};
 use crate::settle::{Settled, ShardContext, ack_duplicate, settle};
 use crate::store::RedisSlot;
 
+/// How long closing a channel or a connection may take. lapin's close waits
+/// for the broker's close-ok, and on a connection whose I/O failed a moment
+/// before (its node killed) that answer never comes: unbounded, the worker
+/// would never reconnect.
+pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How often a member of an elastic fleet tries a shard it was given while
 /// the previous owner still holds it.
 const HANDOVER_RETRY: Duration = Duration::from_millis(200);
@@ -305,10 +311,6 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
             to_the_end(work, config, shutdown, conn_lost).await
         };
         ctx.metrics.watch.clear_inflight();
-        // Events of other orders the breaker's evidence attempt settled meanwhile.
-        for settled in lookahead.take_aside() {
-            to_gate(ctx, gate, settled).await?;
-        }
         match finished {
             Some(Ok(settled)) => to_gate(ctx, gate, settled).await?,
             Some(Err(e)) => return Err(e.into()),
@@ -759,7 +761,7 @@ async fn close(channel: &Channel, dead_letters: &ConfirmChannel) {
         (dead_letters.channel(), "the dead-letter channel"),
     ] {
         let closing = channel.close(200, "shutdown".into());
-        match tokio::time::timeout(crate::supervisor::CLOSE_TIMEOUT, closing).await {
+        match tokio::time::timeout(CLOSE_TIMEOUT, closing).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::debug!(error = %e, "closing {what}"),
             Err(_) => tracing::debug!("closing {what}: no close-ok in time; dropped"),

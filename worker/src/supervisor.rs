@@ -33,7 +33,7 @@ use crate::process::Processor;
 use crate::progress::Progress;
 use crate::rate::RateLimiter;
 use crate::settle::ShardContext;
-use crate::shard::{Connections, ShardError, consume_shard};
+use crate::shard::{CLOSE_TIMEOUT, Connections, ShardError, consume_shard};
 use crate::status::{self, WriterHealth};
 use crate::store::{RedisHealth, RedisSlot};
 
@@ -41,12 +41,6 @@ const RECONNECT_MIN: Duration = Duration::from_millis(200);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
 /// How often queue depths are read (passive declare), for the depth gauges.
 const DEPTH_POLL: Duration = Duration::from_secs(5);
-/// How long closing a channel or a connection may take. lapin's close waits
-/// for the broker's close-ok, and on a connection whose I/O failed a moment
-/// before (its node killed) that answer never comes: unbounded, the worker
-/// would never reconnect.
-pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// Runs the worker until `shutdown` is cancelled: one consumer per assigned
 /// shard, reconnecting as long as it takes once the first connection worked.
 /// The same as [`Worker::new`] then [`Worker::run`].
