@@ -63,7 +63,7 @@ impl Handler for PostgresHandler {
                 INSERT,
                 &[
                     &event.dedup_key,
-                    &event.envelope.order_id,
+                    &event.envelope.order_id.as_str(),
                     &event.envelope.event,
                     &seq,
                     &shard,

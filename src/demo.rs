@@ -163,6 +163,7 @@ async fn publish_stream(
     let mut published = Published::default();
     let stream = load_events(args.orders, args.events_per_order, ORDER_PREFIX);
     for (index, event) in (1..).zip(stream) {
+        let event = event?;
         publisher.publish_event(&event).await?;
         published.events += 1;
         if index % DUPLICATE_EVERY == 0 {
@@ -241,7 +242,7 @@ impl Handler for Downstream {
         {
             let mut last = self.last_seq.lock().unwrap_or_else(PoisonError::into_inner);
             let previous = last
-                .insert(event.envelope.order_id.clone(), seq)
+                .insert(event.envelope.order_id.to_string(), seq)
                 .unwrap_or(0);
             if seq <= previous {
                 self.violations.fetch_add(1, Ordering::Relaxed);

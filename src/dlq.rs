@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use indicatif::ProgressBar;
 use shardline_ops::{Event, ReplayConfig, dlq};
+use shardline_topology::OrderId;
 use tokio_util::sync::CancellationToken;
 
 use crate::{EXIT_ATTENTION, Flags as _, GlobalArgs};
@@ -46,7 +47,7 @@ pub struct Filters {
     pub reason: Option<String>,
     /// Only letters whose envelope's `order_id` is this.
     #[arg(long)]
-    pub order_id: Option<String>,
+    pub order_id: Option<OrderId>,
     /// Only letters dead-lettered from this shard (`x-shard`).
     #[arg(long)]
     pub shard: Option<u16>,
@@ -108,7 +109,7 @@ pub struct ReplayArgs {
 pub struct ReleaseArgs {
     /// The quarantined order.
     #[arg(long)]
-    pub order_id: String,
+    pub order_id: OrderId,
 }
 
 #[derive(Debug, Args)]

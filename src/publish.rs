@@ -11,7 +11,7 @@ use anyhow::{Context as _, anyhow};
 use clap::{ArgGroup, Args};
 use shardline_publisher::{Config, Publisher};
 use shardline_topology::envelope::MAX_SEQ;
-use shardline_topology::{Envelope, NewEvent};
+use shardline_topology::{Envelope, NewEvent, OrderId, OrderIdError};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt as _, BufReader};
 use tokio_util::sync::CancellationToken;
 
@@ -22,7 +22,7 @@ use crate::GlobalArgs;
 pub struct PublishArgs {
     /// Order the event belongs to (chooses the shard).
     #[arg(long, requires = "event")]
-    pub order_id: Option<String>,
+    pub order_id: Option<OrderId>,
     /// Event type, e.g. `payment.captured`.
     #[arg(long, requires = "order_id", conflicts_with = "file")]
     pub event: Option<String>,
@@ -278,9 +278,10 @@ pub const LOAD_EVENT_NAMES: [&str; 5] = [
     "order.closed",
 ];
 
-/// The id of the `i`-th generated order (1-based): `{prefix}ORD-000001`.
-pub fn load_order_id(prefix: &str, i: u64) -> String {
-    format!("{prefix}ORD-{i:06}")
+/// The id of the `i`-th generated order (1-based): `{prefix}ORD-000001`;
+/// refused when the prefix makes it no order id (too long, a control character).
+pub fn load_order_id(prefix: &str, i: u64) -> Result<OrderId, OrderIdError> {
+    OrderId::new(format!("{prefix}ORD-{i:06}"))
 }
 
 /// The load generator's events: `orders` orders with seq `1..=events_per_order`
@@ -294,7 +295,7 @@ pub fn load_events(
     orders: u64,
     events_per_order: u64,
     prefix: &str,
-) -> impl Iterator<Item = NewEvent> + Send + 'static {
+) -> impl Iterator<Item = Result<NewEvent, OrderIdError>> + Send + 'static {
     load_events_seeded(orders, events_per_order, prefix, 0)
 }
 
@@ -304,7 +305,7 @@ pub fn load_events_seeded(
     events_per_order: u64,
     prefix: &str,
     seed: u64,
-) -> impl Iterator<Item = NewEvent> + Send + 'static {
+) -> impl Iterator<Item = Result<NewEvent, OrderIdError>> + Send + 'static {
     let prefix = prefix.to_owned();
     (1..=events_per_order).flat_map(move |seq| {
         let prefix = prefix.clone();
@@ -315,13 +316,13 @@ pub fn load_events_seeded(
                 .copied()
                 .unwrap_or("order.updated");
             let amount = splitmix64(seed ^ splitmix64(order) ^ seq) % 100_000;
-            NewEvent {
-                order_id: load_order_id(&prefix, order),
+            Ok(NewEvent {
+                order_id: load_order_id(&prefix, order)?,
                 event: name.to_owned(),
                 seq: Some(seq),
                 event_id: None,
                 data: serde_json::json!({ "amount_cents": amount }),
-            }
+            })
         })
     })
 }
@@ -393,7 +394,7 @@ impl fmt::Display for LoadReport {
 /// bar on stderr when it is a terminal.
 pub async fn publish_events(
     publisher: &mut Publisher,
-    events: impl Iterator<Item = NewEvent>,
+    events: impl Iterator<Item = Result<NewEvent, OrderIdError>>,
     total: u64,
     rate: Option<f64>,
     shutdown: &CancellationToken,
@@ -405,6 +406,7 @@ pub async fn publish_events(
     let mut interrupted = false;
     let result = async {
         for event in events {
+            let event = event.context("--order-prefix")?;
             if shutdown.is_cancelled() {
                 interrupted = true;
                 break;
@@ -498,7 +500,9 @@ mod tests {
 
     #[test]
     fn load_events_interleave_orders_and_keep_each_order_in_seq() {
-        let events: Vec<NewEvent> = load_events(3, 7, "run1-").collect();
+        let events: Vec<NewEvent> = load_events(3, 7, "run1-")
+            .collect::<Result<_, _>>()
+            .unwrap();
         assert_eq!(events.len(), 21);
         let firsts: Vec<&str> = events[..3].iter().map(|e| e.order_id.as_str()).collect();
         assert_eq!(
@@ -529,11 +533,22 @@ mod tests {
 
     #[test]
     fn load_payloads_follow_the_seed() {
-        let a: Vec<_> = load_events_seeded(2, 2, "", 7).map(|e| e.data).collect();
-        let b: Vec<_> = load_events_seeded(2, 2, "", 7).map(|e| e.data).collect();
-        let c: Vec<_> = load_events_seeded(2, 2, "", 8).map(|e| e.data).collect();
+        let data = |seed| -> Vec<_> {
+            load_events_seeded(2, 2, "", seed)
+                .map(|e| e.unwrap().data)
+                .collect()
+        };
+        let (a, b, c) = (data(7), data(7), data(8));
         assert_eq!(a, b);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn a_prefix_that_makes_no_order_id_is_refused() {
+        let long = "p".repeat(300);
+        let first = load_events(1, 1, &long).next().unwrap();
+        assert!(matches!(first, Err(OrderIdError::TooLong(_))));
+        assert!(load_order_id("a\n", 1).is_err());
     }
 
     #[test]

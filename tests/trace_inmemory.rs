@@ -96,7 +96,7 @@ async fn publish_process_and_downstream_call_share_one_trace() {
     for order in &orders {
         publisher
             .publish_event(&NewEvent {
-                order_id: order.clone(),
+                order_id: shardline_topology::OrderId::new(order.clone()).unwrap(),
                 event: "order.created".into(),
                 seq: Some(1),
                 event_id: None,

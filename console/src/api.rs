@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use shardline_ops::dlq::{self, GroupSummary};
 use shardline_ops::{Filters, Letter, LetterQuery, audit, reconcile};
+use shardline_topology::OrderId;
 use shardline_topology::letters::{IndexEntry, hex};
 
 use crate::server::{Shared, chain, json_error};
@@ -120,7 +121,9 @@ impl LettersParams {
         Ok(LetterQuery {
             filters: Filters {
                 reason: given(self.reason.as_ref()).map(str::to_owned),
-                order_id: given(self.order.as_ref()).map(str::to_owned),
+                order_id: given(self.order.as_ref())
+                    .map(|o| OrderId::new(o).map_err(|e| format!("order: {e}")))
+                    .transpose()?,
                 shard,
                 group: given(self.group.as_ref()).map(str::to_owned),
                 ids: None,
@@ -330,7 +333,11 @@ pub(crate) async fn release(
     if order_id.is_empty() {
         return json_error(StatusCode::BAD_REQUEST, "order_id: required");
     }
-    match dlq::release(&state.fleet, order_id).await {
+    let order_id = match OrderId::new(order_id) {
+        Ok(id) => id,
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    match dlq::release(&state.fleet, &order_id).await {
         Ok(report) => {
             let detail = serde_json::to_value(&report).unwrap_or_default();
             crate::actions::audit(&state, &who.name, "release", detail).await;

@@ -23,7 +23,7 @@ use opentelemetry::{Context, KeyValue};
 use shardline_topology::broker::{BlockedWatch, soft_error};
 use shardline_topology::probe;
 use shardline_topology::telemetry::{self, attr, op};
-use shardline_topology::{Envelope, NewEvent, ShardId, headers, w3c};
+use shardline_topology::{Envelope, NewEvent, OrderId, ShardId, headers, w3c};
 
 use crate::config::Config;
 use crate::confirm::{self, ConfirmChannel, Refusal};
@@ -167,7 +167,7 @@ impl Publisher {
     }
 
     /// The shard an order's events go to.
-    pub fn shard_of(&self, order_id: &str) -> ShardId {
+    pub fn shard_of(&self, order_id: &OrderId) -> ShardId {
         self.config.shards.shard_of(order_id)
     }
 
@@ -262,7 +262,7 @@ impl Publisher {
                 attr::MESSAGING_BODY_SIZE,
                 i64::try_from(body_len).unwrap_or(i64::MAX),
             ),
-            KeyValue::new(attr::ORDER_ID, about.order_id.to_owned()),
+            KeyValue::new(attr::ORDER_ID, about.order_id.to_string()),
             KeyValue::new(attr::EVENT, about.event.to_owned()),
             KeyValue::new(attr::SHARD, i64::from(shard.get())),
         ];
@@ -661,7 +661,7 @@ fn message_id(event_id: Option<&str>) -> std::borrow::Cow<'_, str> {
 
 /// What the publish span says about an event.
 struct About<'a> {
-    order_id: &'a str,
+    order_id: &'a OrderId,
     event: &'a str,
     seq: Option<u64>,
     event_id: Option<&'a str>,

@@ -120,12 +120,15 @@ async fn prepublish(
     let padding = padding(args.event_bytes);
     let stream = load_events(orders, args.events_per_order, "BENCH-")
         .filter(|event| {
-            event
-                .seq
-                .is_some_and(|seq| (seq - 1) * orders < args.events)
+            event.as_ref().map_or(true, |event| {
+                event
+                    .seq
+                    .is_some_and(|seq| (seq - 1) * orders < args.events)
+            })
         })
         .take(usize::try_from(args.events).unwrap_or(usize::MAX));
-    for mut event in stream {
+    for event in stream {
+        let mut event = event?;
         if let serde_json::Value::Object(data) = &mut event.data {
             data.insert("pad".into(), padding.clone().into());
         }

@@ -16,6 +16,7 @@ use super::cpu;
 use super::schedule::{Schedule, event_id, unix_us};
 use crate::GlobalArgs;
 use crate::publish::{load_order_id, parse_rate, publisher_config};
+use shardline_topology::OrderIdError;
 
 #[derive(Debug, Args)]
 pub struct PacedArgs {
@@ -70,19 +71,19 @@ impl PacedReport {
 }
 
 /// Event `i` of the stream: orders in blocks, each order's seqs in order.
-fn event(i: u64, due_us: u64, events_per_order: u64, pad: &str) -> NewEvent {
+fn event(i: u64, due_us: u64, events_per_order: u64, pad: &str) -> Result<NewEvent, OrderIdError> {
     // Blocks of 1000 orders: seq 1 of each, then seq 2, …, so an order's
     // events are spread out in time like a live shop's.
     const BLOCK: u64 = 1000;
     let per_block = BLOCK * events_per_order;
     let (block, within) = (i / per_block, i % per_block);
-    NewEvent {
-        order_id: load_order_id("LAT-", block * BLOCK + within % BLOCK + 1),
+    Ok(NewEvent {
+        order_id: load_order_id("LAT-", block * BLOCK + within % BLOCK + 1)?,
         event: "order.updated".into(),
         seq: Some(within / BLOCK + 1),
         event_id: Some(event_id(i, due_us)),
         data: serde_json::json!({ "pad": pad }),
-    }
+    })
 }
 
 pub async fn run(
@@ -119,7 +120,7 @@ pub async fn run(
         }
         behind.record(Duration::from_micros(unix_us().saturating_sub(due)));
         publisher
-            .publish_event(&event(i, due, args.events_per_order, &pad))
+            .publish_event(&event(i, due, args.events_per_order, &pad)?)
             .await?;
         sent += 1;
     }
@@ -156,7 +157,10 @@ mod tests {
 
     #[test]
     fn each_order_gets_its_seqs_in_order_and_ids_carry_the_schedule() {
-        let events: Vec<NewEvent> = (0..4000).map(|i| event(i, 7 + i, 2, "")).collect();
+        let events: Vec<NewEvent> = (0..4000)
+            .map(|i| event(i, 7 + i, 2, ""))
+            .collect::<Result<_, _>>()
+            .unwrap();
         let one: Vec<u64> = events
             .iter()
             .filter(|e| e.order_id == "LAT-ORD-000002")

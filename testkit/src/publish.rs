@@ -34,7 +34,7 @@ impl Event {
     pub fn new(order_id: &str, seq: u64, shards: ShardCount) -> Self {
         let event = EVENT_NAMES[usize::try_from((seq - 1) % 5).unwrap()].to_owned();
         let body = NewEvent {
-            order_id: order_id.to_owned(),
+            order_id: shardline_topology::OrderId::new(order_id).unwrap(),
             event: event.clone(),
             seq: Some(seq),
             event_id: None,

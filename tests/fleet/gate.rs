@@ -410,7 +410,7 @@ async fn events_without_seq_bypass_the_gate() {
     let started = Instant::now();
     for id in ids {
         let body = NewEvent {
-            order_id: h.to_owned(),
+            order_id: shardline_topology::OrderId::new(h).unwrap(),
             event: "note.added".into(),
             seq: None,
             event_id: Some(id.to_owned()),

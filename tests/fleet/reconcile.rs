@@ -69,7 +69,7 @@ fn payment(order_id: &str) -> Vec<u8> {
 /// A `payment.captured` without seq, with its event id.
 pub(crate) fn payment_with_id(order_id: &str, event_id: &str) -> Vec<u8> {
     NewEvent {
-        order_id: order_id.into(),
+        order_id: shardline_topology::OrderId::new(order_id).unwrap(),
         event: PAID.into(),
         seq: None,
         event_id: Some(event_id.into()),

@@ -12,6 +12,8 @@ use std::fmt::Write as _;
 use std::time::SystemTime;
 
 use md5::{Digest, Md5};
+
+use crate::order_id::OrderId;
 use serde::Deserialize;
 use serde_json::Number;
 
@@ -25,7 +27,7 @@ pub const MAX_SEQ: u64 = i64::MAX as u64;
 /// The fields of an event that shardline acts on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Envelope {
-    pub order_id: String,
+    pub order_id: OrderId,
     pub event: String,
     /// Per-order sequence number (`seq`, alias `version`); events without one are
     /// deduplicated but not sequence-gated.
@@ -84,7 +86,10 @@ impl Envelope {
             (None, None) => None,
         };
         Ok(Self {
-            order_id: required_field("order_id", wire.order_id)?,
+            order_id: match wire.order_id {
+                Some(id) => OrderId::new(id).map_err(|e| invalid(e.to_string()))?,
+                None => return Err(invalid("`order_id` is missing")),
+            },
             event: required_field("event", wire.event)?,
             seq,
             event_id: wire
@@ -96,7 +101,7 @@ impl Envelope {
 
     /// The order id with `%` and `:` escaped, as it appears in Redis keys.
     pub fn order_key(&self) -> String {
-        order_key_of(&self.order_id)
+        self.order_id.key()
     }
 
     /// The dedup key `{order_id}:{event}:{seq | event_id | md5(body)}`, each field
@@ -158,8 +163,8 @@ fn checked_field(name: &str, value: Cow<'_, str>) -> Result<String, EnvelopeErro
     Ok(value.into_owned())
 }
 
-/// An order id as it appears in Redis keys ([`Envelope::order_key`]), for
-/// callers that have the id without an envelope (`shardline reconcile`).
+/// An order id as it appears in Redis keys ([`OrderId::key`]), for callers
+/// that read ids of orders from elsewhere (`shardline reconcile`'s database).
 pub fn order_key_of(order_id: &str) -> String {
     key_field(order_id)
 }
@@ -185,7 +190,7 @@ fn escape_into(out: &mut String, field: &str) {
 /// An event to publish, built from command-line flags or by the load generator.
 #[derive(Debug, Clone)]
 pub struct NewEvent {
-    pub order_id: String,
+    pub order_id: OrderId,
     pub event: String,
     pub seq: Option<u64>,
     pub event_id: Option<String>,
@@ -198,7 +203,7 @@ impl NewEvent {
     /// fields would not pass [`Envelope::parse`].
     pub fn to_body(&self) -> Result<Vec<u8>, EnvelopeError> {
         let mut object = serde_json::Map::new();
-        object.insert("order_id".into(), self.order_id.clone().into());
+        object.insert("order_id".into(), self.order_id.as_str().into());
         object.insert("event".into(), self.event.clone().into());
         if let Some(seq) = self.seq {
             object.insert("seq".into(), seq.into());
@@ -348,7 +353,7 @@ mod tests {
     #[test]
     fn new_event_round_trips_through_parse() {
         let event = NewEvent {
-            order_id: "注文-42".into(),
+            order_id: OrderId::new("注文-42").unwrap(),
             event: "order.created".into(),
             seq: Some(1),
             event_id: None,
@@ -358,8 +363,9 @@ mod tests {
         let env = Envelope::parse(&body, LIMIT).unwrap();
         assert_eq!(env.order_id, "注文-42");
         assert_eq!(env.seq, Some(1));
+        // An empty order id cannot be built at all; an empty event is refused here.
         let bad = NewEvent {
-            order_id: String::new(),
+            event: String::new(),
             ..event
         };
         assert!(bad.to_body().is_err());

@@ -6,14 +6,14 @@
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 use shardline_topology::envelope::{MAX_FIELD_BYTES, MAX_SEQ};
-use shardline_topology::{Envelope, EnvelopeError};
+use shardline_topology::{Envelope, EnvelopeError, OrderId};
 
 /// The worker's default body limit.
 const LIMIT: usize = 1 << 20;
 
 /// The rules every accepted envelope satisfies.
 fn check_rules(env: &Envelope) -> Result<(), TestCaseError> {
-    for (name, field) in [("order_id", &env.order_id), ("event", &env.event)] {
+    for (name, field) in [("order_id", env.order_id.as_str()), ("event", &env.event)] {
         prop_assert!(!field.is_empty(), "{name} empty: {env:?}");
         prop_assert!(field.len() <= MAX_FIELD_BYTES, "{name} too long: {env:?}");
         prop_assert!(
@@ -233,7 +233,7 @@ proptest! {
         body_b in prop::collection::vec(any::<u8>(), 0..8),
     ) {
         let env = |(order_id, event, seq): &(String, String, u64)| Envelope {
-            order_id: order_id.clone(),
+            order_id: OrderId::new(order_id.clone()).unwrap(),
             event: event.clone(),
             seq: Some(*seq),
             event_id: None,
@@ -253,7 +253,7 @@ proptest! {
         b in ("[a:%3A]{1,4}", "[a:%3A]{1,4}", "[a:%3A5]{1,4}"),
     ) {
         let env = |(order_id, event, id): &(String, String, String)| Envelope {
-            order_id: order_id.clone(),
+            order_id: OrderId::new(order_id.clone()).unwrap(),
             event: event.clone(),
             seq: None,
             event_id: Some(id.clone()),

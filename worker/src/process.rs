@@ -567,7 +567,10 @@ impl Processor {
             ));
         }
         if let Some(d) = decoded {
-            attributes.push(KeyValue::new(attr::ORDER_ID, d.envelope.order_id.clone()));
+            attributes.push(KeyValue::new(
+                attr::ORDER_ID,
+                d.envelope.order_id.to_string(),
+            ));
             attributes.push(KeyValue::new(attr::EVENT, d.envelope.event.clone()));
             attributes.push(KeyValue::new(attr::DEDUP_KEY, d.dedup_key.clone()));
             if let Some(seq) = d.envelope.seq.and_then(|s| i64::try_from(s).ok()) {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use redis::aio::MultiplexedConnection;
 use shardline_topology::letters::{Group, INDEX_LUA, IndexEntry};
-use shardline_topology::{Keys, envelope::order_key_of};
+use shardline_topology::{Keys, OrderId, envelope::order_key_of};
 
 use super::{Filters, redis_error};
 use crate::{Error, Fleet};
@@ -149,9 +149,9 @@ impl<'a> Index<'a> {
             .map_err(redis_error(self.fleet, "reading the dead-letter index"))
     }
 
-    async fn order_ids(&mut self, order_id: &str) -> Result<Vec<String>, Error> {
+    async fn order_ids(&mut self, order_id: &OrderId) -> Result<Vec<String>, Error> {
         redis::cmd("SMEMBERS")
-            .arg(self.keys().dlq_order(&order_key_of(order_id)))
+            .arg(self.keys().dlq_order(&order_id.key()))
             .query_async(&mut self.redis)
             .await
             .map_err(redis_error(self.fleet, "reading the dead-letter index"))
@@ -220,7 +220,11 @@ impl<'a> Index<'a> {
     pub(crate) async fn query(&mut self, query: &LetterQuery) -> Result<Vec<IndexEntry>, Error> {
         let ids = match (&query.search, &query.filters.order_id, &query.filters.group) {
             (Some(q), _, _) => {
-                let mut ids = self.order_ids(q).await?;
+                // The search is a dead-letter id or an order id.
+                let mut ids = match OrderId::new(q.as_str()) {
+                    Ok(order) => self.order_ids(&order).await?,
+                    Err(_) => Vec::new(),
+                };
                 ids.push(q.clone());
                 ids.sort();
                 ids.dedup();
@@ -401,6 +405,8 @@ mod tests {
         assert!(!matches(|q| q.to_ms = Some(999)));
         assert!(!matches(|q| q.filters.shard = Some(3)));
         assert!(matches(|q| q.filters.reason = Some("handler".into())));
-        assert!(!matches(|q| q.filters.order_id = Some("o-2".into())));
+        assert!(!matches(
+            |q| q.filters.order_id = Some(OrderId::new("o-2").unwrap())
+        ));
     }
 }

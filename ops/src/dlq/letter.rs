@@ -78,7 +78,7 @@ impl Letter {
         };
         let order_id = envelope
             .as_ref()
-            .map(|e| e.order_id.clone())
+            .map(|e| e.order_id.to_string())
             .or_else(|| loose_str("order_id"));
         let seq = envelope
             .as_ref()

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
+use shardline_topology::OrderId;
 use shardline_topology::envelope::order_key_of;
 use tokio::task::JoinHandle;
 
@@ -84,8 +85,8 @@ impl<'a> ReplayLocks<'a> {
     }
 
     /// Takes the lock of `order_id`; `false` when another replay runs it.
-    pub(crate) async fn take(&mut self, order_id: &str) -> Result<bool, Error> {
-        let key = self.fleet.keys.dlq_replay_lock(&order_key_of(order_id));
+    pub(crate) async fn take(&mut self, order_id: &OrderId) -> Result<bool, Error> {
+        let key = self.fleet.keys.dlq_replay_lock(&order_id.key());
         let taken: i64 = redis::Script::new(ACQUIRE)
             .key(&key)
             .arg(&self.token)
@@ -106,7 +107,7 @@ impl<'a> ReplayLocks<'a> {
     /// to end (or its lease to lapse); `false` after that, or on `cancel`.
     pub(crate) async fn take_waiting(
         &mut self,
-        order_id: &str,
+        order_id: &OrderId,
         wait: Duration,
         cancel: &tokio_util::sync::CancellationToken,
     ) -> Result<bool, Error> {
@@ -203,6 +204,10 @@ mod tests {
 
     use super::*;
 
+    fn id(order: &str) -> OrderId {
+        OrderId::new(order).unwrap()
+    }
+
     /// A fleet on the test Redis under a prefix of its own.
     fn fleet() -> Fleet {
         let url = std::env::var("SHARDLINE_TEST_REDIS")
@@ -238,19 +243,19 @@ mod tests {
             .await
             .unwrap();
         let mut second = ReplayLocks::new(&fleet, Duration::ZERO).await.unwrap();
-        assert!(first.take("A").await.unwrap());
-        assert!(first.take("A").await.unwrap(), "its own lock again");
-        assert!(!second.take("A").await.unwrap());
-        assert!(second.take("B").await.unwrap(), "another order");
+        assert!(first.take(&id("A")).await.unwrap());
+        assert!(first.take(&id("A")).await.unwrap(), "its own lock again");
+        assert!(!second.take(&id("A")).await.unwrap());
+        assert!(second.take(&id("B")).await.unwrap(), "another order");
         let short = Duration::from_millis(300);
-        assert!(!second.take_waiting("A", short, &cancel).await.unwrap());
+        assert!(!second.take_waiting(&id("A"), short, &cancel).await.unwrap());
         let (held, ttl) = value(&fleet, "A").await;
         assert!(held.unwrap().starts_with("run:"));
         assert!(ttl > 0 && ttl <= 10_000, "a lease: {ttl}");
 
         let waiting = async {
             second
-                .take_waiting("A", Duration::from_secs(10), &cancel)
+                .take_waiting(&id("A"), Duration::from_secs(10), &cancel)
                 .await
                 .unwrap()
         };
@@ -277,7 +282,7 @@ mod tests {
         let mut locks = ReplayLocks::new(&fleet, Duration::from_secs(60))
             .await
             .unwrap();
-        assert!(locks.take("A").await.unwrap());
+        assert!(locks.take(&id("A")).await.unwrap());
         locks.finish().await.unwrap();
         let (held, ttl) = value(&fleet, "A").await;
         assert!(held.unwrap().starts_with("done:"));

@@ -25,6 +25,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
+use shardline_topology::OrderId;
 use shardline_topology::letters::IndexEntry;
 
 pub(crate) use index::Index;
@@ -52,7 +53,7 @@ pub struct Filters {
     /// for letters without either.
     pub reason: Option<String>,
     /// Only letters whose envelope's `order_id` is this.
-    pub order_id: Option<String>,
+    pub order_id: Option<OrderId>,
     /// Only letters dead-lettered from this shard (`x-shard`).
     pub shard: Option<u16>,
     /// Only letters of this failure group (its id).
@@ -71,7 +72,7 @@ impl Filters {
             && self
                 .order_id
                 .as_ref()
-                .is_none_or(|o| entry.order_id.as_ref() == Some(o))
+                .is_none_or(|o| entry.order_id.as_deref() == Some(o.as_str()))
             && self.shard.is_none_or(|s| entry.shard == Some(s))
             && self.group.as_ref().is_none_or(|g| *g == entry.group)
             && self.ids.as_ref().is_none_or(|ids| ids.contains(&entry.id))
@@ -214,7 +215,7 @@ return 1
 /// What lifting a quarantine found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReleaseReport {
-    pub order_id: String,
+    pub order_id: OrderId,
     /// The dead letters that held the order, blocker first; empty when it
     /// was not quarantined.
     pub held_by: Vec<String>,
@@ -224,9 +225,9 @@ pub struct ReleaseReport {
 
 /// Lifts the quarantine of `order_id` (`--on-dead-letter quarantine`
 /// workers): its later events flow again; its dead letters stay.
-pub async fn release(fleet: &Fleet, order_id: &str) -> Result<ReleaseReport, Error> {
+pub async fn release(fleet: &Fleet, order_id: &OrderId) -> Result<ReleaseReport, Error> {
     with_reader(fleet, async |reader| {
-        let order_key = shardline_topology::envelope::order_key_of(order_id);
+        let order_key = order_id.key();
         let key = fleet.keys.quarantine(&order_key);
         let mut redis = fleet.redis.connect().await?;
         let held: Vec<(String, f64)> = redis::cmd("ZRANGE")
@@ -588,7 +589,7 @@ mod tests {
         assert!(Filters::default().matches_entry(&l));
         let by = |reason: Option<&str>, order: Option<&str>, shard: Option<u16>| Filters {
             reason: reason.map(Into::into),
-            order_id: order.map(Into::into),
+            order_id: order.map(|o| OrderId::new(o).unwrap()),
             shard,
             ..Filters::default()
         };
@@ -598,7 +599,9 @@ mod tests {
         assert!(!by(None, None, Some(4)).matches_entry(&l));
         let bodyless = entry("d2", "unknown", None, None);
         assert!(by(Some("unknown"), None, None).matches_entry(&bodyless));
-        assert!(!by(None, Some(""), None).matches_entry(&bodyless));
+        // No order filter matches a letter without an order (an empty one
+        // cannot be asked for: `OrderId` refuses it).
+        assert!(!by(None, Some("A1"), None).matches_entry(&bodyless));
         assert!(!by(None, None, Some(3)).matches_entry(&bodyless));
         let group = Filters {
             group: Some(l.group.clone()),

@@ -21,7 +21,7 @@ use shardline_publisher::Publisher;
 use shardline_topology::envelope::order_key_of;
 use shardline_topology::headers::{self, FailReason, header_str};
 use shardline_topology::telemetry::{self, attr, op};
-use shardline_topology::{Names, ShardId};
+use shardline_topology::{Names, OrderId, ShardId};
 use tokio_util::sync::CancellationToken;
 
 use super::lock::ReplayLocks;
@@ -87,7 +87,7 @@ pub struct ReplayReport {
     /// Orders left quarantined (or not applied in time): they need attention.
     pub unresolved: Vec<String>,
     /// Orders another replay was replaying: their letters were left in the DLQ.
-    pub locked_elsewhere: Vec<String>,
+    pub locked_elsewhere: Vec<OrderId>,
     /// Stopped by the cancellation token before the end.
     pub cancelled: bool,
 }
@@ -271,7 +271,10 @@ impl Replay<'_> {
                 return Ok(());
             }
             let started = tokio::time::Instant::now();
-            let order = l.info.order_id.as_deref().unwrap_or("");
+            // Only envelopes are replayed (`Plan`): each has a valid order id.
+            let Some(order) = l.envelope.as_ref().map(|e| &e.order_id) else {
+                continue;
+            };
             if self.report.locked_elsewhere.iter().any(|o| o == order) {
                 continue;
             }
@@ -286,8 +289,8 @@ impl Replay<'_> {
                 }
                 // Another replay still runs the order: interleaving would
                 // reorder its events, so its letters stay for a later run.
-                tracing::warn!(order_id = order, wait = ?self.lock_wait, "another replay is replaying this order; its letters are left in the DLQ");
-                self.report.locked_elsewhere.push(order.to_owned());
+                tracing::warn!(order_id = %order, wait = ?self.lock_wait, "another replay is replaying this order; its letters are left in the DLQ");
+                self.report.locked_elsewhere.push(order.clone());
                 continue;
             }
             let shard = self.publisher.shard_of(order);
@@ -300,7 +303,7 @@ impl Replay<'_> {
             tracing::info!(
                 dead_letter_id = l.info.id(),
                 linked_trace_id = %span.linked_trace_id.map_or_else(|| "-".to_owned(), |t| t.to_string()),
-                order_id = order,
+                order_id = %order,
                 seq = l.info.seq,
                 shard = shard.get(),
                 reason = %l.info.reason,
