@@ -42,7 +42,7 @@ pub enum DlqCommand {
 #[derive(Debug, Clone, Default, Args)]
 pub struct Filters {
     /// Only letters with this `x-fail-reason` (decode, invalid, handler, timeout,
-    /// seq-gap, late, crash-loop, quarantined; `unknown` for letters without one).
+    /// seq-gap, late, crash-loop, quarantined, control; `unknown` for letters without one).
     #[arg(long)]
     pub reason: Option<String>,
     /// Only letters whose envelope's `order_id` is this.

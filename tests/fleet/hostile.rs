@@ -308,6 +308,27 @@ fn corpus() -> Vec<Case> {
         at_limit,
         event_properties("hostile-at-limit", SystemTime::now(), &new_traceparent()),
     ));
+    // Control messages are never processed as events, even with an
+    // envelope's body: this worker knows none, so each is dead-lettered.
+    for (name, value) in [
+        ("control message of an unknown kind", long("drain-marker")),
+        (
+            "control message whose kind is not text",
+            AMQPValue::LongInt(7),
+        ),
+    ] {
+        let mut props = event_properties("hostile-control", SystemTime::now(), &new_traceparent());
+        let mut table = props.headers().clone().unwrap_or_default();
+        table.insert(headers::CONTROL.into(), value);
+        props = props.with_headers(table);
+        cases.push(Case {
+            name,
+            body: envelope(&format!("hostile-control-{}", cases.len()), ""),
+            props: Some(props),
+            expect: Expect::DeadLetter("control"),
+            garbage_traceparent: false,
+        });
+    }
     cases
 }
 

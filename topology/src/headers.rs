@@ -28,6 +28,9 @@ pub const DEAD_LETTER_ID: &str = "x-dead-letter-id";
 /// Set on a message republished from the dead-letter queue: the sequence gate
 /// lets it through.
 pub const REPLAY: &str = "x-shardline-replay";
+/// Marks a control message (an instruction to the worker, such as a drain
+/// marker), not an event; its value names the kind.
+pub const CONTROL: &str = "x-shardline-control";
 /// Quorum queues: how many times the broker delivered the message before.
 pub const DELIVERY_COUNT: &str = "x-delivery-count";
 
@@ -53,10 +56,13 @@ pub enum FailReason {
     Late,
     CrashLoop,
     Quarantined,
+    /// A control message (`x-shardline-control`) the worker does not know
+    /// or cannot verify: never processed as an event.
+    Control,
 }
 
 impl FailReason {
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Decode,
         Self::Invalid,
         Self::Handler,
@@ -65,6 +71,7 @@ impl FailReason {
         Self::Late,
         Self::CrashLoop,
         Self::Quarantined,
+        Self::Control,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -77,6 +84,7 @@ impl FailReason {
             Self::Late => "late",
             Self::CrashLoop => "crash-loop",
             Self::Quarantined => "quarantined",
+            Self::Control => "control",
         }
     }
 }

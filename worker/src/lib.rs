@@ -34,6 +34,8 @@
 //! - `schedule`: with `--concurrency` > 1, which event starts next: never two
 //!   of one order, redelivered events alone, a bound on waiting events.
 //! - `gate`: the sequence gate's held events, per order, with their deadlines.
+//! - `control`: control messages (`x-shardline-control`), recognised before
+//!   decoding and never processed as events.
 //! - `process`: one delivery to an outcome: decode, admit, call the handler.
 //! - `retry`: an event's budget of counted failures and the delay before its
 //!   next attempt; the dead letter once it is spent.
@@ -58,6 +60,7 @@
 
 mod breaker;
 mod config;
+mod control;
 mod dedup;
 mod era;
 mod error;

@@ -24,6 +24,7 @@ use shardline_topology::Keys;
 
 use crate::breaker::{self, Breaker, Permit};
 use crate::config::{Config, OnDeadLetter, RetryPolicy};
+use crate::control;
 use crate::dedup::{Admission, Claim as HeldBy, DeadLettered, Dedup, Start, Verdict, Written};
 use crate::era::RedisEra;
 use crate::handler::{Event, Fault, Handler, HandlerError};
@@ -212,7 +213,17 @@ impl Processor {
     }
 
     /// Parses the envelope; a body that is not one is dead-lettered at once.
+    /// A control message is recognised first, by its header, and never
+    /// decoded as an event (`control.rs`).
     pub(crate) fn decode(&self, msg: &Message<'_>) -> Result<Decoded, Outcome> {
+        if let Some(message) = control::recognise(msg.properties) {
+            let control::Verdict::DeadLetter { reason, error } = control::handle(&message);
+            return Err(Outcome::DeadLetter {
+                reason,
+                error,
+                attempts: 0,
+            });
+        }
         let envelope = Envelope::parse(msg.body, self.max_body_bytes).map_err(|e| {
             let reason = match e {
                 EnvelopeError::Decode(_) => FailReason::Decode,
