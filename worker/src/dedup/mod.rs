@@ -9,8 +9,8 @@
 //! |---|---|
 //! | `l` | the last passed seq: every seq at or below it was processed, unless marked in `u` |
 //! | `u` | seqs at or below `l` never processed (dead-lettered, quarantined, given up), as ranges: their replays run |
-//! | `c` | the claim of the order's event in flight: `seq:lease deadline ms:unfinished starts:token:epoch` |
-//! | `f` | the epoch of the newest consumer that wrote the order (fencing) |
+//! | `c` | the claim of the order's event in flight: `seq:lease deadline ms:unfinished starts:token:fence` |
+//! | `f` | the fence token of the newest consumer that wrote the order (fencing) |
 //! | `e` | the Redis failover era of the last write |
 //! | `m` | after an upgrade: seqs at or below it are judged by the old per-event keys |
 //! | `k` | the kinds processed, 8 hex digits of md5 each (`Keys::kind_code`; reconcile) |
@@ -19,9 +19,10 @@
 //! `processing:{deadline}:{starts}:{token}` or `done`; its kind goes to its
 //! order's hash.
 //!
-//! **Fencing.** Every consumer of a shard takes the next value of the shard's
-//! epoch counter with its first delivery (only the active consumer gets
-//! deliveries) and writes with it; a write older than the order's `f` changes
+//! **Fencing.** Every consumer of a shard takes the next fence token of its
+//! scope (`FenceScope`: today the shard's epoch counter) with its first
+//! delivery (only the active consumer gets deliveries) and writes with it; the
+//! scripts compare tokens only: a write older than the order's `f` changes
 //! nothing and tells the worker it lost the shard. Claims are given up and
 //! renewed only by their own token. So a stale owner never moves a gate back,
 //! never deletes or overwrites a newer claim, never re-opens a lifted
@@ -210,11 +211,42 @@ pub(crate) struct GroupReply {
     pub(crate) verdicts: Vec<Verdict>,
 }
 
-/// The shard's consumer epoch, taken from Redis with the consumer's first
-/// delivery (0: not yet taken).
-#[derive(Debug, Default)]
+/// An ordered fence token. The order-state scripts compare tokens only (a
+/// write whose token is below the order's stored `f` changes nothing); what
+/// a token is counted in is its [`FenceScope`]'s business, not theirs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct FenceToken(u64);
+
+impl std::fmt::Display for FenceToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// What fence tokens are counted in: today one counter per shard, taken by
+/// each new consumer of the shard (its epoch). A move of keys between shards
+/// scopes them to something wider (the shard map), without touching the
+/// scripts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FenceScope {
+    Shard(ShardId),
+}
+
+impl FenceScope {
+    /// The Redis counter its tokens come from.
+    fn counter(self, keys: &Keys) -> String {
+        match self {
+            Self::Shard(shard) => keys.fence(shard.get()),
+        }
+    }
+}
+
+/// The consumer's fence token, taken from Redis with its first write (0: not
+/// yet taken).
+#[derive(Debug)]
 struct Fence {
-    epoch: AtomicU64,
+    scope: FenceScope,
+    token: AtomicU64,
     taking: tokio::sync::Mutex<()>,
 }
 
@@ -276,7 +308,11 @@ impl Dedup {
             kinds: kinds_ttl > 0,
             max_starts: config.max_deliveries.max(1),
             quarantine: config.on_dead_letter == OnDeadLetter::Quarantine,
-            fence: Arc::default(),
+            fence: Arc::new(Fence {
+                scope: FenceScope::Shard(shard),
+                token: AtomicU64::new(0),
+                taking: tokio::sync::Mutex::new(()),
+            }),
             era,
             admit_order: entry(ADMIT_ORDER, "admit_order"),
             admit_event: script(ADMIT_EVENT),
@@ -305,28 +341,29 @@ impl Dedup {
         ]
     }
 
-    /// A new consumer of the shard: it takes a new epoch with its first write.
+    /// A new consumer of the shard: it takes a new fence token with its first write.
     pub(crate) fn new_consumer(&self) {
-        self.fence.epoch.store(0, Ordering::Relaxed);
+        self.fence.token.store(0, Ordering::Relaxed);
     }
 
-    /// The consumer's epoch, taken (`INCR` of the shard's counter) on first use.
-    async fn epoch(&self, redis: &mut RedisSlot) -> u64 {
-        let epoch = self.fence.epoch.load(Ordering::Relaxed);
-        if epoch != 0 {
-            return epoch;
+    /// The consumer's fence token, taken (`INCR` of its scope's counter) on
+    /// first use.
+    async fn fence_token(&self, redis: &mut RedisSlot) -> FenceToken {
+        let token = self.fence.token.load(Ordering::Relaxed);
+        if token != 0 {
+            return FenceToken(token);
         }
         let _taking = self.fence.taking.lock().await;
-        let epoch = self.fence.epoch.load(Ordering::Relaxed);
-        if epoch != 0 {
-            return epoch;
+        let token = self.fence.token.load(Ordering::Relaxed);
+        if token != 0 {
+            return FenceToken(token);
         }
         let mut incr = redis::cmd("INCR");
-        incr.arg(self.keys.fence(self.shard.get()));
-        let epoch: u64 = redis.query(&incr).await;
-        self.fence.epoch.store(epoch, Ordering::Relaxed);
-        tracing::debug!(shard = %self.shard, epoch, "consumer epoch taken");
-        epoch
+        incr.arg(self.fence.scope.counter(&self.keys));
+        let token: u64 = redis.query(&incr).await;
+        self.fence.token.store(token, Ordering::Relaxed);
+        tracing::debug!(shard = %self.shard, fence = token, "consumer fence token taken");
+        FenceToken(token)
     }
 
     fn evalsha(script: &Script, keys: &[String], args: &[String]) -> Cmd {
@@ -355,7 +392,7 @@ impl Dedup {
         &self,
         a: &Admission<'_>,
         seq: u64,
-        epoch: u64,
+        fence: FenceToken,
     ) -> ([String; 3], Vec<String>) {
         let claim = &a.claim;
         (
@@ -372,7 +409,7 @@ impl Dedup {
                 flag(a.replay_of.is_some()).to_owned(),
                 self.max_starts.to_string(),
                 claim.token.to_string(),
-                epoch.to_string(),
+                fence.to_string(),
                 self.era.get().to_string(),
                 self.order_ttl_secs.to_string(),
                 a.kind.to_owned(),
@@ -382,11 +419,11 @@ impl Dedup {
         )
     }
 
-    fn admit_cmd(&self, a: &Admission<'_>, epoch: u64) -> Cmd {
+    fn admit_cmd(&self, a: &Admission<'_>, fence: FenceToken) -> Cmd {
         let claim = &a.claim;
         match claim.seq {
             Some(seq) => {
-                let (keys, args) = self.admit_order_parts(a, seq, epoch);
+                let (keys, args) = self.admit_order_parts(a, seq, fence);
                 Self::evalsha(&self.admit_order, &keys, &args)
             }
             None => Self::evalsha(
@@ -404,7 +441,7 @@ impl Dedup {
     }
 
     /// `commit.lua`'s keys and arguments.
-    fn commit_parts(&self, done: &Done<'_>, epoch: u64) -> ([String; 3], Vec<String>) {
+    fn commit_parts(&self, done: &Done<'_>, fence: FenceToken) -> ([String; 3], Vec<String>) {
         let claim = &done.claim;
         let ttl = if claim.seq.is_some() {
             self.order_ttl_secs
@@ -416,7 +453,7 @@ impl Dedup {
             vec![
                 seq_arg(claim.seq),
                 claim.token.to_string(),
-                epoch.to_string(),
+                fence.to_string(),
                 self.era.get().to_string(),
                 ttl.to_string(),
                 if self.kinds {
@@ -429,18 +466,18 @@ impl Dedup {
         )
     }
 
-    fn commit_cmd(&self, done: &Done<'_>, epoch: u64) -> Cmd {
-        let (keys, args) = self.commit_parts(done, epoch);
+    fn commit_cmd(&self, done: &Done<'_>, fence: FenceToken) -> Cmd {
+        let (keys, args) = self.commit_parts(done, fence);
         Self::evalsha(&self.commit, &keys, &args)
     }
 
     /// One `step.lua` call: commit `done`, admit the sequenced `next`.
-    fn step_cmd(&self, done: &Done<'_>, next: &Admission<'_>, seq: u64, epoch: u64) -> Cmd {
+    fn step_cmd(&self, done: &Done<'_>, next: &Admission<'_>, seq: u64, fence: FenceToken) -> Cmd {
         let (mut keys, mut args) = {
-            let (keys, args) = self.commit_parts(done, epoch);
+            let (keys, args) = self.commit_parts(done, fence);
             (keys.to_vec(), args)
         };
-        let (next_keys, next_args) = self.admit_order_parts(next, seq, epoch);
+        let (next_keys, next_args) = self.admit_order_parts(next, seq, fence);
         keys.extend(next_keys);
         args.extend(next_args);
         Self::evalsha(&self.step, &keys, &args)
@@ -449,9 +486,9 @@ impl Dedup {
     /// Decides whether an event may run now and, if so, claims it: one round
     /// trip (the script, and in quarantine mode the order's quarantine head).
     pub(crate) async fn admit(&self, redis: &mut RedisSlot, admission: &Admission<'_>) -> Verdict {
-        let epoch = self.epoch(redis).await;
+        let fence = self.fence_token(redis).await;
         let mut pipe = redis::pipe();
-        pipe.add_command(self.admit_cmd(admission, epoch));
+        pipe.add_command(self.admit_cmd(admission, fence));
         let answers = self.query_admit(redis, &mut pipe, admission).await;
         self.finish_admit(redis, admission, answers).await
     }
@@ -518,17 +555,17 @@ impl Dedup {
         done: &Done<'_>,
         next: &Admission<'_>,
     ) -> (Written, Verdict) {
-        let epoch = self.epoch(redis).await;
+        let fence = self.fence_token(redis).await;
         let mut pipe = redis::pipe();
         let ((written, kind, n), head) = match next.claim.seq {
             Some(seq) => {
-                pipe.add_command(self.step_cmd(done, next, seq, epoch));
+                pipe.add_command(self.step_cmd(done, next, seq, fence));
                 self.query_with_head(redis, &mut pipe, next).await
             }
             // Unsequenced next: the two scripts, pipelined (two replies).
             None => {
-                pipe.add_command(self.commit_cmd(done, epoch))
-                    .add_command(self.admit_cmd(next, epoch));
+                pipe.add_command(self.commit_cmd(done, fence))
+                    .add_command(self.admit_cmd(next, fence));
                 if self.quarantine {
                     let (order, replay) = (next.claim.order_key, next.replay_of);
                     quarantine::add_head_query(&mut pipe, &self.keys, order, replay);
@@ -560,18 +597,18 @@ impl Dedup {
         commits: &[Done<'_>],
         admits: &[GroupAdmit<'_>],
     ) -> GroupReply {
-        let epoch = self.epoch(redis).await;
+        let fence = self.fence_token(redis).await;
         let mut keys = Vec::with_capacity(3 * (commits.len() + admits.len()));
         let mut args = Vec::with_capacity(2 + 7 * commits.len() + 14 * admits.len());
         args.extend([commits.len().to_string(), admits.len().to_string()]);
         for done in commits {
-            let (done_keys, done_args) = self.commit_parts(done, epoch);
+            let (done_keys, done_args) = self.commit_parts(done, fence);
             keys.extend(done_keys);
             args.extend(done_args);
         }
         for admit in admits {
             let (admit_keys, admit_args) =
-                self.admit_order_parts(&admit.admission, admit.seq, epoch);
+                self.admit_order_parts(&admit.admission, admit.seq, fence);
             keys.extend(admit_keys);
             args.push(flag(admit.chained).to_owned());
             args.extend(admit_args);
@@ -587,8 +624,8 @@ impl Dedup {
 
     /// Marks the event processed and moves its order's gate, atomically.
     pub(crate) async fn commit(&self, redis: &mut RedisSlot, done: &Done<'_>) -> Written {
-        let epoch = self.epoch(redis).await;
-        Written::of(redis.query(&self.commit_cmd(done, epoch)).await)
+        let fence = self.fence_token(redis).await;
+        Written::of(redis.query(&self.commit_cmd(done, fence)).await)
     }
 
     /// Extends the claim's lease, counting a handler start that begins or
@@ -602,14 +639,14 @@ impl Dedup {
             Start::Ended => "-1",
             Start::Waits => "0",
         };
-        let epoch = self.epoch(redis).await;
+        let fence = self.fence_token(redis).await;
         let cmd = Self::evalsha(
             &self.renew,
             &self.claim_keys(claim)[..2],
             &[
                 seq_arg(claim.seq),
                 claim.token.to_string(),
-                epoch.to_string(),
+                fence.to_string(),
                 self.lease_ms.to_string(),
                 delta.to_owned(),
                 EVIDENCE.as_millis().to_string(),
@@ -639,14 +676,14 @@ impl Dedup {
         redis: &mut RedisSlot,
         dead: &DeadLettered<'_>,
     ) -> Written {
-        let epoch = self.epoch(redis).await;
+        let fence = self.fence_token(redis).await;
         let claim = &dead.claim;
         let mut keys = self.claim_keys(claim).to_vec();
         keys.extend(dead.entry.script_keys(&self.keys));
         let mut args = vec![
             seq_arg(claim.seq),
             claim.token.to_string(),
-            epoch.to_string(),
+            fence.to_string(),
             self.era.get().to_string(),
             self.order_ttl_secs.to_string(),
             if self.quarantine {
