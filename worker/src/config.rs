@@ -192,8 +192,23 @@ impl Default for Config {
 
 impl Config {
     /// Checks the settings that no type rules out; [`crate::Worker::new`]
-    /// calls it. The first problem found is returned.
+    /// calls it. The first problem found is returned, in the order of the
+    /// fields: delivery, then downstream, then fleet settings.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let delivery = self.delivery_problems();
+        let downstream = self.downstream_problems();
+        let fleet = self.fleet_problems();
+        delivery
+            .into_iter()
+            .chain(downstream)
+            .chain(fleet)
+            .flatten()
+            .next()
+            .map_or(Ok(()), Err)
+    }
+
+    /// Retries, read-ahead, concurrency and grouping.
+    fn delivery_problems(&self) -> [Option<ConfigError>; 8] {
         let retry = &self.retry;
         let refuse = ConfigError::new;
         let jitter = || Problem::NotIn {
@@ -204,7 +219,7 @@ impl Config {
             min: "1",
             got: Some(retry.factor.to_string()),
         };
-        let problems = [
+        [
             (!(0.0..1.0).contains(&retry.jitter)).then(|| refuse("retry.jitter", jitter())),
             (retry.factor < 1.0).then(|| refuse("retry.factor", factor())),
             (retry.max_attempts == 0).then(|| refuse("retry.max_attempts", Problem::AT_LEAST_ONE)),
@@ -219,6 +234,13 @@ impl Config {
                     Problem::NotWith("on_dead_letter quarantine"),
                 )
             }),
+        ]
+    }
+
+    /// The breaker, the call rate and the quorum delivery limit.
+    fn downstream_problems(&self) -> [Option<ConfigError>; 5] {
+        let refuse = ConfigError::new;
+        [
             (!(self.breaker.failure_ratio > 0.0 && self.breaker.failure_ratio <= 1.0)).then(|| {
                 refuse(
                     "breaker.failure_ratio",
@@ -265,6 +287,13 @@ impl Config {
                         },
                     )
                 }),
+        ]
+    }
+
+    /// Backlog levels, the shard selection and the elastic fleet.
+    fn fleet_problems(&self) -> [Option<ConfigError>; 4] {
+        let refuse = ConfigError::new;
+        [
             (self.backlog.page < self.backlog.warn)
                 .then(|| refuse("backlog.page", Problem::BelowField("backlog.warn"))),
             self.assign
@@ -294,8 +323,7 @@ impl Config {
                         },
                     )
                 }),
-        ];
-        problems.into_iter().flatten().next().map_or(Ok(()), Err)
+        ]
     }
 
     /// The Redis keys under [`Config::redis_prefix`].

@@ -230,47 +230,11 @@ impl Membership {
         }
         let members = records::<MemberRecord>(&members);
         let stored: Option<FleetAssignment> = serde_json::from_str(&doc).ok();
-        let current = match &stored {
-            Some(doc) => {
-                if doc.assignment.generation < self.last_generation {
-                    self.freeze(
-                        now,
-                        "the assignment's generation went back (Redis lost writes)",
-                    );
-                }
-                doc.assignment.clone()
-            }
-            None => {
-                if self.last_generation > 0 {
-                    self.freeze(now, "the assignment is gone (Redis lost its data)");
-                }
-                rebuilt(&members)
-            }
-        };
+        let current = self.current(now, stored.as_ref(), &members);
         self.last_generation = current.generation;
         let frozen = now < self.frozen_until_ms;
-        let live: Vec<String> = members
-            .iter()
-            .filter(|m| frozen || m.lease_until_ms > now)
-            .map(|m| m.member.clone())
-            .collect();
-        let settle = millis(self.policy.settle);
-        let settled: Vec<String> = members
-            .iter()
-            .filter(|m| live.contains(&m.member) && now.saturating_sub(m.joined_at_ms) >= settle)
-            .map(|m| m.member.clone())
-            .collect();
-        let held_static: BTreeSet<u16> = records::<StaticRecord>(&statics)
-            .into_iter()
-            .filter(|r| r.until_ms > now)
-            .flat_map(|r| r.shards)
-            .collect();
-        let managed: Vec<u16> = self
-            .shards
-            .iter()
-            .map(|s| s.watch.shard.get())
-            .filter(|s| !held_static.contains(s))
-            .collect();
+        let (live, settled) = self.live_and_settled(now, frozen, &members);
+        let managed = self.managed(now, &statics);
         self.metrics
             .members
             .set(i64::try_from(live.len()).unwrap_or(i64::MAX));
@@ -317,6 +281,71 @@ impl Membership {
         }
         self.follow(&decided, &live);
         Ok(())
+    }
+
+    /// The assignment as stored, or rebuilt from the members' claims when
+    /// Redis lost it; a generation that went back, or a lost document,
+    /// freezes the fleet for a lease.
+    fn current(
+        &mut self,
+        now: u64,
+        stored: Option<&FleetAssignment>,
+        members: &[MemberRecord],
+    ) -> Assignment {
+        match stored {
+            Some(doc) => {
+                if doc.assignment.generation < self.last_generation {
+                    self.freeze(
+                        now,
+                        "the assignment's generation went back (Redis lost writes)",
+                    );
+                }
+                doc.assignment.clone()
+            }
+            None => {
+                if self.last_generation > 0 {
+                    self.freeze(now, "the assignment is gone (Redis lost its data)");
+                }
+                rebuilt(members)
+            }
+        }
+    }
+
+    /// The live members (all of them while frozen), and those of them that
+    /// held their lease for the settle time.
+    fn live_and_settled(
+        &self,
+        now: u64,
+        frozen: bool,
+        members: &[MemberRecord],
+    ) -> (Vec<String>, Vec<String>) {
+        let live: Vec<String> = members
+            .iter()
+            .filter(|m| frozen || m.lease_until_ms > now)
+            .map(|m| m.member.clone())
+            .collect();
+        let settle = millis(self.policy.settle);
+        let settled: Vec<String> = members
+            .iter()
+            .filter(|m| live.contains(&m.member) && now.saturating_sub(m.joined_at_ms) >= settle)
+            .map(|m| m.member.clone())
+            .collect();
+        (live, settled)
+    }
+
+    /// The shards the assignment manages: all but those a worker with a
+    /// fixed `--assign` holds (its static record).
+    fn managed(&self, now: u64, statics: &[String]) -> Vec<u16> {
+        let held_static: BTreeSet<u16> = records::<StaticRecord>(statics)
+            .into_iter()
+            .filter(|r| r.until_ms > now)
+            .flat_map(|r| r.shards)
+            .collect();
+        self.shards
+            .iter()
+            .map(|s| s.watch.shard.get())
+            .filter(|s| !held_static.contains(s))
+            .collect()
     }
 
     /// Nothing moves for one lease from Redis's `now`.

@@ -154,21 +154,94 @@ pub(crate) struct Metrics {
     fleet: FleetMetrics,
 }
 
-impl Metrics {
-    /// Registers every metric, with label values resolved for `shards`.
-    pub(crate) fn new(shards: &[ShardId], backlog: Thresholds, stuck_after: Duration) -> Self {
-        let mut registry = Registry::default();
-        let events = Family::<OutcomeLabels, Counter>::default();
-        let dead_letters = Family::<ReasonLabels, Counter>::default();
-        let processing = Family::<ShardLabel, Histogram>::new_with_constructor(
-            (|| Histogram::new(exponential_buckets(0.001, 2.0, 16))) as fn() -> Histogram,
+/// The per-shard metric families, before registration.
+struct ShardFamilies {
+    events: Family<OutcomeLabels, Counter>,
+    dead_letters: Family<ReasonLabels, Counter>,
+    processing: Family<ShardLabel, Histogram>,
+    attempts: Family<ShardLabel, Counter>,
+    queue_depth: Family<ShardLabel, Gauge>,
+}
+
+impl ShardFamilies {
+    fn new() -> Self {
+        Self {
+            events: Family::default(),
+            dead_letters: Family::default(),
+            processing: Family::new_with_constructor(
+                (|| Histogram::new(exponential_buckets(0.001, 2.0, 16))) as fn() -> Histogram,
+            ),
+            attempts: Family::default(),
+            queue_depth: Family::default(),
+        }
+    }
+
+    /// Shard `id`'s handles, every series resolved now so that it exists from
+    /// the start (rates work from the first scrape) and bumps never allocate.
+    fn shard(&self, id: ShardId, worker: &WorkerCounters) -> Arc<ShardMetrics> {
+        let shard = id.get();
+        let outcome = |outcome| {
+            self.events
+                .get_or_create(&OutcomeLabels { shard, outcome })
+                .clone()
+        };
+        let label = ShardLabel { shard };
+        let _ = self.queue_depth.get_or_create(&label);
+        Arc::new(ShardMetrics {
+            processed: outcome("processed"),
+            duplicate: outcome("duplicate"),
+            retried: outcome("retried"),
+            dead_lettered: outcome("dead_lettered"),
+            dead_letters: FailReason::ALL.map(|reason| {
+                self.dead_letters
+                    .get_or_create(&ReasonLabels {
+                        shard,
+                        reason: reason.as_str(),
+                    })
+                    .clone()
+            }),
+            attempts: self.attempts.get_or_create(&label).clone(),
+            processing: self.processing.get_or_create(&label).clone(),
+            worker: worker.clone(),
+            watch: ShardWatch::new(id),
+        })
+    }
+
+    fn register(self, registry: &mut Registry) {
+        registry.register(
+            names::EVENTS,
+            "Events settled or retried, by shard and outcome",
+            self.events,
         );
-        let attempts = Family::<ShardLabel, Counter>::default();
-        let queue_depth = Family::<ShardLabel, Gauge>::default();
-        let dlq_depth = Gauge::default();
-        let failures = Family::<CauseLabel, Counter>::default();
-        let worker = WorkerCounters {
-            // One statement each, as for the handovers below.
+        registry.register(
+            names::DEAD_LETTERS,
+            "Dead letters published (confirmed), by shard and reason",
+            self.dead_letters,
+        );
+        registry.register(
+            names::PROCESSING_SECONDS,
+            "Seconds from taking a processed event to its ack, retries included",
+            self.processing,
+        );
+        registry.register(
+            names::HANDLER_ATTEMPTS,
+            "Handler calls, retries included",
+            self.attempts,
+        );
+        registry.register(
+            names::QUEUE_DEPTH,
+            "Messages ready in the shard queue (polled by passive declare)",
+            self.queue_depth,
+        );
+    }
+}
+
+impl WorkerCounters {
+    /// The worker's counters, the failure series resolved by cause.
+    fn resolved(failures: &Family<CauseLabel, Counter>) -> Self {
+        Self {
+            // One statement each: a handle's read guard lives to the end of its
+            // statement, and creating the next series needs the write lock.
             failures: Fault::ALL.map(|fault| {
                 failures
                     .get_or_create(&CauseLabel {
@@ -176,73 +249,11 @@ impl Metrics {
                     })
                     .clone()
             }),
-            ..WorkerCounters::default()
-        };
+            ..Self::default()
+        }
+    }
 
-        let shard_metrics: Vec<Arc<ShardMetrics>> = shards
-            .iter()
-            .map(|&id| {
-                let shard = id.get();
-                let outcome = |outcome| {
-                    events
-                        .get_or_create(&OutcomeLabels { shard, outcome })
-                        .clone()
-                };
-                let label = ShardLabel { shard };
-                // Resolved now so that every series exists from the start
-                // (rates work from the first scrape) and bumps never allocate.
-                let _ = queue_depth.get_or_create(&label);
-                Arc::new(ShardMetrics {
-                    processed: outcome("processed"),
-                    duplicate: outcome("duplicate"),
-                    retried: outcome("retried"),
-                    dead_lettered: outcome("dead_lettered"),
-                    dead_letters: FailReason::ALL.map(|reason| {
-                        dead_letters
-                            .get_or_create(&ReasonLabels {
-                                shard,
-                                reason: reason.as_str(),
-                            })
-                            .clone()
-                    }),
-                    attempts: attempts.get_or_create(&label).clone(),
-                    processing: processing.get_or_create(&label).clone(),
-                    worker: worker.clone(),
-                    watch: ShardWatch::new(id),
-                })
-            })
-            .collect();
-
-        registry.register(
-            names::EVENTS,
-            "Events settled or retried, by shard and outcome",
-            events,
-        );
-        registry.register(
-            names::DEAD_LETTERS,
-            "Dead letters published (confirmed), by shard and reason",
-            dead_letters,
-        );
-        registry.register(
-            names::PROCESSING_SECONDS,
-            "Seconds from taking a processed event to its ack, retries included",
-            processing,
-        );
-        registry.register(
-            names::HANDLER_ATTEMPTS,
-            "Handler calls, retries included",
-            attempts,
-        );
-        registry.register(
-            names::QUEUE_DEPTH,
-            "Messages ready in the shard queue (polled by passive declare)",
-            queue_depth.clone(),
-        );
-        registry.register(
-            names::DLQ_DEPTH,
-            "Messages in the dead-letter queue (polled by passive declare)",
-            dlq_depth.clone(),
-        );
+    fn register(&self, registry: &mut Registry, failures: Family<CauseLabel, Counter>) {
         registry.register(
             names::ATTEMPT_FAILURES,
             "Failed handler attempts by whose fault they were (event, availability, configuration, unconfirmed), and infrastructure failures (Redis unreachable, broker connection lost)",
@@ -251,79 +262,113 @@ impl Metrics {
         registry.register(
             names::REDIS_OUTAGES,
             "Times Redis became unreachable (shards paused until it returned)",
-            worker.redis_outages.clone(),
+            self.redis_outages.clone(),
         );
         registry.register(
             names::BROKER_RECONNECTS,
             "Broker connections opened after the first",
-            worker.broker_reconnects.clone(),
+            self.broker_reconnects.clone(),
         );
         registry.register(
             names::SEQ_GAPS,
             "Sequence gaps given up on (timed out, or accepted as an order's start)",
-            worker.gaps.clone(),
+            self.gaps.clone(),
         );
         registry.register(
             names::FENCED_WRITES,
             "Order-state writes refused: a newer consumer of the shard had written the order",
-            worker.fenced.clone(),
+            self.fenced.clone(),
         );
         registry.register(
             names::GROUPED_EVENTS,
             "Events committed and acked in groups (--group-commit)",
-            worker.grouped.clone(),
+            self.grouped.clone(),
         );
-        let breaker = BreakerMetrics::default();
+    }
+}
+
+/// Registers the breaker's metrics and returns their handles.
+fn register_breaker(registry: &mut Registry) -> BreakerMetrics {
+    let breaker = BreakerMetrics::default();
+    registry.register(
+        names::BREAKER_STATE,
+        "The downstream breaker: 0 closed, 1 open (calls paused), 2 half-open (one probe call)",
+        breaker.state.clone(),
+    );
+    registry.register(
+        names::DOWNSTREAM_MISCONFIGURED,
+        "1 while handler calls are paused for the downstream's configuration (a redirect, or the same 401/403/404/405/410 for several orders)",
+        breaker.misconfigured.clone(),
+    );
+    registry.register(
+        names::BREAKER_TRIPS,
+        "Times the downstream breaker opened",
+        breaker.trips.clone(),
+    );
+    registry.register(
+        names::BREAKER_PAUSED_SECONDS,
+        "Seconds handler calls were paused by the downstream breaker",
+        breaker.paused_seconds.clone(),
+    );
+    breaker
+}
+
+/// Registers the elastic fleet's metrics and returns their handles.
+fn register_fleet(registry: &mut Registry) -> FleetMetrics {
+    let fleet = FleetMetrics::default();
+    registry.register(
+        names::FLEET_OWNED_SHARDS,
+        "Shards the elastic fleet's assignment gives this member (--assign auto)",
+        fleet.owned.clone(),
+    );
+    registry.register(
+        names::FLEET_MEMBERS,
+        "Live members of the elastic fleet, as this member sees them",
+        fleet.members.clone(),
+    );
+    let handovers = Family::<KindLabel, Counter>::default();
+    // One statement each: a handle's read guard lives to the end of its
+    // statement, and creating the next series needs the write lock.
+    let graceful = handovers
+        .get_or_create(&KindLabel { kind: "graceful" })
+        .clone();
+    let crash = handovers
+        .get_or_create(&KindLabel { kind: "crash" })
+        .clone();
+    registry.register(
+        names::FLEET_HANDOVERS,
+        "Shard handovers: graceful (handed over while alive) or crash (taken from a gone member)",
+        handovers,
+    );
+    FleetMetrics {
+        graceful,
+        crash,
+        ..fleet
+    }
+}
+
+impl Metrics {
+    /// Registers every metric, with label values resolved for `shards`.
+    pub(crate) fn new(shards: &[ShardId], backlog: Thresholds, stuck_after: Duration) -> Self {
+        let mut registry = Registry::default();
+        let families = ShardFamilies::new();
+        let failures = Family::<CauseLabel, Counter>::default();
+        let worker = WorkerCounters::resolved(&failures);
+        let shard_metrics: Vec<Arc<ShardMetrics>> = shards
+            .iter()
+            .map(|&id| families.shard(id, &worker))
+            .collect();
+        let queue_depth = families.queue_depth.clone();
+        families.register(&mut registry);
+        let dlq_depth = Gauge::default();
         registry.register(
-            names::BREAKER_STATE,
-            "The downstream breaker: 0 closed, 1 open (calls paused), 2 half-open (one probe call)",
-            breaker.state.clone(),
+            names::DLQ_DEPTH,
+            "Messages in the dead-letter queue (polled by passive declare)",
+            dlq_depth.clone(),
         );
-        registry.register(
-            names::DOWNSTREAM_MISCONFIGURED,
-            "1 while handler calls are paused for the downstream's configuration (a redirect, or the same 401/403/404/405/410 for several orders)",
-            breaker.misconfigured.clone(),
-        );
-        registry.register(
-            names::BREAKER_TRIPS,
-            "Times the downstream breaker opened",
-            breaker.trips.clone(),
-        );
-        registry.register(
-            names::BREAKER_PAUSED_SECONDS,
-            "Seconds handler calls were paused by the downstream breaker",
-            breaker.paused_seconds.clone(),
-        );
-        let fleet = FleetMetrics::default();
-        registry.register(
-            names::FLEET_OWNED_SHARDS,
-            "Shards the elastic fleet's assignment gives this member (--assign auto)",
-            fleet.owned.clone(),
-        );
-        registry.register(
-            names::FLEET_MEMBERS,
-            "Live members of the elastic fleet, as this member sees them",
-            fleet.members.clone(),
-        );
-        let handovers = Family::<KindLabel, Counter>::default();
-        // One statement each: a handle's read guard lives to the end of its
-        // statement, and creating the next series needs the write lock.
-        let graceful = handovers
-            .get_or_create(&KindLabel { kind: "graceful" })
-            .clone();
-        let crash = handovers
-            .get_or_create(&KindLabel { kind: "crash" })
-            .clone();
-        registry.register(
-            names::FLEET_HANDOVERS,
-            "Shard handovers: graceful (handed over while alive) or crash (taken from a gone member)",
-            handovers.clone(),
-        );
-        let fleet = FleetMetrics {
-            graceful,
-            crash,
-            ..fleet
-        };
+        worker.register(&mut registry, failures);
+        let breaker = register_breaker(&mut registry);
+        let fleet = register_fleet(&mut registry);
         registry.register_collector(Box::new(LiveCollector {
             shards: shard_metrics.iter().map(|m| m.watch.clone()).collect(),
             backlog,

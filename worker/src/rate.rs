@@ -8,6 +8,7 @@
 //! token is not an attempt: it happens right before the handler is called.
 //! It reads tokio's clock, so its rule is unit-tested with a paused clock.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Mutex;
@@ -40,6 +41,12 @@ impl RateLimiter {
     }
 
     /// The burst for a rate: a tenth of a second's worth, at least one call.
+    /// A limiter of `rate` calls per second with the default burst, to share
+    /// between shards.
+    pub(crate) fn shared(rate: f64) -> Arc<Self> {
+        Arc::new(Self::new(rate, Self::default_burst(rate)))
+    }
+
     pub(crate) fn default_burst(per_second: f64) -> u32 {
         let tenth = (per_second / 10.0).floor();
         if tenth >= 1.0 {

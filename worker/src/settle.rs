@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use lapin::options::BasicAckOptions;
 use shardline_publisher::{ConfirmChannel, ConfirmError};
-use shardline_topology::headers::DeadLetter;
+use shardline_topology::headers::{DeadLetter, FailReason};
 use shardline_topology::letters;
 use shardline_topology::telemetry::outcome;
 use shardline_topology::{Names, ShardId};
@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use crate::breaker::Judgement;
 use crate::dedup::{Done, HeldClaim, Written};
 use crate::gate::Directive;
+use crate::handler::HandlerError;
 use crate::lookahead::{Lookahead, Ready, Tried};
 use crate::metrics::ShardMetrics;
 use crate::process::{Decoded, Message, Outcome, ProcessTrace, Processor};
@@ -93,7 +94,8 @@ struct Delivery {
     ready: Ready,
     directive: Directive,
     trace: ProcessTrace,
-    /// The outcome of its first call, made in a group.
+    /// The outcome of its first call, made already (in a group, or as the
+    /// breaker's evidence).
     tried: Option<Outcome>,
 }
 
@@ -101,74 +103,25 @@ async fn settle_traced(
     ctx: &ShardContext,
     dead_letters: &ConfirmChannel,
     redis: &mut RedisSlot,
-    delivery: Delivery,
+    mut delivery: Delivery,
     mut lookahead: Option<&mut Lookahead>,
     in_flight: &mut Option<HeldClaim>,
 ) -> Result<Settled, lapin::Error> {
     let taken = std::time::Instant::now();
-    let Delivery {
-        mut ready,
-        directive,
-        trace,
-        mut tried,
-    } = delivery;
-    let msg = Message::of(&ready.delivery);
-    let bypass = directive == Directive::Bypass;
     let mut attempt = 1;
     let mut first_failed_at = None;
     let mut budget = Budget::new(ctx.processor.breaker());
     loop {
-        let outcome = match (&ready.decoded, &directive) {
-            (_, Directive::DeadLetter(reason, error)) => Outcome::DeadLetter {
-                reason: *reason,
-                error: error.clone(),
-                attempts: 0,
-            },
-            (Ok(decoded), _) => {
-                *in_flight = Some(HeldClaim::of(decoded.claim()));
-                match tried.take() {
-                    Some(outcome) => outcome,
-                    None => {
-                        ctx.processor
-                            .attempt(
-                                redis,
-                                &msg,
-                                decoded,
-                                attempt,
-                                ready.admitted.take(),
-                                bypass,
-                                &trace,
-                            )
-                            .await
-                    }
-                }
-            }
-            (Err(outcome), _) => outcome.clone(),
-        };
+        let outcome = next_outcome(ctx, redis, &mut delivery, attempt, in_flight).await;
+        let Delivery { ready, trace, .. } = &delivery;
         let decoded = ready.decoded.as_ref().ok();
         let outcome = match (outcome, decoded) {
             (Outcome::Failed { error }, Some(decoded)) => {
                 first_failed_at.get_or_insert_with(SystemTime::now);
-                let policy = ctx.processor.retry_policy();
-                let after = match budget.after_failure(policy, ctx.processor.breaker(), &error) {
-                    Next::Retry(after) => Some(after),
-                    Next::Exhausted => {
-                        let lookahead = lookahead.as_deref_mut();
-                        match judge(ctx, redis, decoded, &budget, lookahead).await {
-                            Judgement::Poison => None,
-                            Judgement::Outage | Judgement::Pending => {
-                                budget = Budget::new(ctx.processor.breaker());
-                                Some(Duration::ZERO)
-                            }
-                        }
-                    }
-                };
-                match after {
+                let lookahead = lookahead.as_deref_mut();
+                match retry_delay(ctx, redis, decoded, &mut budget, &error, lookahead).await {
                     Some(after) => {
-                        ctx.metrics.retried();
-                        trace.retry(attempt, after, &error);
-                        tracing::warn!(shard = %ctx.shard, attempt, retry_in = ?after, %error, fault = %error.fault(), trace_id = %trace.span_context().trace_id(), span_id = %trace.span_context().span_id(), "handler failed; retrying in place");
-                        tokio::time::sleep(after).await;
+                        wait_to_retry(ctx, trace, attempt, after, &error).await;
                         attempt += 1;
                         continue;
                     }
@@ -184,11 +137,11 @@ async fn settle_traced(
                     && commit(ctx, redis, lookahead.as_deref_mut(), decoded).await
                         == Written::Fenced
                 {
-                    return Ok(fenced(ctx, in_flight, &trace));
+                    return Ok(fenced(ctx, in_flight, trace));
                 }
                 ready.delivery.ack(BasicAckOptions::default()).await?;
                 ctx.metrics.processed(taken.elapsed());
-                trace.finish(outcome::PROCESSED, attempt);
+                delivery.trace.finish(outcome::PROCESSED, attempt);
                 break;
             }
             Outcome::Duplicate => {
@@ -197,10 +150,10 @@ async fn settle_traced(
                 }
                 ready.delivery.ack(BasicAckOptions::default()).await?;
                 ctx.metrics.duplicate();
-                trace.finish(outcome::DUPLICATE, 0);
+                delivery.trace.finish(outcome::DUPLICATE, 0);
                 break;
             }
-            Outcome::Fenced => return Ok(fenced(ctx, in_flight, &trace)),
+            Outcome::Fenced => return Ok(fenced(ctx, in_flight, trace)),
             // Resolved above: a failure without an event is dead-lettered.
             Outcome::Failed { .. } => continue,
             Outcome::Wait(after) => {
@@ -210,70 +163,190 @@ async fn settle_traced(
             }
             Outcome::Hold { start } => {
                 *in_flight = None;
-                trace.finish(outcome::HELD, 0);
-                let (order_key, seq) = decoded
-                    .map(|d| (d.order_key.clone(), d.envelope.seq.unwrap_or_default()))
-                    .unwrap_or_default();
-                return Ok(Settled::Hold {
-                    ready: Box::new(ready),
-                    order_key,
-                    seq,
-                    start,
-                });
+                return Ok(held(delivery, start));
             }
             Outcome::DeadLetter {
                 reason,
                 error,
                 attempts,
             } => {
-                let letter = DeadLetter {
-                    reason,
-                    error,
-                    retry_count: attempts,
-                    shard: ctx.shard.get(),
-                    original_routing_key: msg.routing_key.to_owned(),
-                    first_failed_at: first_failed_at.unwrap_or_else(SystemTime::now),
-                    // Time-ordered: a quarantine sorts letters of one seq by it.
-                    id: uuid::Uuid::now_v7().to_string(),
-                    trace: Some(trace.span_context().clone()),
-                };
-                let properties = letter.properties(msg.properties);
-                publish_dead_letter(dead_letters, &ctx.names, &msg, &letter, &properties).await?;
-                let entry = letters::entry_of(&properties, msg.body);
-                if let Some(decoded) = decoded {
-                    let written = ctx.processor.dead_lettered(redis, decoded, &entry).await;
-                    if written == Written::Fenced {
-                        // Its letter is in the DLQ; a replay of it is a
-                        // duplicate if the newer owner processed the event.
-                        return Ok(fenced(ctx, in_flight, &trace));
-                    }
-                    if ctx.processor.quarantines()
-                        && let Some(lookahead) = lookahead.as_deref_mut()
-                    {
-                        lookahead.forget_admission();
-                    }
-                } else {
-                    ctx.processor.index_dead_letter(redis, &entry).await;
+                let failed_at = first_failed_at.unwrap_or_else(SystemTime::now);
+                let letter = letter_of(ctx, &delivery, (reason, error, attempts), failed_at);
+                let lookahead = lookahead.as_deref_mut();
+                let ready = &delivery.ready;
+                let written =
+                    dead_letter(ctx, dead_letters, redis, ready, &letter, lookahead).await?;
+                if written == Written::Fenced {
+                    // Its letter is in the DLQ; a replay of it is a
+                    // duplicate if the newer owner processed the event.
+                    return Ok(fenced(ctx, in_flight, &delivery.trace));
                 }
-                ready.delivery.ack(BasicAckOptions::default()).await?;
                 ctx.metrics.dead_lettered(reason);
                 tracing::warn!(
                     shard = %ctx.shard, reason = %reason, attempts, dead_letter_id = %letter.id,
-                    error = %letter.error, trace_id = %trace.span_context().trace_id(),
-                    span_id = %trace.span_context().span_id(), "event dead-lettered"
+                    error = %letter.error, trace_id = %delivery.trace.span_context().trace_id(),
+                    span_id = %delivery.trace.span_context().span_id(), "event dead-lettered"
                 );
-                trace.dead_lettered(reason, attempts, &letter.id, &letter.error);
+                let id = &letter.id;
+                delivery
+                    .trace
+                    .dead_lettered(reason, attempts, id, &letter.error);
                 break;
             }
         }
     }
     *in_flight = None;
-    let order_key = ready
+    let order_key = delivery
+        .ready
         .decoded
         .ok()
         .filter(|d| d.envelope.seq.is_some())
         .map(|d| d.order_key);
     Ok(Settled::Done { order_key })
+}
+
+/// The next outcome of `delivery`: its directed dead letter, the outcome of
+/// the call made before (in a group, or as the breaker's evidence), or that
+/// of attempt number `attempt`.
+async fn next_outcome(
+    ctx: &ShardContext,
+    redis: &mut RedisSlot,
+    delivery: &mut Delivery,
+    attempt: u32,
+    in_flight: &mut Option<HeldClaim>,
+) -> Outcome {
+    let bypass = delivery.directive == Directive::Bypass;
+    let ready = &mut delivery.ready;
+    match (&ready.decoded, &delivery.directive) {
+        (_, Directive::DeadLetter(reason, error)) => Outcome::DeadLetter {
+            reason: *reason,
+            error: error.clone(),
+            attempts: 0,
+        },
+        (Ok(decoded), _) => {
+            *in_flight = Some(HeldClaim::of(decoded.claim()));
+            let admitted = ready.admitted.take();
+            match delivery.tried.take() {
+                Some(outcome) => outcome,
+                None => {
+                    let msg = Message::of(&ready.delivery);
+                    let trace = &delivery.trace;
+                    ctx.processor
+                        .attempt(redis, &msg, decoded, attempt, admitted, bypass, trace)
+                        .await
+                }
+            }
+        }
+        (Err(outcome), _) => outcome.clone(),
+    }
+}
+
+/// Counts, traces and logs a failed attempt, then waits `after` before the next.
+async fn wait_to_retry(
+    ctx: &ShardContext,
+    trace: &ProcessTrace,
+    attempt: u32,
+    after: Duration,
+    error: &HandlerError,
+) {
+    ctx.metrics.retried();
+    trace.retry(attempt, after, error);
+    tracing::warn!(shard = %ctx.shard, attempt, retry_in = ?after, %error, fault = %error.fault(), trace_id = %trace.span_context().trace_id(), span_id = %trace.span_context().span_id(), "handler failed; retrying in place");
+    tokio::time::sleep(after).await;
+}
+
+/// A delivery ahead of its order's sequence, for the gate (unacked).
+fn held(delivery: Delivery, start: bool) -> Settled {
+    delivery.trace.finish(outcome::HELD, 0);
+    let (order_key, seq) = delivery
+        .ready
+        .decoded
+        .as_ref()
+        .map(|d| (d.order_key.clone(), d.envelope.seq.unwrap_or_default()))
+        .unwrap_or_default();
+    Settled::Hold {
+        ready: Box::new(delivery.ready),
+        order_key,
+        seq,
+        start,
+    }
+}
+
+/// The dead letter of `delivery`, for its reason, error text and attempts.
+fn letter_of(
+    ctx: &ShardContext,
+    delivery: &Delivery,
+    (reason, error, attempts): (FailReason, String, u32),
+    first_failed_at: SystemTime,
+) -> DeadLetter {
+    DeadLetter {
+        reason,
+        error,
+        retry_count: attempts,
+        shard: ctx.shard.get(),
+        original_routing_key: delivery.ready.delivery.routing_key.to_string(),
+        first_failed_at,
+        // Time-ordered: a quarantine sorts letters of one seq by it.
+        id: uuid::Uuid::now_v7().to_string(),
+        trace: Some(delivery.trace.span_context().clone()),
+    }
+}
+
+/// After a failure that may be retried: the delay before the next attempt,
+/// or `None` when the event is to be dead-lettered (its budget is spent and
+/// the breaker calls it poison). An outage, or a verdict still pending after
+/// the evidence wait, starts its budget again.
+async fn retry_delay(
+    ctx: &ShardContext,
+    redis: &mut RedisSlot,
+    decoded: &Decoded,
+    budget: &mut Budget,
+    error: &HandlerError,
+    lookahead: Option<&mut Lookahead>,
+) -> Option<Duration> {
+    let policy = ctx.processor.retry_policy();
+    match budget.after_failure(policy, ctx.processor.breaker(), error) {
+        Next::Retry(after) => Some(after),
+        Next::Exhausted => match judge(ctx, redis, decoded, budget, lookahead).await {
+            Judgement::Poison => None,
+            Judgement::Outage | Judgement::Pending => {
+                *budget = Budget::new(ctx.processor.breaker());
+                Some(Duration::ZERO)
+            }
+        },
+    }
+}
+
+/// Publishes `letter` (confirmed), then writes the order state and the
+/// letter's index entry in one step, then acks. `Fenced` when a newer
+/// consumer wrote the order: the event stays unacked.
+async fn dead_letter(
+    ctx: &ShardContext,
+    dead_letters: &ConfirmChannel,
+    redis: &mut RedisSlot,
+    ready: &Ready,
+    letter: &DeadLetter,
+    lookahead: Option<&mut Lookahead>,
+) -> Result<Written, lapin::Error> {
+    let msg = Message::of(&ready.delivery);
+    let properties = letter.properties(msg.properties);
+    publish_dead_letter(dead_letters, &ctx.names, &msg, letter, &properties).await?;
+    let entry = letters::entry_of(&properties, msg.body);
+    match &ready.decoded {
+        Ok(decoded) => {
+            if ctx.processor.dead_lettered(redis, decoded, &entry).await == Written::Fenced {
+                return Ok(Written::Fenced);
+            }
+            if ctx.processor.quarantines()
+                && let Some(lookahead) = lookahead
+            {
+                lookahead.forget_admission();
+            }
+        }
+        Err(_) => ctx.processor.index_dead_letter(redis, &entry).await,
+    }
+    ready.delivery.ack(BasicAckOptions::default()).await?;
+    Ok(Written::Done)
 }
 
 /// Whether an event that used its retryable attempts met a poison event or an

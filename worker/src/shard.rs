@@ -389,6 +389,53 @@ struct Job {
     published_ms: u64,
 }
 
+impl Job {
+    /// The claim it may hold while it runs: any but a directed dead letter's.
+    fn claim(&self) -> Option<HeldClaim> {
+        match (&self.ready.decoded, &self.directive) {
+            (Ok(decoded), Directive::Normal | Directive::Bypass) => {
+                Some(HeldClaim::of(decoded.claim()))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// On stop: lets the running jobs finish within the drain timeout, then
+/// gives up the claims of those that did not.
+async fn drain_jobs<F>(
+    config: &Config,
+    ctx: &ShardContext,
+    redis: &mut RedisSlot,
+    mut running: FuturesUnordered<F>,
+    mut started: HashMap<u64, Started>,
+) -> Result<(), ShardError>
+where
+    F: Future<Output = (u64, RedisSlot, Result<Settled, lapin::Error>)>,
+{
+    let drain = async {
+        while let Some((id, _, settled)) = running.next().await {
+            started.remove(&id);
+            settled?;
+        }
+        Ok::<(), lapin::Error>(())
+    };
+    let drained = tokio::time::timeout(config.drain_timeout, drain).await;
+    if !started.is_empty() {
+        abandon(
+            ctx,
+            redis,
+            started.into_values().filter_map(|s| s.claim),
+            true,
+        )
+        .await;
+    }
+    match drained {
+        Ok(Err(e)) => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
 /// A started job, for the watch and for releasing its claim if abandoned.
 struct Started {
     /// The claim the job may hold.
@@ -449,16 +496,10 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
             let Entry { order, alone, item } = entry;
             let id = next_id;
             next_id += 1;
-            let claim = match (&item.ready.decoded, &item.directive) {
-                (Ok(decoded), Directive::Normal | Directive::Bypass) => {
-                    Some(HeldClaim::of(decoded.claim()))
-                }
-                _ => None,
-            };
             started.insert(
                 id,
                 Started {
-                    claim,
+                    claim: item.claim(),
                     order,
                     alone,
                     extra,
@@ -476,21 +517,7 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => {
-                let drain = async {
-                    while let Some((id, _, settled)) = running.next().await {
-                        started.remove(&id);
-                        settled?;
-                    }
-                    Ok::<(), lapin::Error>(())
-                };
-                let drained = tokio::time::timeout(config.drain_timeout, drain).await;
-                if !started.is_empty() {
-                    abandon(ctx, redis, started.into_values().filter_map(|s| s.claim), true).await;
-                }
-                return match drained {
-                    Ok(Err(e)) => Err(e.into()),
-                    _ => Ok(()),
-                };
+                return drain_jobs(config, ctx, redis, running, started).await;
             }
             _ = conn_lost.cancelled() => {
                 drop(running);

@@ -41,6 +41,92 @@ const RECONNECT_MIN: Duration = Duration::from_millis(200);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
 /// How often queue depths are read (passive declare), for the depth gauges.
 const DEPTH_POLL: Duration = Duration::from_secs(5);
+/// The breaker (`Config::breaker` on), open from the start when the fleet's
+/// is (another worker's status document says so): a worker restarted during
+/// an outage does not rediscover it with its events' budgets.
+async fn start_breaker(
+    config: &Config,
+    pool: &RedisPool,
+    metrics: &Metrics,
+) -> Option<Arc<Breaker>> {
+    let breaker = config
+        .breaker
+        .enabled
+        .then(|| Breaker::new(config.breaker.clone(), metrics.breaker()))?;
+    let keys = config.keys();
+    let read = status::fleet_breaker(pool, &keys);
+    let read = tokio::time::timeout(Duration::from_secs(2), read).await;
+    match read.unwrap_or_else(|_| Err("timed out".into())) {
+        Ok(Some(fleet)) if fleet.worker != config.worker_name => breaker.open_from_fleet(
+            fleet.breaker.cause,
+            format!(
+                "the fleet's breaker is open (worker {}: {})",
+                fleet.worker, fleet.breaker.reason
+            ),
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read the fleet's breaker; starting closed")
+        }
+    }
+    Some(breaker)
+}
+
+/// Writes this worker's status documents to Redis until `background` ends.
+fn start_status_writer(
+    config: &Config,
+    pool: &RedisPool,
+    metrics: &Arc<Metrics>,
+    breaker: Option<Arc<Breaker>>,
+    readiness: &Readiness,
+    background: &CancellationToken,
+) {
+    let writer = status::Writer {
+        pool: pool.clone(),
+        metrics: metrics.clone(),
+        keys: config.keys(),
+        owner: config.worker_name.clone(),
+        breaker,
+        fixed: config.fleet.is_none(),
+        health: readiness.status_writer.clone(),
+    };
+    tokio::spawn(writer.run(background.clone()));
+}
+
+/// What every shard's processor shares with the others.
+struct Shared {
+    handler: Arc<dyn Handler>,
+    rate: Option<Arc<RateLimiter>>,
+    breaker: Option<Arc<Breaker>>,
+    era: Arc<RedisEra>,
+}
+
+/// One context per shard of `metrics`, each with its processor.
+fn shard_contexts(config: &Config, metrics: &Metrics, shared: &Shared) -> Vec<Arc<ShardContext>> {
+    metrics
+        .shards()
+        .iter()
+        .map(|shard_metrics| {
+            let shard = shard_metrics.watch.shard;
+            Arc::new(ShardContext {
+                processor: Processor::new(
+                    config,
+                    shard,
+                    shared.handler.clone(),
+                    shard_metrics.clone(),
+                    shared.rate.clone(),
+                    shared.breaker.clone(),
+                    shared.era.clone(),
+                ),
+                names: config.names.clone(),
+                shard,
+                metrics: shard_metrics.clone(),
+                evidence: Notify::new(),
+            })
+        })
+        .collect()
+}
+
 /// Runs the worker until `shutdown` is cancelled: one consumer per assigned
 /// shard, reconnecting as long as it takes once the first connection worked.
 /// The same as [`Worker::new`] then [`Worker::run`].
@@ -104,53 +190,14 @@ impl Worker {
             metrics.infrastructure_failures(),
             era.clone(),
         ));
-        let rate = config
-            .max_rate
-            .map(|r| Arc::new(RateLimiter::new(r, RateLimiter::default_burst(r))));
-        let breaker = config
-            .breaker
-            .enabled
-            .then(|| Breaker::new(config.breaker.clone(), metrics.breaker()));
-        if let Some(breaker) = &breaker {
-            let keys = config.keys();
-            let read = status::fleet_breaker(&pool, &keys);
-            let read = tokio::time::timeout(Duration::from_secs(2), read).await;
-            match read.unwrap_or_else(|_| Err("timed out".into())) {
-                Ok(Some(fleet)) if fleet.worker != config.worker_name => breaker.open_from_fleet(
-                    fleet.breaker.cause,
-                    format!(
-                        "the fleet's breaker is open (worker {}: {})",
-                        fleet.worker, fleet.breaker.reason
-                    ),
-                ),
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot read the fleet's breaker; starting closed")
-                }
-            }
-        }
-        let contexts: Vec<Arc<ShardContext>> = metrics
-            .shards()
-            .iter()
-            .map(|shard_metrics| {
-                let shard = shard_metrics.watch.shard;
-                Arc::new(ShardContext {
-                    processor: Processor::new(
-                        &config,
-                        shard,
-                        handler.clone(),
-                        shard_metrics.clone(),
-                        rate.clone(),
-                        breaker.clone(),
-                        era.clone(),
-                    ),
-                    names: config.names.clone(),
-                    shard,
-                    metrics: shard_metrics.clone(),
-                    evidence: Notify::new(),
-                })
-            })
-            .collect();
+        let breaker = start_breaker(&config, &pool, &metrics).await;
+        let shared = Shared {
+            handler,
+            rate: config.max_rate.map(RateLimiter::shared),
+            breaker: breaker.clone(),
+            era,
+        };
+        let contexts = shard_contexts(&config, &metrics, &shared);
 
         // Endpoint, status writer and membership live as long as this function.
         let background = shutdown.child_token();
@@ -177,12 +224,11 @@ impl Worker {
             }
             None => slots,
         };
-        let writer_health = Arc::new(WriterHealth::default());
         let readiness = Arc::new(Readiness {
             metrics: metrics.clone(),
             broker: false.into(),
             redis: health.clone(),
-            status_writer: writer_health.clone(),
+            status_writer: Arc::new(WriterHealth::default()),
         });
         if let Some(listener) = listener {
             if let Ok(addr) = listener.local_addr() {
@@ -190,16 +236,7 @@ impl Worker {
             }
             tokio::spawn(http::serve(listener, readiness.clone(), background.clone()));
         }
-        let writer = status::Writer {
-            pool: pool.clone(),
-            metrics: metrics.clone(),
-            keys: config.keys(),
-            owner: config.worker_name.clone(),
-            breaker: breaker.clone(),
-            fixed: config.fleet.is_none(),
-            health: writer_health,
-        };
-        tokio::spawn(writer.run(background.clone()));
+        start_status_writer(&config, &pool, &metrics, breaker, &readiness, &background);
 
         let mut conns = Broker::connect(&config).await?;
         check_queues(&conns.consume, &config).await?;
