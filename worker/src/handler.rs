@@ -285,3 +285,63 @@ pub fn from_spec(spec: &str) -> Result<Arc<dyn Handler>, HandlerSpecError> {
         other => Err(HandlerSpecError::Unknown(other.to_owned())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handler_specs() {
+        assert!(from_spec("noop").is_ok());
+        assert!(from_spec("log").is_ok());
+        assert!(from_spec("http://127.0.0.1:8080/events").is_ok());
+        assert!(matches!(
+            from_spec("ftp://x"),
+            Err(HandlerSpecError::Unknown(_))
+        ));
+        assert!(matches!(
+            from_spec("http://"),
+            Err(HandlerSpecError::Url { .. })
+        ));
+    }
+
+    #[test]
+    fn a_handler_url_that_does_not_parse_is_shown_without_its_password() {
+        let Err(HandlerSpecError::Url { url, .. }) = from_spec("http://u:secret@[::1") else {
+            panic!("refused");
+        };
+        assert!(!url.contains("secret"), "{url}");
+    }
+
+    #[test]
+    fn each_error_says_whose_fault_it_is() {
+        assert_eq!(HandlerError::permanent("x").fault(), Fault::Event);
+        assert_eq!(HandlerError::retryable("x").fault(), Fault::Availability);
+        assert_eq!(
+            HandlerError::timeout(Duration::from_secs(1)).fault(),
+            Fault::Availability
+        );
+        assert_eq!(
+            HandlerError::misconfigured("x").fault(),
+            Fault::Configuration
+        );
+        assert_eq!(
+            HandlerError::refused("x", "401").fault(),
+            Fault::Unconfirmed
+        );
+        assert!(!HandlerError::permanent("x").is_retryable());
+        assert!(HandlerError::refused("x", "401").is_retryable());
+        let labels: Vec<&str> = Fault::ALL.iter().map(|f| f.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "event",
+                "availability",
+                "configuration",
+                "unconfirmed",
+                "infrastructure"
+            ]
+        );
+        assert!(Fault::ALL.iter().enumerate().all(|(i, f)| f.index() == i));
+    }
+}
