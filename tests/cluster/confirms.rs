@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use shardline_testkit::cluster::NODES;
-use shardline_testkit::orders_covering_shards;
+use shardline_testkit::{orders_covering_shards, wait_until};
 
 use crate::load::{
     LOAD_CONNECTION, Load, ORDERS_PER_SHARD, assert_guarantees, connections, heal_after_pause,
@@ -40,17 +40,27 @@ async fn a_publisher_whose_node_stops_answering_fails_over_when_confirms_stop() 
     wait_connected_to(&cluster, &env, frozen, &[LOAD_CONNECTION]).await;
     load.wait_batches("the load to run", 10).await;
 
-    let fault = Instant::now();
+    // The fault starts when the node is frozen: confirms that arrive while
+    // the pause command runs are from before it.
     cluster.pause(frozen).await;
+    let fault = Instant::now();
     let stalled = load.wait_resumed(fault).await;
     let resumed = fault.elapsed();
-    let moved = connections(&cluster, &env, worker_node).await;
-    assert!(
-        moved
-            .iter()
-            .any(|(node, name)| name.starts_with(LOAD_CONNECTION) && *node != frozen),
-        "the publisher is on another node now: {moved:?}"
-    );
+    // While the frozen node still counts as up (under `net_ticktime`),
+    // `list_connections` may get no answer from the cluster: read until the
+    // listing shows the publisher on another node.
+    wait_until(
+        "the publisher on another node",
+        shardline_testkit::STARTUP,
+        || async {
+            let moved = connections(&cluster, &env, worker_node).await;
+            let on_another = moved
+                .iter()
+                .any(|(node, name)| name.starts_with(LOAD_CONNECTION) && *node != frozen);
+            on_another.then_some(()).ok_or_else(|| format!("{moved:?}"))
+        },
+    )
+    .await;
     let after = load.batches();
     load.wait_batches("publishing on the new node", after + 10)
         .await;
