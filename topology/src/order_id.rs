@@ -54,10 +54,6 @@ impl OrderId {
     pub fn key(&self) -> String {
         key_field(&self.0)
     }
-
-    pub fn into_string(self) -> String {
-        self.0
-    }
 }
 
 impl Deref for OrderId {

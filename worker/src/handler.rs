@@ -14,6 +14,7 @@ use shardline_topology::{Envelope, ShardId};
 mod http;
 
 pub use http::{DEFAULT_CONFIG_STATUSES, Http};
+pub(crate) use http::{TRACEPARENT_LIMIT, sendable};
 
 /// One event as a handler sees it.
 #[derive(Debug, Clone, Copy)]
@@ -56,7 +57,7 @@ pub struct Event<'a> {
 pub enum Fault {
     /// The event itself: it cannot be decoded or sent, or the downstream
     /// refuses this one event.
-    Event,
+    Event = 0,
     /// The downstream is down or overloaded: connection refused or reset,
     /// a timeout, 408, 429, 5xx.
     Availability,
@@ -91,15 +92,9 @@ impl Fault {
         }
     }
 
-    /// Its position in [`Fault::ALL`].
+    /// Its position in [`Fault::ALL`] (the declaration order).
     pub(crate) fn index(self) -> usize {
-        match self {
-            Self::Event => 0,
-            Self::Availability => 1,
-            Self::Configuration => 2,
-            Self::Unconfirmed => 3,
-            Self::Infrastructure => 4,
-        }
+        self as usize
     }
 }
 

@@ -27,7 +27,7 @@ use crate::config::{Config, OnDeadLetter, RetryPolicy};
 use crate::control;
 use crate::dedup::{Admission, Claim as HeldBy, DeadLettered, Dedup, Start, Verdict, Written};
 use crate::era::RedisEra;
-use crate::handler::{Event, Fault, Handler, HandlerError};
+use crate::handler::{self, Event, Fault, Handler, HandlerError};
 use crate::metrics::ShardMetrics;
 use crate::quarantine;
 use crate::rate::RateLimiter;
@@ -594,23 +594,16 @@ impl Processor {
 
 /// Why an incoming `traceparent` was not continued (the span is a new root),
 /// when there was one.
-fn dropped_traceparent(properties: &BasicProperties) -> Option<&'static str> {
+fn dropped_traceparent(properties: &BasicProperties) -> Option<String> {
     headers::header(properties, headers::TRACEPARENT)?;
     let Some(bytes) = headers::header_bytes(properties, headers::TRACEPARENT) else {
-        return Some("not text");
+        return Some("not text".into());
     };
-    let Ok(text) = std::str::from_utf8(bytes) else {
-        return Some("not UTF-8");
-    };
-    if headers::is_valid_traceparent(text) {
-        None
-    } else if text.contains(['\r', '\n']) {
-        Some("CR/LF")
-    } else if text.contains('\0') {
-        Some("NUL")
-    } else {
-        Some("not a W3C traceparent")
+    if let Err(why) = handler::sendable(bytes, handler::TRACEPARENT_LIMIT) {
+        return Some(why.to_string());
     }
+    let valid = std::str::from_utf8(bytes).is_ok_and(headers::is_valid_traceparent);
+    (!valid).then(|| "not a W3C traceparent".into())
 }
 
 /// What a call's result tells the breaker: only its fault decides.

@@ -37,7 +37,7 @@ const TRACESTATE_LIMIT: usize = 512;
 /// Longest `baggage` sent: W3C Baggage's limit for the whole header.
 const BAGGAGE_LIMIT: usize = 8192;
 /// Longest `traceparent` (version 00 is 55 characters; later versions may add fields).
-const TRACEPARENT_LIMIT: usize = 512;
+pub(crate) const TRACEPARENT_LIMIT: usize = 512;
 
 /// Forwards each event to a URL (POST, original body).
 ///
@@ -238,7 +238,7 @@ impl Answer {
 
 /// Why an optional header's value cannot travel in HTTP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Unsendable {
+pub(crate) enum Unsendable {
     NotUtf8,
     LineBreak,
     Nul,
@@ -260,7 +260,7 @@ impl fmt::Display for Unsendable {
 
 /// `value` as a header value, when HTTP can carry it: UTF-8 text without
 /// control characters (tab aside), at most `limit` bytes.
-fn sendable(value: &[u8], limit: usize) -> Result<HeaderValue, Unsendable> {
+pub(crate) fn sendable(value: &[u8], limit: usize) -> Result<HeaderValue, Unsendable> {
     let text = std::str::from_utf8(value).map_err(|_| Unsendable::NotUtf8)?;
     if text.contains(['\r', '\n']) {
         return Err(Unsendable::LineBreak);
