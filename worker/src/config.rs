@@ -46,7 +46,7 @@ pub struct Config {
     /// Group commit for fast handlers, on serial shards: up to this many
     /// deliveries the broker has already sent are claimed in one Redis call,
     /// run one after another, committed together with the next group's claims
-    /// in one call and acked with one ack (`group.rs`). The price: a worker
+    /// in one call and acked with one ack (`intake::group`). The price: a worker
     /// that dies between a group's calls and its commit repeats up to a
     /// group's calls per shard, not only the event in the handler. Not with
     /// `concurrency` above 1 or quarantine mode. 1 (the default) is off.

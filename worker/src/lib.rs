@@ -21,35 +21,51 @@
 //! ```
 //!
 //! [`Worker::new`] then [`Worker::progress`] gives a [`Progress`] to watch a
-//! running worker. Modules, in the order a delivery meets them:
+//! running worker.
+//!
+//! A delivery passes three stages, each a module that calls forward only
+//! (`scripts/test` fails on a module import cycle):
+//!
+//! 1. `intake`: deliveries to events ready for an attempt — decode (control
+//!    messages first, `intake::control`, never processed as events), the
+//!    sequence gate (`intake::gate`), the read-ahead whose claim rides with
+//!    the last commit (`intake::lookahead`), group commit (`intake::group`),
+//!    and with `--concurrency` which event starts next (`intake::schedule`).
+//! 2. `attempt`: one attempt at an event — admit (dedup, gate, claim), the
+//!    breaker's admission, the rate token, the handler call under its
+//!    timeout, and whose fault a failure is ([`Fault`]).
+//! 3. `settle`: the outcome to the broker — commit, ack (`settle::acks`, the
+//!    one door for acks), retry in place (`settle::retry`), dead letter
+//!    (`settle::dead_letter`). It reaches the deliveries behind the current
+//!    one only through `settle::Upcoming`, which intake's read-ahead
+//!    implements.
+//!
+//! What the stages share:
+//!
+//! - `delivery`: a delivery's types as they flow (message, decoded event,
+//!   directive, outcome); `trace`: its consumer span.
+//! - `context`: one shard's context (processor, names, metrics).
+//! - `dedup`: the order state in Redis (claims, `done` marks, each order's
+//!   last seq, fencing), one Lua script per step.
+//! - `quarantine`: per-order quarantine behind a dead letter ([`OnDeadLetter::Quarantine`]).
+//! - `breaker`: the worker-wide downstream breaker ([`Config::breaker`]): an
+//!   outage, or a downstream misconfigured for every event, pauses every
+//!   shard instead of filling the DLQ.
+//! - `rate`: the worker-wide call rate limit ([`Config::max_rate`]), a token bucket.
+//! - `store`: one Redis connection per shard; outages pause the shard.
+//! - [`handler`]: the [`Handler`] trait, its errors with their [`Fault`], and
+//!   the built-in handlers; the HTTP one attributes every answer and
+//!   transport error.
+//!
+//! Around them:
 //!
 //! - `config`: the settings, their defaults and their one validation.
 //! - `supervisor`: the two broker connections (deliveries and acks; dead
 //!   letters), their one reconnect loop, one task per shard.
 //! - `membership`: `--assign auto` ([`Config::fleet`]): the member's lease
 //!   and one rebalance step per heartbeat; which shards its consumers take.
-//! - `shard`: one shard's consumer: exclusive consume or standby, drain and
-//!   close (no `basic.cancel`) on stop.
-//! - `lookahead`: the next delivery taken early, to claim it with the last commit.
-//! - `schedule`: with `--concurrency` > 1, which event starts next: never two
-//!   of one order, redelivered events alone, a bound on waiting events.
-//! - `gate`: the sequence gate's held events, per order, with their deadlines.
-//! - `control`: control messages (`x-shardline-control`), recognised before
-//!   decoding and never processed as events.
-//! - `process`: one delivery to an outcome: decode, admit, call the handler.
-//! - `retry`: an event's budget of counted failures and the delay before its
-//!   next attempt; the dead letter once it is spent.
-//! - `dedup`: the Redis state: claims, `done` marks, each order's last seq.
-//! - `quarantine`: per-order quarantine behind a dead letter ([`OnDeadLetter::Quarantine`]).
-//! - `breaker`: the worker-wide downstream breaker ([`Config::breaker`]):
-//!   an outage, or a downstream misconfigured for every event, pauses every
-//!   shard instead of filling the DLQ.
-//! - `rate`: the worker-wide call rate limit ([`Config::max_rate`]), a token bucket.
-//! - `store`: one Redis connection per shard; outages pause the shard.
-//! - [`handler`]: the [`Handler`] trait, its errors with their [`Fault`] (whose
-//!   fault a failure is decides what follows), and the built-in handlers; the
-//!   HTTP one attributes every answer and transport error.
-//! - `settle`: the one place an outcome becomes ack, or dead letter then ack.
+//! - `shard`: one shard's consumer, the loop that drives the stages:
+//!   exclusive consume or standby, drain and close (no `basic.cancel`) on stop.
 //! - `live`: each shard's live state (in flight, held, consuming or not).
 //! - [`metrics`]: the one set of counters, and the metric names.
 //! - `status`: the shard and worker status documents written to Redis.
@@ -62,32 +78,34 @@
 // clippy with warnings as errors.
 #![warn(clippy::too_many_lines)]
 
+// The stages a delivery passes, in flow order; each calls forward only.
+mod attempt;
+mod intake;
+mod settle;
+
+// What the stages share: the delivery's types and span, the shard's context,
+// the order state and the worker-wide breaker and rate limit.
 mod breaker;
 mod config;
-mod control;
+mod context;
 mod dedup;
+mod delivery;
 mod era;
 mod error;
-mod gate;
-mod group;
 pub mod handler;
 pub mod http;
 mod live;
-mod lookahead;
 mod membership;
 pub mod metrics;
-mod process;
 mod progress;
 mod quarantine;
 mod rate;
-mod retry;
-mod schedule;
-mod settle;
 mod shard;
 mod signal;
 mod status;
 mod store;
 mod supervisor;
+mod trace;
 
 pub use config::{
     BreakerPolicy, Config, ConfigError, FleetPolicy, OnDeadLetter, OnGap, Problem, RetryPolicy,

@@ -4,7 +4,7 @@
 //! same counters.
 //!
 //! Counters and the processing-time histogram are bumped where things happen
-//! (`settle.rs`, `process.rs`, `store.rs`, the supervisor). Everything that
+//! (`settle`, `attempt`, `store`, the supervisor). Everything that
 //! depends on the clock (backlog age, in-flight age, the levels, stuck) is
 //! computed when scraped, from each shard's live state (`live.rs`).
 

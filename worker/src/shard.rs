@@ -1,6 +1,6 @@
 //! One shard's consumer: take the shard (or stand by), process deliveries — one
 //! at a time, or up to `--concurrency` at once, never two of one order (the
-//! rules are `schedule.rs`'s) — and on stop finish the events in flight under
+//! rules are `intake::schedule`'s) — and on stop finish the events in flight under
 //! the drain deadline.
 //!
 //! Stopping never sends `basic.cancel`: after a cancel the read-ahead stays
@@ -28,16 +28,18 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::attempt::Processor;
 use crate::breaker::Breaker;
 use crate::config::Config;
+use crate::context::ShardContext;
 use crate::dedup::HeldClaim;
-use crate::gate::{Directive, Expired, Gate, Holdable as _};
-use crate::group::{self, Group, Grouped};
+use crate::delivery::{Directive, Ready};
+use crate::intake::gate::{Expired, Gate, Holdable as _};
+use crate::intake::group::{self, Group, Grouped};
+use crate::intake::lookahead::Lookahead;
+use crate::intake::schedule::{Entry, Schedule};
 use crate::live::{ShardState, ShardWatch, published_ms, unix_ms};
-use crate::lookahead::{Lookahead, Ready};
-use crate::process::Processor;
-use crate::schedule::{Entry, Schedule};
-use crate::settle::{Settled, ShardContext, ack_duplicate, settle};
+use crate::settle::{Settled, ack_duplicate, settle};
 use crate::store::RedisSlot;
 
 /// How long closing a channel or a connection may take. lapin's close waits
@@ -220,7 +222,7 @@ struct Loop<'a> {
 
 /// Settles deliveries one at a time — first those the gate released, then the
 /// broker's — until told to stop. Each commit admits the next delivery when it
-/// is already here (`lookahead.rs`).
+/// is already here (`intake::lookahead`).
 async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
     let Loop {
         config,
@@ -449,7 +451,7 @@ struct Started {
 }
 
 /// Settles up to `--concurrency` deliveries at once, never two of one order
-/// (`schedule.rs`), until told to stop. Each call has its own Redis slot on the
+/// (`intake::schedule`), until told to stop. Each call has its own Redis slot on the
 /// shard's connection; claims are not pipelined with commits here.
 async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
     let Loop {
@@ -584,7 +586,7 @@ async fn run_job(
         &mut redis,
         job.ready,
         job.directive,
-        None,
+        None::<&mut Lookahead>,
         &mut in_flight,
     )
     .await;

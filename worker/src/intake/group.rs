@@ -21,17 +21,19 @@
 
 use std::collections::HashMap;
 
-use lapin::options::BasicAckOptions;
 use shardline_topology::telemetry::outcome;
 use tokio_util::sync::CancellationToken;
 
+use crate::attempt::Processor;
+use crate::context::ShardContext;
 use crate::dedup::{Done, GroupAdmit, GroupReply, HeldClaim, Start, Verdict};
-use crate::gate::Gate;
+use crate::delivery::{Decoded, Message, Outcome, Ready, Tried};
+use crate::intake::gate::Gate;
+use crate::intake::lookahead::Lookahead;
 use crate::live::{published_ms, unix_ms};
-use crate::lookahead::{Lookahead, Ready, Tried};
-use crate::process::{Message, Outcome, ProcessTrace, Processor};
-use crate::settle::ShardContext;
+use crate::settle::acks;
 use crate::store::RedisSlot;
+use crate::trace::ProcessTrace;
 
 /// How a run of groups ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +70,7 @@ impl Member {
         self.decoded().envelope.seq.unwrap_or_default()
     }
 
-    fn decoded(&self) -> &crate::process::Decoded {
+    fn decoded(&self) -> &Decoded {
         match &self.ready.decoded {
             Ok(decoded) => decoded,
             // `joins` lets only decoded events in.
@@ -368,33 +370,19 @@ async fn after_failure(
     out
 }
 
-/// Acks the committed members: one `multiple` ack of the last when they are
-/// consecutive deliveries and nothing below them is unacked (the gate holds
-/// nothing, the lookahead keeps nothing earlier); else one by one.
+/// Acks the committed members (`settle::acks`): one `multiple` ack of the
+/// last when they are consecutive deliveries and nothing below them is
+/// unacked (the gate holds nothing, the lookahead keeps nothing earlier);
+/// else one by one.
 async fn ack(
     lookahead: &Lookahead,
     gate: &Gate<Ready>,
     committed: &[Member],
 ) -> Result<(), lapin::Error> {
-    let (Some(first), Some(last)) = (committed.first(), committed.last()) else {
-        return Ok(());
-    };
-    let (low, high) = (
-        first.ready.delivery.delivery_tag,
-        last.ready.delivery.delivery_tag,
-    );
-    let consecutive = high.checked_sub(low) == Some(committed.len() as u64 - 1);
-    if consecutive && gate.is_idle() && !lookahead.keeps_below(high) {
-        let multiple = BasicAckOptions { multiple: true };
-        last.ready.delivery.ack(multiple).await?;
-    } else {
-        for member in committed {
-            member
-                .ready
-                .delivery
-                .ack(BasicAckOptions::default())
-                .await?;
-        }
-    }
-    Ok(())
+    let deliveries: Vec<&lapin::message::Delivery> =
+        committed.iter().map(|m| &m.ready.delivery).collect();
+    acks::ack_all(&deliveries, |high| {
+        !gate.is_idle() || lookahead.keeps_below(high)
+    })
+    .await
 }

@@ -3,7 +3,7 @@
 //! order's events in delivery order, redelivered events alone.
 //!
 //! A pure state machine over any item, so that its rules are unit-tested
-//! without a broker. The shard's consumer (`concurrent.rs`) pushes what it
+//! without a broker. The shard's consumer (`shard::run_concurrent`) pushes what it
 //! takes, starts what [`Schedule::next`] gives it and reports each end with
 //! [`Schedule::finish`].
 //!

@@ -14,17 +14,7 @@ use shardline_topology::headers::FailReason;
 use tokio::time::Instant;
 
 use crate::config::{Config, OnGap};
-
-/// How a delivery is to be processed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Directive {
-    /// Through the gate, like any delivery.
-    Normal,
-    /// Past the gate: an accepted start, an applied gap, a replay.
-    Bypass,
-    /// Straight to the dead-letter exchange.
-    DeadLetter(FailReason, String),
-}
+use crate::delivery::Directive;
 
 /// What the gate holds: an item that remembers when it was first held, so
 /// that an event released and held again keeps the grace of its arrival.

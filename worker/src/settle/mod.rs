@@ -1,43 +1,54 @@
-//! Drives one delivery to its end. The `match` in [`settle`] is the one place an
-//! [`Outcome`] meets the broker: ack, sleep and retry, hold, or dead-letter then
-//! ack. Dead letters go out through the publisher crate's confirmed publish, on
-//! the supervisor's dead-letter connection; acks on the shard's channel.
+//! Settle, the last stage: an outcome to the broker. The `match` in
+//! `settle_traced` is the one place an [`Outcome`] meets the broker for the
+//! serial and concurrent paths (ack, sleep and retry, hold, or dead-letter
+//! then ack); a group's committed events are acked through [`acks`], the one
+//! door for acks, whose `multiple` ack never covers a delivery still unacked.
+//! Retries in place are `retry`'s; dead letters (published confirmed, on the
+//! supervisor's dead-letter connection) are `dead_letter`'s.
 
-use std::sync::Arc;
+pub(crate) mod acks;
+mod dead_letter;
+pub(crate) mod retry;
+
+use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use lapin::options::BasicAckOptions;
-use shardline_publisher::{ConfirmChannel, ConfirmError};
-use shardline_topology::headers::{DeadLetter, FailReason};
-use shardline_topology::letters;
+use shardline_publisher::ConfirmChannel;
 use shardline_topology::telemetry::outcome;
-use shardline_topology::{Names, ShardId};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::attempt::Processor;
 use crate::breaker::Judgement;
+use crate::context::ShardContext;
 use crate::dedup::{Done, HeldClaim, Written};
-use crate::gate::Directive;
+use crate::delivery::{Decoded, Directive, Message, Outcome, Ready, Tried};
 use crate::handler::HandlerError;
-use crate::lookahead::{Lookahead, Ready, Tried};
-use crate::metrics::ShardMetrics;
-use crate::process::{Decoded, Message, Outcome, ProcessTrace, Processor};
-use crate::retry::{self, Budget, Next};
 use crate::store::RedisSlot;
+use crate::trace::ProcessTrace;
+use dead_letter::{dead_letter, letter_of};
+use retry::{Budget, Next};
 
-/// While the dead-letter queue cannot take a message, how long to wait between
-/// tries. The event stays unacked meanwhile: nothing is acked before its copy is.
-const DEAD_LETTER_RETRY: Duration = Duration::from_secs(1);
+/// The deliveries behind the one being settled, as settling may use them
+/// (intake's read-ahead is one; a concurrent shard has none): the next one,
+/// to claim with this commit, and events of other orders for the breaker's
+/// evidence.
+pub(crate) trait Upcoming {
+    /// The next delivery if the broker has already sent it; never waits.
+    fn peek(&mut self, processor: &Processor) -> Option<&mut Ready>;
 
-/// What one shard needs to settle its deliveries.
-pub(crate) struct ShardContext {
-    pub(crate) processor: Processor,
-    pub(crate) names: Names,
-    pub(crate) shard: ShardId,
-    pub(crate) metrics: Arc<ShardMetrics>,
-    /// A concurrent shard's event waits for the breaker's evidence: the
-    /// shard's loop starts one event of another order beyond its slots.
-    pub(crate) evidence: Notify,
+    /// Forgets the verdict asked for early for the next delivery (a dead
+    /// letter made since may have quarantined its order).
+    fn forget_admission(&mut self);
+
+    /// An event of another order than `order_key` that may be tried as the
+    /// breaker's evidence, without waiting; `None` when none has come yet.
+    fn take_other(&mut self, order_key: &str, processor: &Processor) -> Option<Ready>;
+
+    /// Waits for the broker's next delivery and keeps it (cancel-safe).
+    fn arrival(&mut self, processor: &Processor) -> impl Future<Output = ()>;
+
+    /// Puts deliveries back at the front, in their order.
+    fn unpark(&mut self, deliveries: Vec<Ready>);
 }
 
 /// How a delivery left [`settle`].
@@ -62,13 +73,13 @@ pub(crate) enum Settled {
 /// release it. `lookahead` (serial shards only) lets the commit admit the next
 /// delivery in the same round trip. Log lines about the event carry its trace and span ids (fields,
 /// not a per-event `tracing` span: that would format both ids for every event).
-pub(crate) async fn settle(
+pub(crate) async fn settle<U: Upcoming>(
     ctx: &ShardContext,
     dead_letters: &ConfirmChannel,
     redis: &mut RedisSlot,
     ready: Ready,
     directive: Directive,
-    lookahead: Option<&mut Lookahead>,
+    lookahead: Option<&mut U>,
     in_flight: &mut Option<HeldClaim>,
 ) -> Result<Settled, lapin::Error> {
     let mut ready = ready;
@@ -99,12 +110,12 @@ struct Delivery {
     tried: Option<Outcome>,
 }
 
-async fn settle_traced(
+async fn settle_traced<U: Upcoming>(
     ctx: &ShardContext,
     dead_letters: &ConfirmChannel,
     redis: &mut RedisSlot,
     mut delivery: Delivery,
-    mut lookahead: Option<&mut Lookahead>,
+    mut lookahead: Option<&mut U>,
     in_flight: &mut Option<HeldClaim>,
 ) -> Result<Settled, lapin::Error> {
     let taken = std::time::Instant::now();
@@ -139,7 +150,7 @@ async fn settle_traced(
                 {
                     return Ok(fenced(ctx, in_flight, trace));
                 }
-                ready.delivery.ack(BasicAckOptions::default()).await?;
+                acks::ack_one(&ready.delivery).await?;
                 ctx.metrics.processed(taken.elapsed());
                 delivery.trace.finish(outcome::PROCESSED, attempt);
                 break;
@@ -148,7 +159,7 @@ async fn settle_traced(
                 if let Some(decoded) = decoded {
                     ctx.processor.duplicate(redis, decoded).await;
                 }
-                ready.delivery.ack(BasicAckOptions::default()).await?;
+                acks::ack_one(&ready.delivery).await?;
                 ctx.metrics.duplicate();
                 delivery.trace.finish(outcome::DUPLICATE, 0);
                 break;
@@ -272,37 +283,17 @@ fn held(delivery: Delivery, start: bool) -> Settled {
     }
 }
 
-/// The dead letter of `delivery`, for its reason, error text and attempts.
-fn letter_of(
-    ctx: &ShardContext,
-    delivery: &Delivery,
-    (reason, error, attempts): (FailReason, String, u32),
-    first_failed_at: SystemTime,
-) -> DeadLetter {
-    DeadLetter {
-        reason,
-        error,
-        retry_count: attempts,
-        shard: ctx.shard.get(),
-        original_routing_key: delivery.ready.delivery.routing_key.to_string(),
-        first_failed_at,
-        // Time-ordered: a quarantine sorts letters of one seq by it.
-        id: uuid::Uuid::now_v7().to_string(),
-        trace: Some(delivery.trace.span_context().clone()),
-    }
-}
-
 /// After a failure that may be retried: the delay before the next attempt,
 /// or `None` when the event is to be dead-lettered (its budget is spent and
 /// the breaker calls it poison). An outage, or a verdict still pending after
 /// the evidence wait, starts its budget again.
-async fn retry_delay(
+async fn retry_delay<U: Upcoming>(
     ctx: &ShardContext,
     redis: &mut RedisSlot,
     decoded: &Decoded,
     budget: &mut Budget,
     error: &HandlerError,
-    lookahead: Option<&mut Lookahead>,
+    lookahead: Option<&mut U>,
 ) -> Option<Duration> {
     let policy = ctx.processor.retry_policy();
     match budget.after_failure(policy, ctx.processor.breaker(), error) {
@@ -317,50 +308,18 @@ async fn retry_delay(
     }
 }
 
-/// Publishes `letter` (confirmed), then writes the order state and the
-/// letter's index entry in one step, then acks. `Fenced` when a newer
-/// consumer wrote the order: the event stays unacked.
-async fn dead_letter(
-    ctx: &ShardContext,
-    dead_letters: &ConfirmChannel,
-    redis: &mut RedisSlot,
-    ready: &Ready,
-    letter: &DeadLetter,
-    lookahead: Option<&mut Lookahead>,
-) -> Result<Written, lapin::Error> {
-    let msg = Message::of(&ready.delivery);
-    let properties = letter.properties(msg.properties);
-    publish_dead_letter(dead_letters, &ctx.names, &msg, letter, &properties).await?;
-    let entry = letters::entry_of(&properties, msg.body);
-    match &ready.decoded {
-        Ok(decoded) => {
-            if ctx.processor.dead_lettered(redis, decoded, &entry).await == Written::Fenced {
-                return Ok(Written::Fenced);
-            }
-            if ctx.processor.quarantines()
-                && let Some(lookahead) = lookahead
-            {
-                lookahead.forget_admission();
-            }
-        }
-        Err(_) => ctx.processor.index_dead_letter(redis, &entry).await,
-    }
-    ready.delivery.ack(BasicAckOptions::default()).await?;
-    Ok(Written::Done)
-}
-
 /// Whether an event that used its retryable attempts met a poison event or an
 /// outage (`breaker.rs`): without a breaker, poison. While the verdict is
 /// pending, a serial shard tries events of other orders from its window here
 /// (one attempt each, left for its loop to settle), a concurrent shard asks its loop for one
 /// (`ShardContext::evidence`); at most one window later without an answer
 /// the event is dead-lettered as without a breaker.
-async fn judge(
+async fn judge<U: Upcoming>(
     ctx: &ShardContext,
     redis: &mut RedisSlot,
     decoded: &Decoded,
     budget: &Budget,
-    mut lookahead: Option<&mut Lookahead>,
+    mut lookahead: Option<&mut U>,
 ) -> Judgement {
     let Some(breaker) = ctx.processor.breaker() else {
         return Judgement::Poison;
@@ -408,11 +367,11 @@ async fn judge(
 /// event goes back, unsettled, to the front of the lookahead (the deliveries
 /// before it are of other orders) with that outcome (`Ready::tried`): the
 /// shard's loop settles it from there, after the waiting event.
-async fn evidence_attempt(
+async fn evidence_attempt<U: Upcoming>(
     ctx: &ShardContext,
     redis: &mut RedisSlot,
     mut other: Ready,
-    lookahead: &mut Lookahead,
+    lookahead: &mut U,
 ) {
     if let Ok(decoded) = &other.decoded {
         let msg = Message::of(&other.delivery);
@@ -437,17 +396,17 @@ fn fenced(ctx: &ShardContext, in_flight: &mut Option<HeldClaim>, trace: &Process
 
 /// Acks a second copy of an event the gate already holds.
 pub(crate) async fn ack_duplicate(ctx: &ShardContext, ready: &Ready) -> Result<(), lapin::Error> {
-    ready.delivery.ack(BasicAckOptions::default()).await?;
+    acks::ack_one(&ready.delivery).await?;
     ctx.metrics.duplicate();
     Ok(())
 }
 
 /// Commits the event (dedup and gate); when the next delivery is already here
 /// (serial shards), admits it in the same round trip.
-async fn commit(
+async fn commit<U: Upcoming>(
     ctx: &ShardContext,
     redis: &mut RedisSlot,
-    lookahead: Option<&mut Lookahead>,
+    lookahead: Option<&mut U>,
     done: &Decoded,
 ) -> Written {
     let dedup = ctx.processor.dedup();
@@ -470,44 +429,5 @@ async fn commit(
             written
         }
         _ => dedup.commit(redis, &done).await,
-    }
-}
-
-/// Publishes the original body and properties, plus the dead-letter headers, to
-/// the dead-letter exchange with the reason as routing key, and waits for the
-/// broker's confirm. A refusal (nack, unroutable) is retried after a pause with
-/// the event unacked, never skipped; a channel or connection error ends the
-/// shard's consumer, for the supervisor to reconnect both connections.
-async fn publish_dead_letter(
-    channel: &ConfirmChannel,
-    names: &Names,
-    msg: &Message<'_>,
-    letter: &DeadLetter,
-    properties: &lapin::BasicProperties,
-) -> Result<(), lapin::Error> {
-    let exchange = &names.dead_letter_exchange;
-    loop {
-        let published = channel
-            .publish(
-                exchange,
-                letter.reason.as_str(),
-                msg.body,
-                properties.clone(),
-            )
-            .await;
-        match published {
-            Ok(()) => return Ok(()),
-            Err(ConfirmError::Channel(e)) => return Err(e),
-            Err(refused @ ConfirmError::Unroutable { .. }) => tracing::error!(
-                %exchange, error = %refused,
-                "dead letter unroutable: no queue bound to the dead-letter exchange \
-                 (topology not applied? run `shardline topology apply`); event kept unacked, retrying"
-            ),
-            Err(refused) => tracing::error!(
-                %exchange, error = %refused,
-                "broker refused the dead letter; event kept unacked, retrying"
-            ),
-        }
-        tokio::time::sleep(DEAD_LETTER_RETRY).await;
     }
 }

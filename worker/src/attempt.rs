@@ -1,8 +1,10 @@
-//! One delivery to an [`Outcome`]: decode, admit (dedup, sequence gate, claim),
-//! call the handler.
+//! Attempt, the second stage: one attempt at a decoded event to an
+//! [`Outcome`] — admit (dedup, sequence gate, claim), the breaker's
+//! admission, the rate token, the handler call under its timeout, and what
+//! the breaker learns from the call's fault.
 //!
-//! Nothing here acks or publishes; `settle.rs` maps the outcome to the broker.
-//! [`ProcessTrace`] is the delivery's consumer span.
+//! Nothing here acks or publishes; the settle stage maps the outcome to the
+//! broker. The delivery's consumer span starts here (`start_trace`).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -11,78 +13,27 @@ use std::time::Duration;
 use lapin::BasicProperties;
 use opentelemetry::context::FutureExt as _;
 use opentelemetry::global::{self, BoxedTracer};
-use opentelemetry::trace::{
-    Span as _, SpanContext, SpanKind, Status, TraceContextExt as _, Tracer as _,
-};
+use opentelemetry::trace::{Span as _, SpanKind, TraceContextExt as _, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use shardline_topology::headers::{self, FailReason};
 use shardline_topology::letters::IndexEntry;
-use shardline_topology::telemetry::{self, attr, op, outcome};
-use shardline_topology::{Envelope, EnvelopeError, ShardId, w3c};
+use shardline_topology::telemetry::{self, attr, op};
+use shardline_topology::{ShardId, w3c};
 
 use shardline_topology::Keys;
 
 use crate::breaker::{self, Breaker, Permit};
 use crate::config::{Config, OnDeadLetter, RetryPolicy};
-use crate::control;
-use crate::dedup::{Admission, Claim as HeldBy, DeadLettered, Dedup, Start, Verdict, Written};
+
+use crate::dedup::{DeadLettered, Dedup, Start, Verdict, Written};
+use crate::delivery::{Decoded, Message, Outcome};
 use crate::era::RedisEra;
 use crate::handler::{self, Event, Fault, Handler, HandlerError};
 use crate::metrics::ShardMetrics;
 use crate::quarantine;
 use crate::rate::RateLimiter;
 use crate::store::RedisSlot;
-
-/// A delivery as processing sees it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Message<'a> {
-    pub(crate) body: &'a [u8],
-    pub(crate) properties: &'a BasicProperties,
-    /// The exchange it was published to.
-    pub(crate) exchange: &'a str,
-    pub(crate) routing_key: &'a str,
-    pub(crate) redelivered: bool,
-}
-
-impl<'a> Message<'a> {
-    pub(crate) fn of(delivery: &'a lapin::message::Delivery) -> Self {
-        Self {
-            body: &delivery.data,
-            properties: &delivery.properties,
-            exchange: delivery.exchange.as_str(),
-            routing_key: delivery.routing_key.as_str(),
-            redelivered: delivery.redelivered,
-        }
-    }
-}
-
-/// What to do with a delivery.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Outcome {
-    /// The handler succeeded: commit (dedup and gate), then ack.
-    Processed,
-    /// Processed before: ack without calling the handler.
-    Duplicate,
-    /// The attempt failed but may succeed (the claim is kept, and so the
-    /// order's place): `settle` decides, with the event's retry budget, whether
-    /// and when it is tried again.
-    Failed { error: HandlerError },
-    /// A live claim of another consumer: look again after this long.
-    Wait(Duration),
-    /// Ahead of its order's sequence: hold it unacked. `start` when the order
-    /// has no state yet (the start grace applies, not the gap grace).
-    Hold { start: bool },
-    /// A newer consumer of the shard wrote the event's order: this consumer
-    /// lost the shard. Leave the event unacked and stop consuming.
-    Fenced,
-    /// Cannot succeed: publish to the dead-letter exchange, then ack.
-    DeadLetter {
-        reason: FailReason,
-        error: String,
-        /// Handler attempts made.
-        attempts: u32,
-    },
-}
+use crate::trace::ProcessTrace;
 
 /// The claim an event holds while it waits for the breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,45 +44,6 @@ enum Claim {
     Started,
     /// Held across a failed attempt: its start was given back.
     Idle,
-}
-
-/// What survives between attempts at one delivery.
-#[derive(Debug, Clone)]
-pub(crate) struct Decoded {
-    pub(crate) envelope: Envelope,
-    pub(crate) dedup_key: String,
-    pub(crate) order_key: String,
-    /// Its kind's code in the order state (`Keys::kind_code`), computed once.
-    pub(crate) kind_code: String,
-    published_at_ms: Option<i64>,
-    /// A replay from the DLQ (the dead-letter id it replays): it bypasses the gate.
-    pub(crate) replay_of: Option<String>,
-    /// Quorum queues: deliveries so far (`x-delivery-count`).
-    delivery_count: Option<i64>,
-    token: u64,
-}
-
-impl Decoded {
-    /// The admit request for this delivery.
-    pub(crate) fn admission(&self, redelivered: bool, bypass_gate: bool) -> Admission<'_> {
-        Admission {
-            claim: self.claim(),
-            kind: &self.kind_code,
-            redelivered,
-            bypass_gate: bypass_gate || self.replay_of.is_some(),
-            replay_of: self.replay_of.as_deref(),
-        }
-    }
-
-    /// The claim this delivery makes (or may hold).
-    pub(crate) fn claim(&self) -> HeldBy<'_> {
-        HeldBy {
-            dedup_key: &self.dedup_key,
-            order_key: &self.order_key,
-            seq: self.envelope.seq,
-            token: self.token,
-        }
-    }
 }
 
 /// Processes the deliveries of one shard.
@@ -210,45 +122,6 @@ impl Processor {
     /// How failed attempts are retried (`Config::retry`).
     pub(crate) fn retry_policy(&self) -> &RetryPolicy {
         &self.retry
-    }
-
-    /// Parses the envelope; a body that is not one is dead-lettered at once.
-    /// A control message is recognised first, by its header, and never
-    /// decoded as an event (`control.rs`).
-    pub(crate) fn decode(&self, msg: &Message<'_>) -> Result<Decoded, Outcome> {
-        if let Some(message) = control::recognise(msg.properties) {
-            let control::Verdict::DeadLetter { reason, error } = control::handle(&message);
-            return Err(Outcome::DeadLetter {
-                reason,
-                error,
-                attempts: 0,
-            });
-        }
-        let envelope = Envelope::parse(msg.body, self.max_body_bytes).map_err(|e| {
-            let reason = match e {
-                EnvelopeError::Decode(_) => FailReason::Decode,
-                EnvelopeError::Invalid(_) => FailReason::Invalid,
-            };
-            Outcome::DeadLetter {
-                reason,
-                error: e.to_string(),
-                attempts: 0,
-            }
-        })?;
-        Ok(Decoded {
-            dedup_key: envelope.dedup_key(msg.body),
-            order_key: envelope.order_key(),
-            kind_code: Keys::kind_code(&envelope.event),
-            envelope,
-            published_at_ms: headers::header_i64(msg.properties, headers::PUBLISHED_AT_MS),
-            replay_of: headers::header(msg.properties, headers::REPLAY).map(|_| {
-                headers::header_str(msg.properties, headers::REPLAY)
-                    .unwrap_or_default()
-                    .to_owned()
-            }),
-            delivery_count: headers::header_i64(msg.properties, headers::DELIVERY_COUNT),
-            token: rand::random(),
-        })
     }
 
     /// Attempt number `attempt` (1-based): admit the event (or renew its
@@ -481,6 +354,11 @@ impl Processor {
         }
     }
 
+    /// The largest body decoded as an envelope (`Config::max_body_bytes`).
+    pub(crate) fn max_body_bytes(&self) -> usize {
+        self.max_body_bytes
+    }
+
     /// Quarantine mode is on.
     pub(crate) fn quarantines(&self) -> bool {
         self.quarantine
@@ -549,13 +427,7 @@ impl Processor {
             }
         }
         let traceparent = w3c::traceparent(&span_context);
-        ProcessTrace {
-            cx,
-            span_context,
-            traceparent,
-            recording,
-            finished: false,
-        }
+        ProcessTrace::new(cx, span_context, traceparent, recording)
     }
 
     fn span_attributes(&self, msg: &Message<'_>, decoded: Option<&Decoded>) -> Vec<KeyValue> {
@@ -627,114 +499,6 @@ fn breaker_verdict(result: &Result<(), HandlerError>, attempt: u32) -> breaker::
     }
 }
 
-/// One delivery's consumer span (`{queue} process`) and what is propagated from
-/// it: the handler's context and `traceparent`, and a dead letter's trace
-/// context. Ends when settled; dropped unsettled (stop, lost connection), it
-/// ends with outcome `abandoned`.
-pub(crate) struct ProcessTrace {
-    cx: Context,
-    span_context: SpanContext,
-    traceparent: String,
-    recording: bool,
-    finished: bool,
-}
-
-impl ProcessTrace {
-    /// The context holding the process span: the parent of handler spans.
-    pub(crate) fn context(&self) -> &Context {
-        &self.cx
-    }
-
-    /// The span context propagated downstream and onto a dead letter: the
-    /// process span's, or (no tracer provider) the incoming one, else a fresh one.
-    pub(crate) fn span_context(&self) -> &SpanContext {
-        &self.span_context
-    }
-
-    pub(crate) fn traceparent(&self) -> &str {
-        &self.traceparent
-    }
-
-    /// A failed attempt, to be retried after `after`.
-    pub(crate) fn retry(&self, attempt: u32, after: Duration, error: &HandlerError) {
-        if self.recording {
-            self.cx.span().add_event(
-                telemetry::event::RETRY,
-                vec![
-                    KeyValue::new(attr::ATTEMPT, i64::from(attempt)),
-                    KeyValue::new(
-                        attr::RETRY_IN_MS,
-                        i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
-                    ),
-                    KeyValue::new(attr::ERROR, error.to_string()),
-                    KeyValue::new(attr::FAULT, error.fault().as_str()),
-                ],
-            );
-        }
-    }
-
-    /// Waiting for another consumer's claim to lapse.
-    pub(crate) fn claim_wait(&self, after: Duration) {
-        if self.recording {
-            self.cx.span().add_event(
-                telemetry::event::CLAIM_WAIT,
-                vec![KeyValue::new(
-                    attr::RETRY_IN_MS,
-                    i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
-                )],
-            );
-        }
-    }
-
-    /// Ends the span with `outcome` (a [`telemetry::outcome`] value) after
-    /// `attempts` handler attempts.
-    pub(crate) fn finish(mut self, outcome: &'static str, attempts: u32) {
-        self.end(outcome, attempts, Vec::new());
-    }
-
-    /// Ends the span of a dead-lettered event, with an error status.
-    pub(crate) fn dead_lettered(
-        mut self,
-        reason: FailReason,
-        attempts: u32,
-        id: &str,
-        error: &str,
-    ) {
-        if self.recording {
-            self.cx.span().set_status(Status::error(error.to_owned()));
-        }
-        self.end(
-            outcome::DEAD_LETTERED,
-            attempts,
-            vec![
-                KeyValue::new(attr::FAIL_REASON, reason.as_str()),
-                KeyValue::new(attr::DEAD_LETTER_ID, id.to_owned()),
-                KeyValue::new(attr::ERROR, error.to_owned()),
-            ],
-        );
-    }
-
-    fn end(&mut self, outcome: &'static str, attempts: u32, mut more: Vec<KeyValue>) {
-        self.finished = true;
-        if !self.recording {
-            return;
-        }
-        more.push(KeyValue::new(attr::OUTCOME, outcome));
-        more.push(KeyValue::new(attr::ATTEMPT, i64::from(attempts)));
-        let span = self.cx.span();
-        span.set_attributes(more);
-        span.end();
-    }
-}
-
-impl Drop for ProcessTrace {
-    fn drop(&mut self) {
-        if !self.finished {
-            self.end(outcome::ABANDONED, 0, Vec::new());
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use lapin::types::{AMQPValue, FieldTable, LongString};
@@ -780,7 +544,7 @@ mod tests {
             redelivered: false,
         };
         let p = processor();
-        let decoded = p.decode(&msg).ok();
+        let decoded = crate::intake::decode(&msg, p.max_body_bytes()).ok();
         p.start_trace(&msg, decoded.as_ref())
     }
 

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use crate::breaker::Breaker;
 use crate::config::RetryPolicy;
+use crate::delivery::Outcome;
 use crate::handler::HandlerError;
-use crate::process::Outcome;
 
 /// What follows a retryable failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,31 +15,12 @@ use lapin::Consumer;
 use lapin::message::Delivery;
 use tokio::time::Instant;
 
-use crate::dedup::{Claim, Verdict};
-use crate::gate::Holdable;
-use crate::process::{Decoded, Message, Outcome, ProcessTrace, Processor};
+use crate::attempt::Processor;
+use crate::delivery::{Message, Ready};
+use crate::intake::decode;
+use crate::intake::gate::Holdable;
+use crate::settle::Upcoming;
 use crate::store::RedisSlot;
-
-/// A delivery with what is known about it before processing starts.
-pub(crate) struct Ready {
-    pub(crate) delivery: Delivery,
-    /// The envelope, or the dead-letter outcome of a body that is not one.
-    pub(crate) decoded: Result<Decoded, Outcome>,
-    /// Its first admit verdict, when asked for together with the previous commit.
-    pub(crate) admitted: Option<Verdict>,
-    /// When the sequence gate first held it.
-    held_since: Option<Instant>,
-    /// Its first call was made already, in a group that it failed in
-    /// (`group.rs`) or as the breaker's evidence (`settle.rs`): the serial
-    /// path goes on from that outcome.
-    pub(crate) tried: Option<Box<Tried>>,
-}
-
-/// A first call made already: its outcome and its span.
-pub(crate) struct Tried {
-    pub(crate) outcome: Outcome,
-    pub(crate) trace: ProcessTrace,
-}
 
 impl Holdable for Ready {
     fn held_since(&self) -> Option<Instant> {
@@ -51,24 +32,15 @@ impl Holdable for Ready {
     }
 }
 
-impl Ready {
-    fn new(delivery: Delivery, processor: &Processor) -> Self {
-        let decoded = processor.decode(&Message::of(&delivery));
-        Self {
-            delivery,
-            decoded,
-            admitted: None,
-            held_since: None,
-            tried: None,
-        }
-    }
-
-    /// The claim this delivery holds, if any.
-    fn held_claim(&self) -> Option<Claim<'_>> {
-        match (&self.decoded, &self.admitted) {
-            (Ok(decoded), Some(Verdict::Claimed | Verdict::TakenOver)) => Some(decoded.claim()),
-            _ => None,
-        }
+/// A new delivery, decoded (`decode`).
+fn ready(delivery: Delivery, processor: &Processor) -> Ready {
+    let decoded = decode(&Message::of(&delivery), processor.max_body_bytes());
+    Ready {
+        delivery,
+        decoded,
+        admitted: None,
+        held_since: None,
+        tried: None,
     }
 }
 
@@ -223,9 +195,31 @@ impl Lookahead {
 
     fn wrap(next: Option<Result<Delivery, lapin::Error>>, processor: &Processor) -> Peeked {
         match next {
-            Some(Ok(delivery)) => Peeked::Ready(Ready::new(delivery, processor)),
+            Some(Ok(delivery)) => Peeked::Ready(ready(delivery, processor)),
             Some(Err(e)) => Peeked::End(Some(e)),
             None => Peeked::End(None),
         }
+    }
+}
+
+impl Upcoming for Lookahead {
+    fn peek(&mut self, processor: &Processor) -> Option<&mut Ready> {
+        Lookahead::peek(self, processor)
+    }
+
+    fn forget_admission(&mut self) {
+        Lookahead::forget_admission(self);
+    }
+
+    fn take_other(&mut self, order_key: &str, processor: &Processor) -> Option<Ready> {
+        Lookahead::take_other(self, order_key, processor)
+    }
+
+    async fn arrival(&mut self, processor: &Processor) {
+        Lookahead::arrival(self, processor).await;
+    }
+
+    fn unpark(&mut self, deliveries: Vec<Ready>) {
+        Lookahead::unpark(self, deliveries);
     }
 }

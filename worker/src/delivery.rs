@@ -1,0 +1,148 @@
+//! A delivery as it flows through the stages (intake → attempt → settle):
+//! what the broker sent ([`Message`]), what intake made of it ([`Decoded`],
+//! [`Directive`], [`Ready`]) and what an attempt made of it ([`Outcome`]).
+//! Types only: every stage reads them, none of them calls a stage.
+
+use std::time::Duration;
+
+use lapin::BasicProperties;
+use lapin::message::Delivery;
+use shardline_topology::Envelope;
+use shardline_topology::headers::FailReason;
+use tokio::time::Instant;
+
+use crate::dedup::{Admission, Claim, Verdict};
+use crate::handler::HandlerError;
+use crate::trace::ProcessTrace;
+
+/// A delivery as processing sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Message<'a> {
+    pub(crate) body: &'a [u8],
+    pub(crate) properties: &'a BasicProperties,
+    /// The exchange it was published to.
+    pub(crate) exchange: &'a str,
+    pub(crate) routing_key: &'a str,
+    pub(crate) redelivered: bool,
+}
+
+impl<'a> Message<'a> {
+    pub(crate) fn of(delivery: &'a lapin::message::Delivery) -> Self {
+        Self {
+            body: &delivery.data,
+            properties: &delivery.properties,
+            exchange: delivery.exchange.as_str(),
+            routing_key: delivery.routing_key.as_str(),
+            redelivered: delivery.redelivered,
+        }
+    }
+}
+
+/// What to do with a delivery.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Outcome {
+    /// The handler succeeded: commit (dedup and gate), then ack.
+    Processed,
+    /// Processed before: ack without calling the handler.
+    Duplicate,
+    /// The attempt failed but may succeed (the claim is kept, and so the
+    /// order's place): `settle` decides, with the event's retry budget, whether
+    /// and when it is tried again.
+    Failed { error: HandlerError },
+    /// A live claim of another consumer: look again after this long.
+    Wait(Duration),
+    /// Ahead of its order's sequence: hold it unacked. `start` when the order
+    /// has no state yet (the start grace applies, not the gap grace).
+    Hold { start: bool },
+    /// A newer consumer of the shard wrote the event's order: this consumer
+    /// lost the shard. Leave the event unacked and stop consuming.
+    Fenced,
+    /// Cannot succeed: publish to the dead-letter exchange, then ack.
+    DeadLetter {
+        reason: FailReason,
+        error: String,
+        /// Handler attempts made.
+        attempts: u32,
+    },
+}
+
+/// How a delivery is to be processed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Directive {
+    /// Through the gate, like any delivery.
+    Normal,
+    /// Past the gate: an accepted start, an applied gap, a replay.
+    Bypass,
+    /// Straight to the dead-letter exchange.
+    DeadLetter(FailReason, String),
+}
+
+/// What survives between attempts at one delivery.
+#[derive(Debug, Clone)]
+pub(crate) struct Decoded {
+    pub(crate) envelope: Envelope,
+    pub(crate) dedup_key: String,
+    pub(crate) order_key: String,
+    /// Its kind's code in the order state (`Keys::kind_code`), computed once.
+    pub(crate) kind_code: String,
+    pub(crate) published_at_ms: Option<i64>,
+    /// A replay from the DLQ (the dead-letter id it replays): it bypasses the gate.
+    pub(crate) replay_of: Option<String>,
+    /// Quorum queues: deliveries so far (`x-delivery-count`).
+    pub(crate) delivery_count: Option<i64>,
+    pub(crate) token: u64,
+}
+
+impl Decoded {
+    /// The admit request for this delivery.
+    pub(crate) fn admission(&self, redelivered: bool, bypass_gate: bool) -> Admission<'_> {
+        Admission {
+            claim: self.claim(),
+            kind: &self.kind_code,
+            redelivered,
+            bypass_gate: bypass_gate || self.replay_of.is_some(),
+            replay_of: self.replay_of.as_deref(),
+        }
+    }
+
+    /// The claim this delivery makes (or may hold).
+    pub(crate) fn claim(&self) -> Claim<'_> {
+        Claim {
+            dedup_key: &self.dedup_key,
+            order_key: &self.order_key,
+            seq: self.envelope.seq,
+            token: self.token,
+        }
+    }
+}
+
+/// A delivery with what is known about it before processing starts.
+pub(crate) struct Ready {
+    pub(crate) delivery: Delivery,
+    /// The envelope, or the dead-letter outcome of a body that is not one.
+    pub(crate) decoded: Result<Decoded, Outcome>,
+    /// Its first admit verdict, when asked for together with the previous commit.
+    pub(crate) admitted: Option<Verdict>,
+    /// When the sequence gate first held it.
+    pub(crate) held_since: Option<Instant>,
+    /// Its first call was made already, in a group that it failed in
+    /// (`intake::group`) or as the breaker's evidence (`settle`): the serial
+    /// path goes on from that outcome.
+    pub(crate) tried: Option<Box<Tried>>,
+}
+
+/// A first call made already: its outcome and its span.
+pub(crate) struct Tried {
+    pub(crate) outcome: Outcome,
+    pub(crate) trace: ProcessTrace,
+}
+
+impl Ready {
+    /// The claim this delivery holds, if any.
+    pub(crate) fn held_claim(&self) -> Option<Claim<'_>> {
+        match (&self.decoded, &self.admitted) {
+            (Ok(decoded), Some(Verdict::Claimed | Verdict::TakenOver)) => Some(decoded.claim()),
+            _ => None,
+        }
+    }
+}
