@@ -732,5 +732,10 @@ fn verdict((kind, n): (String, i64)) -> Verdict {
     }
 }
 
+#[expect(dead_code, reason = "the stages move onto the seam next")]
+mod state;
 #[cfg(test)]
 mod tests;
+
+#[expect(unused_imports, reason = "the stages move onto the seam next")]
+pub(crate) use state::{OrderState, RedisOrderState};
