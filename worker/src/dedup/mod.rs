@@ -32,6 +32,11 @@
 //! together when the next delivery is already here. With `--group-commit`,
 //! one per group: the commits of a group's events and the admits of the
 //! next group's (`group.lua`).
+//!
+//! **The seam.** The stages reach this state through [`OrderState`]
+//! (`state.rs`; [`RedisOrderState`] runs the scripts). Unit tests use the
+//! in-memory fake (`memory.rs`), held to the scripts by one scenario suite
+//! run against both (`scenarios.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -733,4 +738,19 @@ fn verdict((kind, n): (String, i64)) -> Verdict {
 }
 
 #[cfg(test)]
+mod memory;
+#[cfg(test)]
+mod scenarios;
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "the stages move onto the seam next")
+)]
+mod state;
+#[cfg(test)]
 mod tests;
+
+#[cfg_attr(
+    not(test),
+    expect(unused_imports, reason = "the stages move onto the seam next")
+)]
+pub(crate) use state::{OrderState, RedisOrderState};

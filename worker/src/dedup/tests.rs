@@ -17,13 +17,13 @@ fn redis_url() -> String {
 
 /// A test's Redis: its prefix, a config using it, and a plain connection for
 /// looking at (and finally deleting) what the scripts wrote.
-struct Store {
-    config: Config,
-    plain: redis::aio::MultiplexedConnection,
+pub(super) struct Store {
+    pub(super) config: Config,
+    pub(super) plain: redis::aio::MultiplexedConnection,
 }
 
 impl Store {
-    async fn new(name: &str) -> Self {
+    pub(super) async fn new(name: &str) -> Self {
         let config = Config {
             redis: RedisTarget::parse(&redis_url()).unwrap(),
             redis_prefix: format!("test:{name}:{}:", rand::random::<u32>()),
@@ -34,7 +34,7 @@ impl Store {
     }
 
     /// A consumer of shard 0: its own epoch, its own connection.
-    fn consumer(&self) -> Consumer {
+    pub(super) fn consumer(&self) -> Consumer {
         let shard = ShardId::new(0, ShardCount::default()).unwrap();
         let era = Arc::new(RedisEra::new(self.config.keys().redis_era()));
         let dedup = Dedup::new(&self.config, shard, era.clone());
@@ -58,7 +58,7 @@ impl Store {
     }
 
     /// The dead-letter index entry of `id`, read back.
-    async fn indexed(&mut self, id: &str) -> Option<IndexEntry> {
+    pub(super) async fn indexed(&mut self, id: &str) -> Option<IndexEntry> {
         let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
             .arg(self.config.keys().dlq_letter(id))
             .query_async(&mut self.plain)
@@ -84,7 +84,7 @@ impl Store {
         members
     }
 
-    async fn clean(mut self) {
+    pub(super) async fn clean(mut self) {
         let pattern = self.config.keys().everything_pattern();
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg(pattern)
@@ -158,9 +158,9 @@ impl Ev {
 }
 
 /// One consumer of shard 0, driving the scripts as the worker does.
-struct Consumer {
-    dedup: Dedup,
-    slot: RedisSlot,
+pub(super) struct Consumer {
+    pub(super) dedup: Dedup,
+    pub(super) slot: RedisSlot,
 }
 
 impl Consumer {
