@@ -499,30 +499,30 @@ fn breaker_verdict(result: &Result<(), HandlerError>, attempt: u32) -> breaker::
     }
 }
 
+/// A processor for unit tests: default settings, the `noop` handler, no
+/// breaker or rate limit (nothing here touches Redis until an attempt).
+#[cfg(test)]
+pub(crate) fn test_processor() -> Processor {
+    let config = Config::default();
+    let shard = ShardId::new(3, shardline_topology::ShardCount::default()).expect("shard 3 of 16");
+    let metrics = crate::metrics::Metrics::new(&[shard], config.backlog, config.stuck_after);
+    Processor::new(
+        &config,
+        shard,
+        Arc::new(crate::handler::Noop),
+        metrics.shards()[0].clone(),
+        None,
+        None,
+        Arc::new(RedisEra::new(config.keys().redis_era())),
+    )
+}
+
 #[cfg(test)]
 mod tests {
-    use lapin::types::{AMQPValue, FieldTable, LongString};
-    use shardline_topology::ShardCount;
-
     use super::*;
-    use crate::handler::Noop;
+    use lapin::types::{AMQPValue, FieldTable, LongString};
 
     const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-
-    fn processor() -> Processor {
-        let config = Config::default();
-        let shard = ShardId::new(3, ShardCount::default()).unwrap();
-        let metrics = crate::metrics::Metrics::new(&[shard], config.backlog, config.stuck_after);
-        Processor::new(
-            &config,
-            shard,
-            Arc::new(Noop),
-            metrics.shards()[0].clone(),
-            None,
-            None,
-            Arc::new(RedisEra::new(config.keys().redis_era())),
-        )
-    }
 
     fn with_traceparent(value: Option<&[u8]>) -> BasicProperties {
         let mut headers = FieldTable::default();
@@ -543,7 +543,7 @@ mod tests {
             routing_key: "shard.3",
             redelivered: false,
         };
-        let p = processor();
+        let p = test_processor();
         let decoded = crate::intake::decode(&msg, p.max_body_bytes()).ok();
         p.start_trace(&msg, decoded.as_ref())
     }

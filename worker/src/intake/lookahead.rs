@@ -10,7 +10,7 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use futures_util::{FutureExt as _, StreamExt as _};
+use futures_util::{FutureExt as _, Stream, StreamExt as _};
 use lapin::Consumer;
 use lapin::message::Delivery;
 use tokio::time::Instant;
@@ -55,15 +55,21 @@ enum Peeked {
     End(Option<lapin::Error>),
 }
 
+/// Where a shard's deliveries come from: its broker consumer, or in unit
+/// tests a stream of mock deliveries.
+pub(crate) trait Deliveries: Stream<Item = Result<Delivery, lapin::Error>> + Unpin {}
+
+impl<T: Stream<Item = Result<Delivery, lapin::Error>> + Unpin> Deliveries for T {}
+
 /// The shard's consumer with the deliveries taken ahead: one, or while the
 /// breaker looks for evidence, those passed over.
-pub(crate) struct Lookahead {
-    consumer: Consumer,
+pub(crate) struct Lookahead<S = Consumer> {
+    consumer: S,
     parked: VecDeque<Peeked>,
 }
 
-impl Lookahead {
-    pub(crate) fn new(consumer: Consumer) -> Self {
+impl<S: Deliveries> Lookahead<S> {
+    pub(crate) fn new(consumer: S) -> Self {
         Self {
             consumer,
             parked: VecDeque::new(),
@@ -202,24 +208,161 @@ impl Lookahead {
     }
 }
 
-impl Upcoming for Lookahead {
+impl<S: Deliveries> Upcoming for Lookahead<S> {
     fn peek(&mut self, processor: &Processor) -> Option<&mut Ready> {
-        Lookahead::peek(self, processor)
+        Lookahead::<S>::peek(self, processor)
     }
 
     fn forget_admission(&mut self) {
-        Lookahead::forget_admission(self);
+        Lookahead::<S>::forget_admission(self);
     }
 
     fn take_other(&mut self, order_key: &str, processor: &Processor) -> Option<Ready> {
-        Lookahead::take_other(self, order_key, processor)
+        Lookahead::<S>::take_other(self, order_key, processor)
     }
 
     async fn arrival(&mut self, processor: &Processor) {
-        Lookahead::arrival(self, processor).await;
+        Lookahead::<S>::arrival(self, processor).await;
     }
 
     fn unpark(&mut self, deliveries: Vec<Ready>) {
-        Lookahead::unpark(self, deliveries);
+        Lookahead::<S>::unpark(self, deliveries);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::stream;
+
+    use super::*;
+    use crate::attempt::test_processor;
+    use crate::delivery::{Outcome, Tried};
+
+    /// A first (or, `redelivered`, a repeated) delivery of `order`'s `seq`.
+    fn event(tag: u64, order: &str, seq: u64, redelivered: bool) -> Result<Delivery, lapin::Error> {
+        let body = format!(r#"{{"order_id":"{order}","event":"order.paid","seq":{seq}}}"#);
+        Ok(Delivery::mock(
+            tag,
+            "order.sharding".into(),
+            "shard.3".into(),
+            redelivered,
+            body.into_bytes(),
+        ))
+    }
+
+    /// A broker that has sent `sent` and nothing more yet (it never ends).
+    fn sent(sent: Vec<Result<Delivery, lapin::Error>>) -> Lookahead<impl Deliveries> {
+        Lookahead::new(stream::iter(sent).chain(stream::pending()))
+    }
+
+    fn order_of(ready: &Ready) -> &str {
+        ready.decoded.as_ref().map_or("", |d| &d.envelope.order_id)
+    }
+
+    async fn tags(lookahead: &mut Lookahead<impl Deliveries>, n: usize) -> Vec<u64> {
+        let processor = test_processor();
+        let mut tags = Vec::new();
+        for _ in 0..n {
+            let ready = lookahead.next(&processor).await.unwrap().unwrap();
+            tags.push(ready.delivery.delivery_tag);
+        }
+        tags
+    }
+
+    #[tokio::test]
+    async fn the_evidence_is_the_first_first_delivery_of_an_order_not_passed_over() {
+        let processor = test_processor();
+        let mut lookahead = sent(vec![
+            event(2, "A", 2, false),
+            event(3, "B", 1, true),
+            event(4, "B", 2, false),
+            event(5, "C", 1, false),
+        ]);
+        let other = lookahead.take_other("A", &processor).unwrap();
+        assert_eq!(
+            other.delivery.delivery_tag, 5,
+            "B's second may not overtake its redelivered first"
+        );
+        assert_eq!(order_of(&other), "C");
+        assert!(lookahead.keeps_below(5));
+        assert!(!lookahead.keeps_below(2));
+        assert_eq!(
+            tags(&mut lookahead, 3).await,
+            [2, 3, 4],
+            "the passed over stay in delivery order"
+        );
+    }
+
+    #[tokio::test]
+    async fn nothing_fits_when_only_the_waiting_order_and_undecodable_bodies_are_here() {
+        let processor = test_processor();
+        let not_an_envelope = Ok(Delivery::mock(
+            3,
+            "".into(),
+            "".into(),
+            false,
+            b"[1]".to_vec(),
+        ));
+        let mut lookahead = sent(vec![event(2, "A", 2, false), not_an_envelope]);
+        assert!(lookahead.take_other("A", &processor).is_none());
+        assert_eq!(tags(&mut lookahead, 2).await, [2, 3]);
+        assert!(
+            lookahead.peek(&processor).is_none(),
+            "peek never waits for the broker"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_event_tried_as_evidence_comes_back_first_and_is_not_tried_again() {
+        let processor = test_processor();
+        let mut lookahead = sent(vec![event(2, "B", 1, false), event(3, "C", 1, false)]);
+        let mut other = lookahead.take_other("A", &processor).unwrap();
+        assert_eq!(other.delivery.delivery_tag, 2);
+        let msg = Message::of(&other.delivery);
+        let trace = processor.start_trace(&msg, other.decoded.as_ref().ok());
+        other.tried = Some(Box::new(Tried {
+            outcome: Outcome::Processed,
+            trace,
+        }));
+        lookahead.unpark(vec![other]);
+        let next = lookahead.take_other("A", &processor).unwrap();
+        assert_eq!(
+            next.delivery.delivery_tag, 3,
+            "a tried event is not evidence twice"
+        );
+        let front = lookahead.peek(&processor).unwrap();
+        assert_eq!(front.delivery.delivery_tag, 2);
+        assert!(front.tried.is_some(), "it keeps the outcome of its attempt");
+    }
+
+    #[tokio::test]
+    async fn take_while_stops_at_the_first_that_does_not_fit_and_keeps_it() {
+        let processor = test_processor();
+        let mut lookahead = sent(vec![
+            event(1, "A", 1, false),
+            event(2, "B", 1, false),
+            event(3, "C", 1, true),
+            event(4, "D", 1, false),
+        ]);
+        let taken = lookahead.take_while(10, &processor, |r| !r.delivery.redelivered);
+        let taken: Vec<u64> = taken.iter().map(|r| r.delivery.delivery_tag).collect();
+        assert_eq!(taken, [1, 2]);
+        assert_eq!(tags(&mut lookahead, 2).await, [3, 4]);
+    }
+
+    #[tokio::test]
+    async fn the_consumers_end_is_kept_after_what_was_read_ahead() {
+        let processor = test_processor();
+        let mut lookahead = Lookahead::new(stream::iter(vec![event(1, "A", 1, false)]));
+        assert!(
+            lookahead
+                .take_other("B", &processor)
+                .is_some_and(|r| order_of(&r) == "A")
+        );
+        assert!(lookahead.take_other("B", &processor).is_none());
+        assert!(
+            lookahead.next(&processor).await.unwrap().is_none(),
+            "cancelled by the broker"
+        );
     }
 }
