@@ -100,7 +100,7 @@ impl Envelope {
     }
 
     /// The order id with `%` and `:` escaped, as it appears in Redis keys.
-    pub fn order_key(&self) -> String {
+    pub fn order_key(&self) -> crate::OrderKey {
         self.order_id.key()
     }
 

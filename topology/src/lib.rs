@@ -6,7 +6,8 @@
 //!
 //! - [`shard`]: shard count, shard ids and the md5 shard map (agrees with Python's hashlib).
 //! - [`names`]: exchange, queue and routing-key names.
-//! - [`order_id`]: what a valid order id is ([`OrderId`], one constructor).
+//! - [`order_id`]: what a valid order id is ([`OrderId`], one constructor),
+//!   and its escaped key ([`OrderKey`]).
 //! - [`envelope`]: the JSON event envelope, its validation and its dedup key.
 //! - [`headers`]: AMQP properties and header names both sides read and write.
 //! - [`w3c`]: the W3C trace context (`traceparent`/`tracestate`) codec.
@@ -45,6 +46,6 @@ pub use declare::{ApplyReport, DeclareError, DlqKind, QueueType, ShardStatus, To
 pub use envelope::{Envelope, EnvelopeError, NewEvent};
 pub use keys::Keys;
 pub use names::Names;
-pub use order_id::{OrderId, OrderIdError};
+pub use order_id::{OrderId, OrderIdError, OrderKey};
 pub use redis_target::{PooledConnection, RedisError, RedisPool, RedisTarget};
 pub use shard::{ShardCount, ShardId, ShardSet};

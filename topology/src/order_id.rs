@@ -51,8 +51,58 @@ impl OrderId {
     }
 
     /// The id as it appears in Redis keys: `%` and `:` escaped.
-    pub fn key(&self) -> String {
-        key_field(&self.0)
+    pub fn key(&self) -> OrderKey {
+        OrderKey(key_field(&self.0))
+    }
+}
+
+/// An order's key: its [`OrderId`] with `%` and `:` escaped, as it appears in
+/// Redis keys and as the worker's gate, order state and quarantine name the
+/// order. Made only from an `OrderId` ([`OrderId::key`]); reads as a `&str`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OrderKey(String);
+
+impl OrderKey {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Deref for OrderKey {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for OrderKey {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for OrderKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<OrderKey> for String {
+    fn from(key: OrderKey) -> Self {
+        key.0
+    }
+}
+
+impl PartialEq<str> for OrderKey {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for OrderKey {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
     }
 }
 

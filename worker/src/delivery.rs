@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use lapin::BasicProperties;
 use lapin::message::Delivery;
-use shardline_topology::Envelope;
 use shardline_topology::headers::FailReason;
+use shardline_topology::{Envelope, OrderKey};
 use tokio::time::Instant;
 
 use crate::dedup::{Admission, Claim, Verdict};
@@ -82,7 +82,7 @@ pub(crate) enum Directive {
 pub(crate) struct Decoded {
     pub(crate) envelope: Envelope,
     pub(crate) dedup_key: String,
-    pub(crate) order_key: String,
+    pub(crate) order_key: OrderKey,
     /// Its kind's code in the order state (`Keys::kind_code`), computed once.
     pub(crate) kind_code: String,
     pub(crate) published_at_ms: Option<i64>,

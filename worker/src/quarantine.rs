@@ -15,7 +15,7 @@
 //! stays the blocker and the successors replayed behind it are quarantined
 //! again rather than applied out of order.
 
-use shardline_topology::Keys;
+use shardline_topology::{Keys, OrderKey};
 
 use crate::store::RedisSlot;
 
@@ -43,7 +43,7 @@ pub(crate) type Head = (Vec<(String, f64)>, Option<f64>);
 pub(crate) fn add_head_query(
     pipe: &mut redis::Pipeline,
     keys: &Keys,
-    order_key: &str,
+    order_key: &OrderKey,
     replay_of: Option<&str>,
 ) {
     let key = keys.quarantine(order_key);
@@ -96,7 +96,7 @@ fn head_score_seq(score: f64) -> u64 {
 }
 
 /// The dead letter `id` no longer holds its order (its event was applied).
-pub(crate) async fn leave(redis: &mut RedisSlot, keys: &Keys, order_key: &str, id: &str) {
+pub(crate) async fn leave(redis: &mut RedisSlot, keys: &Keys, order_key: &OrderKey, id: &str) {
     let mut cmd = redis::cmd("ZREM");
     cmd.arg(keys.quarantine(order_key)).arg(id);
     redis.query::<i64>(&cmd).await;

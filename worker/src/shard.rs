@@ -562,7 +562,11 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
 /// A delivery as the schedule sees it: its order, and whether it runs alone
 /// (redelivered: it may be the one that killed the last process).
 fn job_entry(ready: Ready, directive: Directive) -> Entry<Job> {
-    let order = ready.decoded.as_ref().ok().map(|d| d.order_key.clone());
+    let order = ready
+        .decoded
+        .as_ref()
+        .ok()
+        .map(|d| String::from(d.order_key.clone()));
     let alone = ready.delivery.redelivered;
     let published_ms = published_ms(&ready.delivery.properties, unix_ms());
     Entry {
@@ -633,7 +637,7 @@ fn held_refs(gate: &Gate<Ready>) -> Vec<HeldRef> {
     gate.held_events()
         .filter_map(|ready| ready.decoded.as_ref().ok())
         .map(|d| HeldRef {
-            order_key: d.order_key.clone(),
+            order_key: d.order_key.to_string(),
             event: d.envelope.event.clone(),
         })
         .collect()

@@ -390,7 +390,7 @@ impl Memory {
         let now = self.now_ms();
         let order = self
             .orders
-            .get(a.claim.order_key)
+            .get(a.claim.order_key.as_str())
             .cloned()
             .unwrap_or_default();
         if order.stale(fence) {
@@ -424,7 +424,10 @@ impl Memory {
             }
             (starts, verdict) = (c.starts + 1, Verdict::TakenOver);
         }
-        let order = self.orders.entry(a.claim.order_key.to_owned()).or_default();
+        let order = self
+            .orders
+            .entry(a.claim.order_key.to_string())
+            .or_default();
         order.c = Some(OrderClaim {
             seq,
             deadline: now.saturating_add(s.lease_ms),
@@ -474,7 +477,7 @@ impl Memory {
     /// `commit.lua`.
     fn commit(&mut self, s: &Settings, done: &Done<'_>, fence: u64) -> Written {
         let claim = &done.claim;
-        let order = self.orders.entry(claim.order_key.to_owned()).or_default();
+        let order = self.orders.entry(claim.order_key.to_string()).or_default();
         if order.stale(fence) {
             return Written::Fenced;
         }
@@ -506,7 +509,7 @@ impl Memory {
         let claim = &dead.claim;
         let stale = self
             .orders
-            .get(claim.order_key)
+            .get(claim.order_key.as_str())
             .is_some_and(|order| order.stale(fence));
         if stale {
             return Written::Fenced;
@@ -518,7 +521,7 @@ impl Memory {
                 }
             }
             Some(seq) => {
-                let order = self.orders.entry(claim.order_key.to_owned()).or_default();
+                let order = self.orders.entry(claim.order_key.to_string()).or_default();
                 order.drop_claim_of(claim.token);
                 order.advance(seq);
                 order.u.mark(seq, seq);
@@ -543,7 +546,7 @@ impl Memory {
                 }
             }
             Some(_) => {
-                if let Some(order) = self.orders.get_mut(claim.order_key) {
+                if let Some(order) = self.orders.get_mut(claim.order_key.as_str()) {
                     order.drop_claim_of(claim.token);
                 }
             }
@@ -574,7 +577,7 @@ impl Memory {
                 );
             }
             Some(seq) => {
-                let order = self.orders.entry(claim.order_key.to_owned()).or_default();
+                let order = self.orders.entry(claim.order_key.to_string()).or_default();
                 if order.stale(fence) {
                     return false;
                 }
@@ -629,7 +632,7 @@ impl Memory {
 
     /// The dead letter an admitted event must wait behind (quarantine mode).
     fn blocker(&self, a: &Admission<'_>) -> Option<quarantine::Blocker> {
-        let set = self.quarantines.get(a.claim.order_key)?;
+        let set = self.quarantines.get(a.claim.order_key.as_str())?;
         let head: Vec<(String, f64)> = set
             .first()
             .map(|(s, id)| (id.clone(), *s))

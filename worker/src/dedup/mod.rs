@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use redis::{Cmd, Pipeline, Script};
 use shardline_topology::letters::{INDEX_LUA, IndexEntry};
-use shardline_topology::{Keys, ShardId};
+use shardline_topology::{Keys, OrderKey, ShardId};
 
 use crate::config::{Config, OnDeadLetter};
 use crate::era::RedisEra;
@@ -122,7 +122,7 @@ impl Written {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Claim<'a> {
     pub(crate) dedup_key: &'a str,
-    pub(crate) order_key: &'a str,
+    pub(crate) order_key: &'a OrderKey,
     pub(crate) seq: Option<u64>,
     /// Unique per delivery.
     pub(crate) token: u64,
@@ -132,7 +132,7 @@ pub(crate) struct Claim<'a> {
 #[derive(Debug, Clone)]
 pub(crate) struct HeldClaim {
     dedup_key: String,
-    order_key: String,
+    order_key: OrderKey,
     seq: Option<u64>,
     token: u64,
 }
@@ -141,7 +141,7 @@ impl HeldClaim {
     pub(crate) fn of(claim: Claim<'_>) -> Self {
         Self {
             dedup_key: claim.dedup_key.to_owned(),
-            order_key: claim.order_key.to_owned(),
+            order_key: claim.order_key.clone(),
             seq: claim.seq,
             token: claim.token,
         }

@@ -15,7 +15,7 @@ use std::fmt;
 use std::time::Duration;
 
 use shardline_topology::letters::IndexEntry;
-use shardline_topology::{Keys, ShardCount, ShardId};
+use shardline_topology::{Keys, OrderKey, ShardCount, ShardId};
 
 use super::memory::{ClaimView, EventView, MemoryOrderState, MemoryStore, OrderView};
 use super::tests::{Consumer, Store};
@@ -262,7 +262,7 @@ struct Line {
 /// One delivery of an event.
 #[derive(Debug, Clone)]
 struct Ev {
-    order: String,
+    order: OrderKey,
     kind: String,
     code: String,
     seq: Option<u64>,
@@ -315,7 +315,7 @@ impl Ev {
             id: id.to_owned(),
             reason: "handler".to_owned(),
             error: "downstream answered 503".to_owned(),
-            order_id: Some(self.order.clone()),
+            order_id: Some(self.order.to_string()),
             seq: self.seq,
             kind: Some(self.kind.clone()),
             shard: Some(0),
@@ -378,7 +378,9 @@ impl<W: World> Run<W> {
             self.events.insert(key.clone());
         }
         Ev {
-            order: order.to_owned(),
+            order: shardline_topology::OrderId::new(order)
+                .expect("a scenario's order id")
+                .key(),
             kind: kind.to_owned(),
             code: Keys::kind_code(kind),
             seq,

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use shardline_topology::{RedisTarget, ShardCount, ShardId};
+use shardline_topology::{OrderKey, RedisTarget, ShardCount, ShardId};
 
 use super::*;
 use crate::store::RedisHealth;
@@ -103,6 +103,7 @@ impl Store {
 
 /// One delivery of an event of order "A".
 struct Ev {
+    order: OrderKey,
     kind: String,
     seq: u64,
     key: String,
@@ -114,6 +115,7 @@ struct Ev {
 impl Ev {
     fn new(kind: &str, seq: u64) -> Self {
         Self {
+            order: shardline_topology::OrderId::new("A").unwrap().key(),
             kind: kind.to_owned(),
             seq,
             key: format!("A:{kind}:{seq}"),
@@ -150,7 +152,7 @@ impl Ev {
     fn claim(&self) -> Claim<'_> {
         Claim {
             dedup_key: &self.key,
-            order_key: "A",
+            order_key: &self.order,
             seq: Some(self.seq),
             token: self.token,
         }

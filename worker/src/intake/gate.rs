@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
+use shardline_topology::OrderKey;
 use shardline_topology::headers::FailReason;
 use tokio::time::Instant;
 
@@ -31,7 +32,7 @@ struct Held<T> {
 
 /// One shard's held events, by order and seq.
 pub(crate) struct Gate<T> {
-    orders: HashMap<String, BTreeMap<u64, Held<T>>>,
+    orders: HashMap<OrderKey, BTreeMap<u64, Held<T>>>,
     held: usize,
     /// Bumped whenever the set of held events changes.
     version: u64,
@@ -45,7 +46,7 @@ pub(crate) struct Gate<T> {
 /// What [`Gate::expire`] gave up on, for the caller to report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Expired {
-    pub(crate) order_key: String,
+    pub(crate) order_key: OrderKey,
     /// The lowest held seq, the first after the gap.
     pub(crate) first_seq: u64,
     pub(crate) events: usize,
@@ -129,7 +130,7 @@ impl<T: Holdable> Gate<T> {
     pub(crate) fn hold(
         &mut self,
         mut item: Box<T>,
-        order_key: &str,
+        order_key: &OrderKey,
         seq: u64,
         start: bool,
         now: Instant,
@@ -151,7 +152,7 @@ impl<T: Holdable> Gate<T> {
             item.set_held_since(now);
         }
         self.orders
-            .entry(order_key.to_owned())
+            .entry(order_key.clone())
             .or_default()
             .insert(seq, Held { item, start });
         self.held += 1;
@@ -161,7 +162,7 @@ impl<T: Holdable> Gate<T> {
 
     /// An event of `order_key` passed: its lowest held successor runs next (it
     /// is held again if its gap is still open).
-    pub(crate) fn passed(&mut self, order_key: &str) {
+    pub(crate) fn passed(&mut self, order_key: &OrderKey) {
         let Some(held) = self.orders.get_mut(order_key) else {
             return;
         };
@@ -190,7 +191,7 @@ impl<T: Holdable> Gate<T> {
 
     /// Gives up every gap whose grace has ended by `now`.
     pub(crate) fn expire(&mut self, now: Instant) -> Vec<Expired> {
-        let due: Vec<String> = self
+        let due: Vec<OrderKey> = self
             .orders
             .iter()
             .filter(|(_, held)| self.deadline(held).is_some_and(|d| d <= now))
@@ -212,7 +213,7 @@ impl<T: Holdable> Gate<T> {
             .min()
     }
 
-    fn oldest_order(&self) -> Option<String> {
+    fn oldest_order(&self) -> Option<OrderKey> {
         self.orders
             .iter()
             .filter_map(|(order, held)| {
@@ -226,7 +227,7 @@ impl<T: Holdable> Gate<T> {
     /// Ends the wait of one order. A start: its lowest event is accepted as the
     /// start and the rest go back through the gate after it. A gap: every held
     /// event is dead-lettered `seq-gap` (or applied), in seq order.
-    fn give_up(&mut self, order_key: &str) -> Expired {
+    fn give_up(&mut self, order_key: &OrderKey) -> Expired {
         let held = self.orders.remove(order_key).unwrap_or_default();
         self.held -= held.len();
         self.version += 1;
@@ -244,7 +245,7 @@ impl<T: Holdable> Gate<T> {
                 .collect();
             if !rest.is_empty() {
                 self.held += rest.len();
-                self.orders.insert(order_key.to_owned(), rest);
+                self.orders.insert(order_key.clone(), rest);
             }
         } else {
             for (seq, h) in held {
@@ -262,7 +263,7 @@ impl<T: Holdable> Gate<T> {
             }
         }
         Expired {
-            order_key: order_key.to_owned(),
+            order_key: order_key.clone(),
             first_seq,
             events,
             at_start,
@@ -289,6 +290,10 @@ mod tests {
         fn set_held_since(&mut self, at: Instant) {
             self.since = Some(at);
         }
+    }
+
+    fn key(order: &str) -> OrderKey {
+        shardline_topology::OrderId::new(order).unwrap().key()
     }
 
     fn item(seq: u64) -> Box<Item> {
@@ -322,15 +327,15 @@ mod tests {
     async fn a_start_waits_the_start_grace_then_runs_past_the_gate() {
         let mut g = gate(Config::default());
         let t0 = Instant::now();
-        g.hold(item(3), "A", 3, true, t0).unwrap();
-        g.hold(item(5), "A", 5, true, t0).unwrap();
+        g.hold(item(3), &key("A"), 3, true, t0).unwrap();
+        g.hold(item(5), &key("A"), 5, true, t0).unwrap();
         assert_eq!(g.next_deadline(), Some(t0 + Duration::from_secs(5)));
         assert!(after(&mut g, Duration::from_secs(5) - MS).await.is_empty());
         let expired = after(&mut g, MS).await;
         assert_eq!(
             expired,
             [Expired {
-                order_key: "A".into(),
+                order_key: key("A"),
                 first_seq: 3,
                 events: 2,
                 at_start: true
@@ -350,8 +355,8 @@ mod tests {
     async fn a_pause_extends_every_grace_by_its_length() {
         let mut g = gate(Config::default());
         let t0 = Instant::now();
-        g.hold(item(3), "A", 3, true, t0).unwrap();
-        g.hold(item(9), "B", 9, false, t0).unwrap();
+        g.hold(item(3), &key("A"), 3, true, t0).unwrap();
+        g.hold(item(9), &key("B"), 9, false, t0).unwrap();
         let pause = Duration::from_secs(40);
         g.extend(pause);
         assert_eq!(g.next_deadline(), Some(t0 + Duration::from_secs(5) + pause));
@@ -377,10 +382,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_gap_that_never_fills_is_dead_lettered_after_the_gap_grace() {
         let mut g = gate(Config::default());
-        g.hold(item(4), "A", 4, false, Instant::now()).unwrap();
+        g.hold(item(4), &key("A"), 4, false, Instant::now())
+            .unwrap();
         tokio::time::advance(Duration::from_secs(30)).await;
-        g.hold(item(3), "A", 3, false, Instant::now()).unwrap();
-        g.hold(item(9), "B", 9, false, Instant::now()).unwrap();
+        g.hold(item(3), &key("A"), 3, false, Instant::now())
+            .unwrap();
+        g.hold(item(9), &key("B"), 9, false, Instant::now())
+            .unwrap();
         assert!(after(&mut g, Duration::from_secs(90) - MS).await.is_empty());
         let expired = after(&mut g, MS).await;
         assert_eq!(expired.len(), 1, "only A's oldest event is due");
@@ -397,16 +405,16 @@ mod tests {
     async fn a_gap_that_fills_releases_the_order_in_seq_order() {
         let mut g = gate(Config::default());
         let t0 = Instant::now();
-        g.hold(item(4), "A", 4, false, t0).unwrap();
-        g.hold(item(3), "A", 3, false, t0).unwrap();
+        g.hold(item(4), &key("A"), 4, false, t0).unwrap();
+        g.hold(item(3), &key("A"), 3, false, t0).unwrap();
         let version = g.version();
         // Seq 2 arrives and passes: 3 runs, then 4 after 3 passed.
-        g.passed("A");
+        g.passed(&key("A"));
         assert_ne!(g.version(), version);
         assert_eq!(drain(&mut g), [(3, Directive::Normal)]);
-        g.passed("A");
+        g.passed(&key("A"));
         assert_eq!(drain(&mut g), [(4, Directive::Normal)]);
-        g.passed("A");
+        g.passed(&key("A"));
         assert!(drain(&mut g).is_empty());
         assert_eq!((g.held(), g.next_deadline()), (0, None));
         assert!(after(&mut g, Duration::from_secs(600)).await.is_empty());
@@ -416,12 +424,12 @@ mod tests {
     async fn an_event_held_again_keeps_the_grace_of_its_arrival() {
         let mut g = gate(Config::default());
         let t0 = Instant::now();
-        g.hold(item(5), "A", 5, false, t0).unwrap();
+        g.hold(item(5), &key("A"), 5, false, t0).unwrap();
         tokio::time::advance(Duration::from_secs(60)).await;
         // Seq 3 passed but 4 is still missing: 5 runs, is held again.
-        g.passed("A");
+        g.passed(&key("A"));
         let (again, _) = g.pop_runnable().unwrap();
-        g.hold(Box::new(again), "A", 5, false, Instant::now())
+        g.hold(Box::new(again), &key("A"), 5, false, Instant::now())
             .unwrap();
         assert_eq!(g.next_deadline(), Some(t0 + Duration::from_secs(120)));
     }
@@ -432,11 +440,15 @@ mod tests {
             max_held: 2,
             ..Config::default()
         });
-        g.hold(item(5), "old", 5, false, Instant::now()).unwrap();
+        g.hold(item(5), &key("old"), 5, false, Instant::now())
+            .unwrap();
         tokio::time::advance(Duration::from_secs(1)).await;
-        g.hold(item(7), "new", 7, false, Instant::now()).unwrap();
+        g.hold(item(7), &key("new"), 7, false, Instant::now())
+            .unwrap();
         tokio::time::advance(Duration::from_secs(1)).await;
-        let expired = g.hold(item(8), "new", 8, false, Instant::now()).unwrap();
+        let expired = g
+            .hold(item(8), &key("new"), 8, false, Instant::now())
+            .unwrap();
         assert_eq!(expired.len(), 1, "long before the grace");
         assert_eq!(expired[0].order_key, "old");
         let run = drain(&mut g);
@@ -454,8 +466,10 @@ mod tests {
             gap_grace: Duration::from_secs(10),
             ..Config::default()
         });
-        g.hold(item(6), "A", 6, false, Instant::now()).unwrap();
-        g.hold(item(4), "A", 4, false, Instant::now()).unwrap();
+        g.hold(item(6), &key("A"), 6, false, Instant::now())
+            .unwrap();
+        g.hold(item(4), &key("A"), 4, false, Instant::now())
+            .unwrap();
         let expired = after(&mut g, Duration::from_secs(10)).await;
         assert_eq!(expired.len(), 1);
         assert!(!expired[0].at_start);
@@ -469,12 +483,12 @@ mod tests {
     async fn a_second_copy_of_a_held_event_comes_back() {
         let mut g = gate(Config::default());
         let t0 = Instant::now();
-        g.hold(item(3), "A", 3, false, t0).unwrap();
-        let copy = g.hold(item(3), "A", 3, false, t0).unwrap_err();
+        g.hold(item(3), &key("A"), 3, false, t0).unwrap();
+        let copy = g.hold(item(3), &key("A"), 3, false, t0).unwrap_err();
         assert_eq!(copy.seq, 3);
         assert_eq!(g.held(), 1);
         // The same seq of another order is no copy.
-        assert!(g.hold(item(3), "B", 3, false, t0).is_ok());
+        assert!(g.hold(item(3), &key("B"), 3, false, t0).is_ok());
         assert_eq!(g.held(), 2);
     }
 }

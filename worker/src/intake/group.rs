@@ -21,6 +21,7 @@
 
 use std::collections::HashMap;
 
+use shardline_topology::OrderKey;
 use shardline_topology::telemetry::outcome;
 use tokio_util::sync::CancellationToken;
 
@@ -104,7 +105,7 @@ fn members(first: Ready, more: Vec<Ready>) -> (Member, Vec<Member>, Vec<Ready>) 
         ready: first,
         chained: false,
     };
-    let mut last: HashMap<String, u64> =
+    let mut last: HashMap<OrderKey, u64> =
         HashMap::from([(first.decoded().order_key.clone(), first.seq())]);
     let mut others = Vec::with_capacity(more.len());
     let mut more = more.into_iter();

@@ -17,6 +17,8 @@ use shardline_publisher::ConfirmChannel;
 use shardline_topology::telemetry::outcome;
 use tokio::time::Instant;
 
+use shardline_topology::OrderKey;
+
 use crate::attempt::Processor;
 use crate::breaker::Judgement;
 use crate::context::ShardContext;
@@ -55,14 +57,14 @@ pub(crate) trait Upcoming {
 pub(crate) enum Settled {
     /// Acked (processed, duplicate or dead-lettered). `order_key` is set when
     /// the event had a seq, so its order's held successors may run.
-    Done { order_key: Option<String> },
+    Done { order_key: Option<OrderKey> },
     /// A newer consumer wrote the event's order: left unacked, and the
     /// shard's consumer must stop (it lost the shard).
     Fenced,
     /// Ahead of its order's sequence: hand it to the gate, unacked.
     Hold {
         ready: Box<Ready>,
-        order_key: String,
+        order_key: OrderKey,
         seq: u64,
         start: bool,
     },
@@ -266,20 +268,29 @@ async fn wait_to_retry(
     tokio::time::sleep(after).await;
 }
 
-/// A delivery ahead of its order's sequence, for the gate (unacked).
+/// A delivery ahead of its order's sequence, for the gate (unacked). Only
+/// an attempt holds an event, and only a decoded one is attempted.
 fn held(delivery: Delivery, start: bool) -> Settled {
     delivery.trace.finish(outcome::HELD, 0);
-    let (order_key, seq) = delivery
-        .ready
+    let ready = Box::new(delivery.ready);
+    let order = ready
         .decoded
         .as_ref()
-        .map(|d| (d.order_key.clone(), d.envelope.seq.unwrap_or_default()))
-        .unwrap_or_default();
-    Settled::Hold {
-        ready: Box::new(delivery.ready),
-        order_key,
-        seq,
-        start,
+        .ok()
+        .map(|d| (d.order_key.clone(), d.envelope.seq.unwrap_or_default()));
+    match order {
+        Some((order_key, seq)) => Settled::Hold {
+            ready,
+            order_key,
+            seq,
+            start,
+        },
+        None => {
+            // Cannot happen (see above); were it to, the delivery stays
+            // unacked and the consumer stops, for the broker to redeliver.
+            tracing::error!("a delivery without an envelope was to be held; left unacked");
+            Settled::Fenced
+        }
     }
 }
 

@@ -130,7 +130,9 @@ impl<W: World> Run<W> {
             .filter(|_| !letters.is_empty())
             .map(|n| letters[n % letters.len()].clone());
         Ev {
-            order: order.to_owned(),
+            order: shardline_topology::OrderId::new(order)
+                .expect("a generated order id")
+                .key(),
             kind: kind.to_owned(),
             code: Keys::kind_code(kind),
             seq: pick.seq,
