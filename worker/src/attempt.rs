@@ -20,19 +20,15 @@ use shardline_topology::letters::IndexEntry;
 use shardline_topology::telemetry::{self, attr, op};
 use shardline_topology::{ShardId, w3c};
 
-use shardline_topology::Keys;
-
 use crate::breaker::{self, Breaker, Permit};
 use crate::config::{Config, OnDeadLetter, RetryPolicy};
 
-use crate::dedup::{DeadLettered, Dedup, Start, Verdict, Written};
+use crate::dedup::{DeadLettered, Dedup, OrderState, Start, Verdict, Written};
 use crate::delivery::{Decoded, Message, Outcome};
 use crate::era::RedisEra;
 use crate::handler::{self, Event, Fault, Handler, HandlerError};
 use crate::metrics::ShardMetrics;
-use crate::quarantine;
 use crate::rate::RateLimiter;
-use crate::store::RedisSlot;
 use crate::trace::ProcessTrace;
 
 /// The claim an event holds while it waits for the breaker.
@@ -58,7 +54,6 @@ pub(crate) struct Processor {
     /// Quarantine mode (`OnDeadLetter::Quarantine`): events of a quarantined order are
     /// dead-lettered `quarantined`.
     quarantine: bool,
-    keys: Keys,
     metrics: Arc<ShardMetrics>,
     /// The worker's call rate limit (`Config::max_rate`), shared by its shards.
     rate: Option<Arc<RateLimiter>>,
@@ -95,7 +90,6 @@ impl Processor {
             max_body_bytes: config.max_body_bytes,
             delivery_limit: config.delivery_limit,
             quarantine: config.on_dead_letter == OnDeadLetter::Quarantine,
-            keys: config.keys(),
             metrics,
             tracer: global::tracer_with_scope(telemetry::scope()),
             span_name: telemetry::span::process(&config.names.shard_queue(shard)),
@@ -136,9 +130,9 @@ impl Processor {
         clippy::too_many_arguments,
         reason = "one attempt's inputs, each from a different owner (settle, lookahead, gate)"
     )]
-    pub(crate) async fn attempt(
+    pub(crate) async fn attempt<S: OrderState>(
         &self,
-        redis: &mut RedisSlot,
+        store: &mut S,
         msg: &Message<'_>,
         decoded: &Decoded,
         attempt: u32,
@@ -164,14 +158,14 @@ impl Processor {
             let early = admitted.filter(|v| !matches!(v, Verdict::Gap | Verdict::Start));
             let (verdict, permit) = match early {
                 Some(v @ (Verdict::Claimed | Verdict::TakenOver)) => {
-                    let permit = self.wait_turn(redis, decoded, Claim::Started).await;
+                    let permit = self.wait_turn(store, decoded, Claim::Started).await;
                     (v, permit)
                 }
                 Some(v) => (v, None),
                 None => {
-                    let permit = self.wait_turn(redis, decoded, Claim::None).await;
+                    let permit = self.wait_turn(store, decoded, Claim::None).await;
                     let admission = decoded.admission(msg.redelivered, bypass_gate);
-                    (self.dedup.admit(redis, &admission).await, permit)
+                    (store.admit(&admission).await, permit)
                 }
             };
             match verdict {
@@ -218,18 +212,14 @@ impl Processor {
             // The claim is ours and its last start ended: kept alive while
             // waiting, counted again when the call begins (the lease counts
             // from the call).
-            let permit = self.wait_turn(redis, decoded, Claim::Idle).await;
-            self.dedup
-                .renew(redis, &decoded.claim(), Start::Begins)
-                .await;
+            let permit = self.wait_turn(store, decoded, Claim::Idle).await;
+            store.renew(&decoded.claim(), Start::Begins).await;
             permit
         };
 
         let result = self.call(msg, decoded, attempt, permit, trace).await;
         if matches!(&result, Err(e) if e.is_retryable()) {
-            self.dedup
-                .renew(redis, &decoded.claim(), Start::Ended)
-                .await;
+            store.renew(&decoded.claim(), Start::Ended).await;
         }
         Self::outcome(result, attempt)
     }
@@ -310,9 +300,9 @@ impl Processor {
     /// closed) — before the admit counts a start, outside the call's timeout,
     /// and not an attempt. A claim the event holds is kept alive while the
     /// breaker keeps it waiting, its start not counted meanwhile.
-    async fn wait_turn(
+    async fn wait_turn<S: OrderState>(
         &self,
-        redis: &mut RedisSlot,
+        store: &mut S,
         decoded: &Decoded,
         claim: Claim,
     ) -> Option<Permit<'_>> {
@@ -321,9 +311,7 @@ impl Processor {
             Some(breaker) if !breaker.is_paused() => Some(breaker.admit(&decoded.order_key).await),
             Some(breaker) => {
                 if claim == Claim::Started {
-                    self.dedup
-                        .renew(redis, &decoded.claim(), Start::Ended)
-                        .await;
+                    store.renew(&decoded.claim(), Start::Ended).await;
                 }
                 let admit = breaker.admit(&decoded.order_key);
                 tokio::pin!(admit);
@@ -331,14 +319,12 @@ impl Processor {
                     tokio::select! {
                         permit = &mut admit => break permit,
                         () = tokio::time::sleep(self.keep_alive), if claim != Claim::None => {
-                            self.dedup.renew(redis, &decoded.claim(), Start::Waits).await;
+                            store.renew(&decoded.claim(), Start::Waits).await;
                         }
                     }
                 };
                 if claim == Claim::Started {
-                    self.dedup
-                        .renew(redis, &decoded.claim(), Start::Begins)
-                        .await;
+                    store.renew(&decoded.claim(), Start::Begins).await;
                 }
                 Some(permit)
             }
@@ -368,9 +354,9 @@ impl Processor {
     /// claim up (so that a replay is not suppressed), counts the seq as
     /// passed yet never processed and, in quarantine mode, holds the order.
     /// The letter's index entry is written in the same script, fenced or not.
-    pub(crate) async fn dead_lettered(
+    pub(crate) async fn dead_lettered<S: OrderState>(
         &self,
-        redis: &mut RedisSlot,
+        store: &mut S,
         decoded: &Decoded,
         entry: &IndexEntry,
     ) -> Written {
@@ -380,19 +366,19 @@ impl Processor {
             replay_of: decoded.replay_of.as_deref(),
             entry,
         };
-        self.dedup.dead_lettered(redis, &dead).await
+        store.dead_lettered(&dead).await
     }
 
     /// Indexes a confirmed dead letter that had no envelope (so no claim).
-    pub(crate) async fn index_dead_letter(&self, redis: &mut RedisSlot, entry: &IndexEntry) {
-        self.dedup.index_letter(redis, entry).await;
+    pub(crate) async fn index_dead_letter<S: OrderState>(&self, store: &mut S, entry: &IndexEntry) {
+        store.index_letter(entry).await;
     }
 
     /// A duplicate needs nothing, unless it is a replay: a second dead letter
     /// of an applied event no longer holds its order in quarantine.
-    pub(crate) async fn duplicate(&self, redis: &mut RedisSlot, decoded: &Decoded) {
+    pub(crate) async fn duplicate<S: OrderState>(&self, store: &mut S, decoded: &Decoded) {
         if let Some(id) = &decoded.replay_of {
-            quarantine::leave(redis, &self.keys, &decoded.order_key, id).await;
+            store.leave_quarantine(&decoded.order_key, id).await;
         }
     }
 
@@ -503,13 +489,19 @@ fn breaker_verdict(result: &Result<(), HandlerError>, attempt: u32) -> breaker::
 /// breaker or rate limit (nothing here touches Redis until an attempt).
 #[cfg(test)]
 pub(crate) fn test_processor() -> Processor {
-    let config = Config::default();
+    test_processor_with(&Config::default(), Arc::new(crate::handler::Noop))
+}
+
+/// A processor of shard 3 for unit tests with `config` and `handler`, no
+/// breaker or rate limit.
+#[cfg(test)]
+pub(crate) fn test_processor_with(config: &Config, handler: Arc<dyn Handler>) -> Processor {
     let shard = ShardId::new(3, shardline_topology::ShardCount::default()).expect("shard 3 of 16");
     let metrics = crate::metrics::Metrics::new(&[shard], config.backlog, config.stuck_after);
     Processor::new(
-        &config,
+        config,
         shard,
-        Arc::new(crate::handler::Noop),
+        handler,
         metrics.shards()[0].clone(),
         None,
         None,

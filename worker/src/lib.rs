@@ -107,6 +107,9 @@ mod store;
 mod supervisor;
 mod trace;
 
+#[cfg(test)]
+mod testing;
+
 pub use config::{
     BreakerPolicy, Config, ConfigError, FleetPolicy, OnDeadLetter, OnGap, Problem, RetryPolicy,
 };

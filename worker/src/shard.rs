@@ -33,6 +33,7 @@ use crate::breaker::Breaker;
 use crate::config::Config;
 use crate::context::ShardContext;
 use crate::dedup::HeldClaim;
+use crate::dedup::{OrderState as _, RedisOrderState};
 use crate::delivery::{Directive, Ready};
 use crate::intake::gate::{Expired, Gate, Holdable as _};
 use crate::intake::group::{self, Group, Grouped};
@@ -40,7 +41,6 @@ use crate::intake::lookahead::Lookahead;
 use crate::intake::schedule::{Entry, Schedule};
 use crate::live::{ShardState, ShardWatch, published_ms, unix_ms};
 use crate::settle::{Settled, ack_duplicate, settle};
-use crate::store::RedisSlot;
 
 /// How long closing a channel or a connection may take. lapin's close waits
 /// for the broker's close-ok, and on a connection whose I/O failed a moment
@@ -80,7 +80,7 @@ pub(crate) async fn consume_shard(
     conns: Connections<'_>,
     config: &Config,
     ctx: &ShardContext,
-    redis: &mut RedisSlot,
+    redis: &mut RedisOrderState,
     shutdown: &CancellationToken,
     conn_lost: &CancellationToken,
 ) -> Result<(), ShardError> {
@@ -93,7 +93,7 @@ pub(crate) async fn consume_shard(
         watch.set_state(ShardState::Idle);
         return Ok(());
     };
-    ctx.processor.dedup().new_consumer();
+    redis.new_consumer();
     watch.set_state(if config.exclusive {
         ShardState::Consuming
     } else {
@@ -117,7 +117,7 @@ pub(crate) async fn consume_shard(
         run_consumer(inputs).await
     };
     watch.set_state(ShardState::Idle);
-    lookahead.release(&ctx.processor, redis).await;
+    lookahead.release(redis).await;
     if result.is_ok() {
         close(&channel, &dead_letters).await;
     }
@@ -213,7 +213,7 @@ struct Loop<'a> {
     config: &'a Config,
     ctx: &'a ShardContext,
     dead_letters: &'a ConfirmChannel,
-    redis: &'a mut RedisSlot,
+    redis: &'a mut RedisOrderState,
     lookahead: &'a mut Lookahead,
     gate: &'a mut Gate<Ready>,
     shutdown: &'a CancellationToken,
@@ -345,7 +345,7 @@ async fn to_the_end<T>(
 /// consumer ends (an error unless it was told to stop).
 async fn abandoned(
     ctx: &ShardContext,
-    redis: &mut RedisSlot,
+    redis: &mut RedisOrderState,
     claims: impl IntoIterator<Item = HeldClaim>,
     shutdown: &CancellationToken,
 ) -> Result<(), ShardError> {
@@ -408,12 +408,12 @@ impl Job {
 async fn drain_jobs<F>(
     config: &Config,
     ctx: &ShardContext,
-    redis: &mut RedisSlot,
+    redis: &mut RedisOrderState,
     mut running: FuturesUnordered<F>,
     mut started: HashMap<u64, Started>,
 ) -> Result<(), ShardError>
 where
-    F: Future<Output = (u64, RedisSlot, Result<Settled, lapin::Error>)>,
+    F: Future<Output = (u64, RedisOrderState, Result<Settled, lapin::Error>)>,
 {
     let drain = async {
         while let Some((id, _, settled)) = running.next().await {
@@ -467,7 +467,7 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
     let slots = usize::from(config.concurrency);
     let watch = &ctx.metrics.watch;
     let mut schedule: Schedule<Job> = Schedule::new(slots, config.max_taken());
-    let mut spare: Vec<RedisSlot> = (0..slots).map(|_| redis.fork()).collect();
+    let mut spare: Vec<RedisOrderState> = (0..slots).map(|_| redis.fork()).collect();
     let mut running = FuturesUnordered::new();
     let mut started: HashMap<u64, Started> = HashMap::new();
     let mut next_id = 0_u64;
@@ -583,10 +583,10 @@ fn job_entry(ready: Ready, directive: Directive) -> Entry<Job> {
 async fn run_job(
     ctx: &ShardContext,
     dead_letters: &ConfirmChannel,
-    mut redis: RedisSlot,
+    mut redis: RedisOrderState,
     job: Job,
     id: u64,
-) -> (u64, RedisSlot, Result<Settled, lapin::Error>) {
+) -> (u64, RedisOrderState, Result<Settled, lapin::Error>) {
     let mut in_flight = None;
     let settled = settle(
         ctx,
@@ -768,7 +768,7 @@ fn report(ctx: &ShardContext, expired: Vec<Expired>) {
 /// up their claims, so that whoever gets them next need not wait for the lease.
 async fn abandon(
     ctx: &ShardContext,
-    redis: &mut RedisSlot,
+    redis: &mut RedisOrderState,
     in_flight: impl IntoIterator<Item = HeldClaim>,
     draining: bool,
 ) {
@@ -780,7 +780,7 @@ async fn abandon(
     }
     for held in claims {
         let claim = held.claim();
-        let release = ctx.processor.dedup().release(redis, &claim);
+        let release = redis.release(&claim);
         if tokio::time::timeout(std::time::Duration::from_secs(1), release)
             .await
             .is_err()

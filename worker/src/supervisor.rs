@@ -24,6 +24,7 @@ use crate::attempt::Processor;
 use crate::breaker::Breaker;
 use crate::config::Config;
 use crate::context::ShardContext;
+use crate::dedup::RedisOrderState;
 use crate::era::RedisEra;
 use crate::error::WorkerError;
 use crate::handler::Handler;
@@ -395,11 +396,9 @@ async fn run_shards(
         let (consume, dead_letters) = (consume.clone(), dead_letters.clone());
         let (config, ctx) = (config.clone(), ctx.clone());
         let (shutdown, conn_lost) = (shutdown.clone(), conn_lost.clone());
-        let mut redis = RedisSlot::new(
-            pool.clone(),
-            ctx.processor.dedup().scripts(),
-            health.clone(),
-        );
+        let dedup = ctx.processor.dedup().clone();
+        let slot = RedisSlot::new(pool.clone(), dedup.scripts(), health.clone());
+        let mut redis = RedisOrderState::new(dedup, slot);
         tasks.spawn(async move {
             let conns = Connections {
                 consume: &consume,

@@ -25,6 +25,8 @@ use shardline_topology::envelope::order_key_of;
 use shardline_topology::letters::IndexEntry;
 use tokio::time::Instant;
 
+use shardline_topology::OrderKey;
+
 use super::{
     Admission, Claim, DeadLettered, Done, FenceScope, FenceToken, GroupAdmit, GroupReply,
     OrderState, Start, Verdict, Written,
@@ -659,6 +661,7 @@ impl OrderState for MemoryOrderState {
         self.fence.store(0, Ordering::Relaxed);
     }
 
+    #[cfg(test)]
     async fn fence(&mut self) -> FenceToken {
         FenceToken(self.take_fence())
     }
@@ -736,5 +739,9 @@ impl OrderState for MemoryOrderState {
 
     async fn index_letter(&mut self, entry: &IndexEntry) {
         self.store.lock().index(entry);
+    }
+
+    async fn leave_quarantine(&mut self, order_key: &OrderKey, id: &str) {
+        self.store.lock().leave(order_key, id);
     }
 }

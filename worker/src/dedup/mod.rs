@@ -738,19 +738,11 @@ fn verdict((kind, n): (String, i64)) -> Verdict {
 }
 
 #[cfg(test)]
-mod memory;
+pub(crate) mod memory;
 #[cfg(test)]
 mod scenarios;
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "the stages move onto the seam next")
-)]
 mod state;
 #[cfg(test)]
 mod tests;
 
-#[cfg_attr(
-    not(test),
-    expect(unused_imports, reason = "the stages move onto the seam next")
-)]
 pub(crate) use state::{OrderState, RedisOrderState};

@@ -11,9 +11,11 @@ use std::future::Future;
 use shardline_topology::letters::IndexEntry;
 
 use super::{
-    Admission, Claim, DeadLettered, Dedup, Done, FenceToken, GroupAdmit, GroupReply, Start,
-    Verdict, Written,
+    Admission, Claim, DeadLettered, Dedup, Done, GroupAdmit, GroupReply, Start, Verdict, Written,
 };
+use shardline_topology::OrderKey;
+
+use crate::quarantine;
 use crate::store::RedisSlot;
 
 /// One consumer's handle on the order state of its shard: the operations the
@@ -31,8 +33,10 @@ pub(crate) trait OrderState: Sized {
     /// A new consumer of the shard: it takes a new fence token with its first write.
     fn new_consumer(&self);
 
-    /// The consumer's fence token, taken from its scope on first use.
-    fn fence(&mut self) -> impl Future<Output = FenceToken> + Send;
+    /// The consumer's fence token, taken from its scope on first use (the
+    /// scenario suite compares them; the scripts take it themselves).
+    #[cfg(test)]
+    fn fence(&mut self) -> impl Future<Output = super::FenceToken> + Send;
 
     /// Decides whether an event may run now and, if so, claims it.
     fn admit(&mut self, admission: &Admission<'_>) -> impl Future<Output = Verdict> + Send;
@@ -69,6 +73,14 @@ pub(crate) trait OrderState: Sized {
 
     /// The index entry of a confirmed dead letter that holds no claim.
     fn index_letter(&mut self, entry: &IndexEntry) -> impl Future<Output = ()> + Send;
+
+    /// The dead letter `id` no longer holds its order in quarantine (a
+    /// replay of it found its event applied).
+    fn leave_quarantine(
+        &mut self,
+        order_key: &OrderKey,
+        id: &str,
+    ) -> impl Future<Output = ()> + Send;
 }
 
 /// The order state on Redis: a shard's [`Dedup`] (its scripts and fence
@@ -96,7 +108,8 @@ impl OrderState for RedisOrderState {
         self.dedup.new_consumer();
     }
 
-    async fn fence(&mut self) -> FenceToken {
+    #[cfg(test)]
+    async fn fence(&mut self) -> super::FenceToken {
         self.dedup.fence_token(&mut self.slot).await
     }
 
@@ -136,5 +149,9 @@ impl OrderState for RedisOrderState {
 
     async fn index_letter(&mut self, entry: &IndexEntry) {
         self.dedup.index_letter(&mut self.slot, entry).await;
+    }
+
+    async fn leave_quarantine(&mut self, order_key: &OrderKey, id: &str) {
+        quarantine::leave(&mut self.slot, &self.dedup.keys, order_key, id).await;
     }
 }

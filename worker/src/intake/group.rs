@@ -27,13 +27,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::attempt::Processor;
 use crate::context::ShardContext;
-use crate::dedup::{Done, GroupAdmit, GroupReply, HeldClaim, Start, Verdict};
+use crate::dedup::{Done, GroupAdmit, GroupReply, HeldClaim, OrderState, Start, Verdict};
 use crate::delivery::{Decoded, Message, Outcome, Ready, Tried};
 use crate::intake::gate::Gate;
-use crate::intake::lookahead::Lookahead;
+use crate::intake::lookahead::{Deliveries, Lookahead};
 use crate::live::{published_ms, unix_ms};
 use crate::settle::acks;
-use crate::store::RedisSlot;
 use crate::trace::ProcessTrace;
 
 /// How a run of groups ended.
@@ -131,7 +130,7 @@ fn members(first: Ready, more: Vec<Ready>) -> (Member, Vec<Member>, Vec<Ready>) 
 
 /// The members that `candidates` (each `joins`) make; the rest goes back
 /// to the lookahead.
-fn members_of(candidates: Vec<Ready>, lookahead: &mut Lookahead) -> Vec<Member> {
+fn members_of(candidates: Vec<Ready>, lookahead: &mut Lookahead<impl Deliveries>) -> Vec<Member> {
     let mut candidates = candidates.into_iter();
     let Some(first) = candidates.next() else {
         return Vec::new();
@@ -153,7 +152,7 @@ impl Group {
     )]
     pub(crate) fn form(
         first: Ready,
-        lookahead: &mut Lookahead,
+        lookahead: &mut Lookahead<impl Deliveries>,
         max: usize,
         processor: &Processor,
     ) -> Result<Self, Ready> {
@@ -174,10 +173,10 @@ impl Group {
     clippy::too_many_arguments,
     reason = "the serial loop's parts a group works with"
 )]
-pub(crate) async fn run_groups(
+pub(crate) async fn run_groups<S: OrderState>(
     ctx: &ShardContext,
-    redis: &mut RedisSlot,
-    lookahead: &mut Lookahead,
+    store: &mut S,
+    lookahead: &mut Lookahead<impl Deliveries>,
     gate: &mut Gate<Ready>,
     group: Group,
     max: usize,
@@ -185,7 +184,7 @@ pub(crate) async fn run_groups(
     in_flight: &mut Vec<HeldClaim>,
 ) -> Result<Grouped, lapin::Error> {
     let Group(mut group) = group;
-    let mut reply = call(ctx, redis, &[], &group).await;
+    let mut reply = call(store, &[], &group).await;
     loop {
         group = claimed(lookahead, group, reply.verdicts);
         if group.len() < 2 {
@@ -217,7 +216,7 @@ pub(crate) async fn run_groups(
         reply = if group.is_empty() && next.is_empty() {
             GroupReply::default()
         } else {
-            call(ctx, redis, &group, &next).await
+            call(store, &group, &next).await
         };
         let committed = reply.committed.min(group.len());
         ack(lookahead, gate, &group[..committed]).await?;
@@ -234,7 +233,7 @@ pub(crate) async fn run_groups(
             return Ok(Grouped::Fenced);
         }
         if !rest.is_empty() {
-            lookahead.unpark(after_failure(ctx, redis, rest, failed).await);
+            lookahead.unpark(after_failure(store, rest, failed).await);
             return Ok(Grouped::Done);
         }
         if next.is_empty() {
@@ -245,21 +244,20 @@ pub(crate) async fn run_groups(
 }
 
 /// One group call: commits `done`, admits `next`.
-async fn call(
-    ctx: &ShardContext,
-    redis: &mut RedisSlot,
-    done: &[Member],
-    next: &[Member],
-) -> GroupReply {
+async fn call<S: OrderState>(store: &mut S, done: &[Member], next: &[Member]) -> GroupReply {
     let commits: Vec<Done<'_>> = done.iter().map(Member::done).collect();
     let admits: Vec<GroupAdmit<'_>> = next.iter().map(Member::admit).collect();
-    ctx.processor.dedup().group(redis, &commits, &admits).await
+    store.group(&commits, &admits).await
 }
 
 /// The claimed members of a group, from the first; the others go back to
 /// the lookahead, the first of them with its verdict (the serial path acts
 /// on it), the rest to be admitted there.
-fn claimed(lookahead: &mut Lookahead, group: Vec<Member>, verdicts: Vec<Verdict>) -> Vec<Member> {
+fn claimed(
+    lookahead: &mut Lookahead<impl Deliveries>,
+    group: Vec<Member>,
+    verdicts: Vec<Verdict>,
+) -> Vec<Member> {
     let mut verdicts = verdicts.into_iter();
     let mut claimed = Vec::with_capacity(group.len());
     let mut group = group.into_iter();
@@ -330,13 +328,11 @@ async fn run(ctx: &ShardContext, group: &[Member]) -> Ran {
 /// (its predecessor is committed), a retryable failure's start is given
 /// back, as the serial path does. Members that did not run keep their
 /// claims; chained ones have none and are admitted there.
-async fn after_failure(
-    ctx: &ShardContext,
-    redis: &mut RedisSlot,
+async fn after_failure<S: OrderState>(
+    store: &mut S,
     rest: Vec<Member>,
     mut failed: Option<Tried>,
 ) -> Vec<Ready> {
-    let dedup = ctx.processor.dedup();
     let mut out = Vec::with_capacity(rest.len());
     for member in rest {
         let mut admitted = (!member.chained).then_some(Verdict::Claimed);
@@ -346,12 +342,7 @@ async fn after_failure(
                 chained: false,
                 ..member.admit()
             };
-            admitted = dedup
-                .group(redis, &[], &[admit])
-                .await
-                .verdicts
-                .into_iter()
-                .next();
+            admitted = store.group(&[], &[admit]).await.verdicts.into_iter().next();
         }
         let mut ready = member.ready;
         ready.admitted = admitted;
@@ -361,7 +352,7 @@ async fn after_failure(
             if matches!(tried.outcome, Outcome::Failed { .. })
                 && let Ok(decoded) = &ready.decoded
             {
-                dedup.renew(redis, &decoded.claim(), Start::Ended).await;
+                store.renew(&decoded.claim(), Start::Ended).await;
             }
             ready.admitted = None;
             ready.tried = Some(Box::new(tried));
@@ -376,7 +367,7 @@ async fn after_failure(
 /// unacked (the gate holds nothing, the lookahead keeps nothing earlier);
 /// else one by one.
 async fn ack(
-    lookahead: &Lookahead,
+    lookahead: &Lookahead<impl Deliveries>,
     gate: &Gate<Ready>,
     committed: &[Member],
 ) -> Result<(), lapin::Error> {
@@ -386,4 +377,93 @@ async fn ack(
         !gate.is_idle() || lookahead.keeps_below(high)
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::{StreamExt as _, stream};
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::handler::HandlerError;
+    use crate::testing::{Scripted, Shard, acked, event};
+
+    /// A group of the first deliveries of A, B and C, formed as the serial
+    /// loop forms it; run to its end. The ackers of the three deliveries.
+    async fn run_group(shard: &Shard, gate: &mut Gate<Ready>) -> [lapin::Acker; 3] {
+        let mut store = shard.consumer();
+        let deliveries = [event(1, "A", 1), event(2, "B", 1), event(3, "C", 1)];
+        let ackers = deliveries.each_ref().map(|(_, acker)| acker.clone());
+        let sent: Vec<_> = deliveries.into_iter().map(|(d, _)| Ok(d)).collect();
+        let mut lookahead = Lookahead::new(stream::iter(sent).chain(stream::pending()));
+        let processor = &shard.ctx.processor;
+        let first = lookahead.next(processor).await.unwrap().unwrap();
+        let Ok(group) = Group::form(first, &mut lookahead, 8, processor) else {
+            panic!("three first deliveries of three orders form a group");
+        };
+        let shutdown = CancellationToken::new();
+        let mut in_flight = Vec::new();
+        let (ctx, max) = (&shard.ctx, 8);
+        let grouped = run_groups(
+            ctx,
+            &mut store,
+            &mut lookahead,
+            gate,
+            group,
+            max,
+            &shutdown,
+            &mut in_flight,
+        )
+        .await
+        .unwrap();
+        assert_eq!(grouped, Grouped::Done);
+        assert!(in_flight.is_empty());
+        ackers
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_group_is_committed_in_one_call_and_acked_with_one_multiple_ack() {
+        let handler = Scripted::answering(vec![]);
+        let shard = Shard::new(handler.clone());
+        let mut gate = Gate::new(&shard.config);
+        let ackers = run_group(&shard, &mut gate).await;
+        assert_eq!(handler.calls(), 3);
+        for order in ["A", "B", "C"] {
+            assert_eq!(shard.order(order).l, Some(1), "{order} committed");
+        }
+        // A mock acker is spent only by its own ack: one `multiple` ack of
+        // the last covers the other two.
+        assert_eq!(ackers.each_ref().map(acked), [false, false, true]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_a_held_delivery_below_each_member_is_acked_alone() {
+        let handler = Scripted::answering(vec![]);
+        let shard = Shard::new(handler.clone());
+        let mut gate = Gate::new(&shard.config);
+        let (held, held_acker) = event(0, "D", 5);
+        let held = shard.ready(held);
+        let key = held.decoded.as_ref().unwrap().order_key.clone();
+        let now = Instant::now();
+        assert!(gate.hold(Box::new(held), &key, 5, true, now).is_ok());
+        let ackers = run_group(&shard, &mut gate).await;
+        assert_eq!(ackers.each_ref().map(acked), [true, true, true]);
+        assert!(!acked(&held_acker), "the held delivery stays unacked");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_call_ends_the_group_and_goes_on_on_the_serial_path() {
+        let handler = Scripted::answering(vec![Ok(()), Err(HandlerError::retryable("503"))]);
+        let shard = Shard::new(handler.clone());
+        let mut gate = Gate::new(&shard.config);
+        let ackers = run_group(&shard, &mut gate).await;
+        assert_eq!(
+            handler.calls(),
+            2,
+            "C's call waits for B on the serial path"
+        );
+        assert_eq!(shard.order("A").l, Some(1));
+        assert_eq!(shard.order("B").l, None, "B is not committed");
+        assert_eq!(ackers.each_ref().map(acked), [true, false, false]);
+    }
 }

@@ -16,11 +16,11 @@ use lapin::message::Delivery;
 use tokio::time::Instant;
 
 use crate::attempt::Processor;
+use crate::dedup::OrderState;
 use crate::delivery::{Message, Ready};
 use crate::intake::decode;
 use crate::intake::gate::Holdable;
 use crate::settle::Upcoming;
-use crate::store::RedisSlot;
 
 impl Holdable for Ready {
     fn held_since(&self) -> Option<Instant> {
@@ -189,12 +189,12 @@ impl<S: Deliveries> Lookahead<S> {
 
     /// Gives up a claim made early for a delivery that will not be processed
     /// here (the worker is stopping; the broker redelivers it).
-    pub(crate) async fn release(&mut self, processor: &Processor, redis: &mut RedisSlot) {
+    pub(crate) async fn release<O: OrderState>(&mut self, store: &mut O) {
         for peeked in std::mem::take(&mut self.parked) {
             if let Peeked::Ready(ready) = peeked
                 && let Some(claim) = ready.held_claim()
             {
-                processor.dedup().release(redis, &claim).await;
+                store.release(&claim).await;
             }
         }
     }

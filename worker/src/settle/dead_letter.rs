@@ -4,7 +4,10 @@
 //! the event acked. A refusal is retried with the event unacked, never
 //! skipped.
 
+use std::future::Future;
 use std::time::{Duration, SystemTime};
+
+use lapin::BasicProperties;
 
 use shardline_publisher::{ConfirmChannel, ConfirmError};
 use shardline_topology::headers::{DeadLetter, FailReason};
@@ -12,9 +15,34 @@ use shardline_topology::{Names, letters};
 
 use super::{Delivery, Upcoming, acks};
 use crate::context::ShardContext;
-use crate::dedup::Written;
+use crate::dedup::{OrderState, Written};
 use crate::delivery::{Message, Ready};
-use crate::store::RedisSlot;
+
+/// Where dead letters go, each confirmed by the broker before its event is
+/// acked: the shard's dead-letter channel ([`ConfirmChannel`]), or in unit
+/// tests a fake that records them.
+pub(crate) trait DeadLetters {
+    /// Publishes one dead letter and waits for the broker's confirm.
+    fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> impl Future<Output = Result<(), ConfirmError>> + Send;
+}
+
+impl DeadLetters for ConfirmChannel {
+    async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), ConfirmError> {
+        ConfirmChannel::publish(self, exchange, routing_key, body, properties).await
+    }
+}
 
 /// While the dead-letter queue cannot take a message, how long to wait between
 /// tries. The event stays unacked meanwhile: nothing is acked before its copy is.
@@ -43,10 +71,10 @@ pub(super) fn letter_of(
 /// Publishes `letter` (confirmed), then writes the order state and the
 /// letter's index entry in one step, then acks. `Fenced` when a newer
 /// consumer wrote the order: the event stays unacked.
-pub(super) async fn dead_letter<U: Upcoming>(
+pub(super) async fn dead_letter<S: OrderState, U: Upcoming>(
     ctx: &ShardContext,
-    dead_letters: &ConfirmChannel,
-    redis: &mut RedisSlot,
+    dead_letters: &impl DeadLetters,
+    store: &mut S,
     ready: &Ready,
     letter: &DeadLetter,
     lookahead: Option<&mut U>,
@@ -57,7 +85,7 @@ pub(super) async fn dead_letter<U: Upcoming>(
     let entry = letters::entry_of(&properties, msg.body);
     match &ready.decoded {
         Ok(decoded) => {
-            if ctx.processor.dead_lettered(redis, decoded, &entry).await == Written::Fenced {
+            if ctx.processor.dead_lettered(store, decoded, &entry).await == Written::Fenced {
                 return Ok(Written::Fenced);
             }
             if ctx.processor.quarantines()
@@ -66,7 +94,7 @@ pub(super) async fn dead_letter<U: Upcoming>(
                 lookahead.forget_admission();
             }
         }
-        Err(_) => ctx.processor.index_dead_letter(redis, &entry).await,
+        Err(_) => ctx.processor.index_dead_letter(store, &entry).await,
     }
     acks::ack_one(&ready.delivery).await?;
     Ok(Written::Done)
@@ -78,7 +106,7 @@ pub(super) async fn dead_letter<U: Upcoming>(
 /// the event unacked, never skipped; a channel or connection error ends the
 /// shard's consumer, for the supervisor to reconnect both connections.
 async fn publish_dead_letter(
-    channel: &ConfirmChannel,
+    channel: &impl DeadLetters,
     names: &Names,
     msg: &Message<'_>,
     letter: &DeadLetter,

@@ -8,12 +8,13 @@
 
 pub(crate) mod acks;
 mod dead_letter;
+
+pub(crate) use dead_letter::DeadLetters;
 pub(crate) mod retry;
 
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use shardline_publisher::ConfirmChannel;
 use shardline_topology::telemetry::outcome;
 use tokio::time::Instant;
 
@@ -22,10 +23,9 @@ use shardline_topology::OrderKey;
 use crate::attempt::Processor;
 use crate::breaker::Judgement;
 use crate::context::ShardContext;
-use crate::dedup::{Done, HeldClaim, Written};
+use crate::dedup::{Done, HeldClaim, OrderState, Written};
 use crate::delivery::{Decoded, Directive, Message, Outcome, Ready, Tried};
 use crate::handler::HandlerError;
-use crate::store::RedisSlot;
 use crate::trace::ProcessTrace;
 use dead_letter::{dead_letter, letter_of};
 use retry::{Budget, Next};
@@ -75,10 +75,10 @@ pub(crate) enum Settled {
 /// release it. `lookahead` (serial shards only) lets the commit admit the next
 /// delivery in the same round trip. Log lines about the event carry its trace and span ids (fields,
 /// not a per-event `tracing` span: that would format both ids for every event).
-pub(crate) async fn settle<U: Upcoming>(
+pub(crate) async fn settle<S: OrderState, U: Upcoming>(
     ctx: &ShardContext,
-    dead_letters: &ConfirmChannel,
-    redis: &mut RedisSlot,
+    dead_letters: &impl DeadLetters,
+    store: &mut S,
     ready: Ready,
     directive: Directive,
     lookahead: Option<&mut U>,
@@ -99,7 +99,7 @@ pub(crate) async fn settle<U: Upcoming>(
         trace,
         tried,
     };
-    settle_traced(ctx, dead_letters, redis, delivery, lookahead, in_flight).await
+    settle_traced(ctx, dead_letters, store, delivery, lookahead, in_flight).await
 }
 
 /// A delivery on its way through [`settle`].
@@ -112,10 +112,10 @@ struct Delivery {
     tried: Option<Outcome>,
 }
 
-async fn settle_traced<U: Upcoming>(
+async fn settle_traced<S: OrderState, U: Upcoming>(
     ctx: &ShardContext,
-    dead_letters: &ConfirmChannel,
-    redis: &mut RedisSlot,
+    dead_letters: &impl DeadLetters,
+    store: &mut S,
     mut delivery: Delivery,
     mut lookahead: Option<&mut U>,
     in_flight: &mut Option<HeldClaim>,
@@ -125,14 +125,14 @@ async fn settle_traced<U: Upcoming>(
     let mut first_failed_at = None;
     let mut budget = Budget::new(ctx.processor.breaker());
     loop {
-        let outcome = next_outcome(ctx, redis, &mut delivery, attempt, in_flight).await;
+        let outcome = next_outcome(ctx, store, &mut delivery, attempt, in_flight).await;
         let Delivery { ready, trace, .. } = &delivery;
         let decoded = ready.decoded.as_ref().ok();
         let outcome = match (outcome, decoded) {
             (Outcome::Failed { error }, Some(decoded)) => {
                 first_failed_at.get_or_insert_with(SystemTime::now);
                 let lookahead = lookahead.as_deref_mut();
-                match retry_delay(ctx, redis, decoded, &mut budget, &error, lookahead).await {
+                match retry_delay(ctx, store, decoded, &mut budget, &error, lookahead).await {
                     Some(after) => {
                         wait_to_retry(ctx, trace, attempt, after, &error).await;
                         attempt += 1;
@@ -147,7 +147,7 @@ async fn settle_traced<U: Upcoming>(
         match outcome {
             Outcome::Processed => {
                 if let Some(decoded) = decoded
-                    && commit(ctx, redis, lookahead.as_deref_mut(), decoded).await
+                    && commit(ctx, store, lookahead.as_deref_mut(), decoded).await
                         == Written::Fenced
                 {
                     return Ok(fenced(ctx, in_flight, trace));
@@ -159,7 +159,7 @@ async fn settle_traced<U: Upcoming>(
             }
             Outcome::Duplicate => {
                 if let Some(decoded) = decoded {
-                    ctx.processor.duplicate(redis, decoded).await;
+                    ctx.processor.duplicate(store, decoded).await;
                 }
                 acks::ack_one(&ready.delivery).await?;
                 ctx.metrics.duplicate();
@@ -188,7 +188,7 @@ async fn settle_traced<U: Upcoming>(
                 let lookahead = lookahead.as_deref_mut();
                 let ready = &delivery.ready;
                 let written =
-                    dead_letter(ctx, dead_letters, redis, ready, &letter, lookahead).await?;
+                    dead_letter(ctx, dead_letters, store, ready, &letter, lookahead).await?;
                 if written == Written::Fenced {
                     // Its letter is in the DLQ; a replay of it is a
                     // duplicate if the newer owner processed the event.
@@ -221,9 +221,9 @@ async fn settle_traced<U: Upcoming>(
 /// The next outcome of `delivery`: its directed dead letter, the outcome of
 /// the call made before (in a group, or as the breaker's evidence), or that
 /// of attempt number `attempt`.
-async fn next_outcome(
+async fn next_outcome<S: OrderState>(
     ctx: &ShardContext,
-    redis: &mut RedisSlot,
+    store: &mut S,
     delivery: &mut Delivery,
     attempt: u32,
     in_flight: &mut Option<HeldClaim>,
@@ -245,7 +245,7 @@ async fn next_outcome(
                     let msg = Message::of(&ready.delivery);
                     let trace = &delivery.trace;
                     ctx.processor
-                        .attempt(redis, &msg, decoded, attempt, admitted, bypass, trace)
+                        .attempt(store, &msg, decoded, attempt, admitted, bypass, trace)
                         .await
                 }
             }
@@ -298,9 +298,9 @@ fn held(delivery: Delivery, start: bool) -> Settled {
 /// or `None` when the event is to be dead-lettered (its budget is spent and
 /// the breaker calls it poison). An outage, or a verdict still pending after
 /// the evidence wait, starts its budget again.
-async fn retry_delay<U: Upcoming>(
+async fn retry_delay<S: OrderState, U: Upcoming>(
     ctx: &ShardContext,
-    redis: &mut RedisSlot,
+    store: &mut S,
     decoded: &Decoded,
     budget: &mut Budget,
     error: &HandlerError,
@@ -309,7 +309,7 @@ async fn retry_delay<U: Upcoming>(
     let policy = ctx.processor.retry_policy();
     match budget.after_failure(policy, ctx.processor.breaker(), error) {
         Next::Retry(after) => Some(after),
-        Next::Exhausted => match judge(ctx, redis, decoded, budget, lookahead).await {
+        Next::Exhausted => match judge(ctx, store, decoded, budget, lookahead).await {
             Judgement::Poison => None,
             Judgement::Outage | Judgement::Pending => {
                 *budget = Budget::new(ctx.processor.breaker());
@@ -325,9 +325,9 @@ async fn retry_delay<U: Upcoming>(
 /// (one attempt each, left for its loop to settle), a concurrent shard asks its loop for one
 /// (`ShardContext::evidence`); at most one window later without an answer
 /// the event is dead-lettered as without a breaker.
-async fn judge<U: Upcoming>(
+async fn judge<S: OrderState, U: Upcoming>(
     ctx: &ShardContext,
-    redis: &mut RedisSlot,
+    store: &mut S,
     decoded: &Decoded,
     budget: &Budget,
     mut lookahead: Option<&mut U>,
@@ -353,7 +353,7 @@ async fn judge<U: Upcoming>(
         match lookahead.as_deref_mut() {
             Some(lookahead) => {
                 if let Some(other) = lookahead.take_other(order, &ctx.processor) {
-                    evidence_attempt(ctx, redis, other, lookahead).await;
+                    evidence_attempt(ctx, store, other, lookahead).await;
                     continue;
                 }
                 tokio::select! {
@@ -378,9 +378,9 @@ async fn judge<U: Upcoming>(
 /// event goes back, unsettled, to the front of the lookahead (the deliveries
 /// before it are of other orders) with that outcome (`Ready::tried`): the
 /// shard's loop settles it from there, after the waiting event.
-async fn evidence_attempt<U: Upcoming>(
+async fn evidence_attempt<S: OrderState, U: Upcoming>(
     ctx: &ShardContext,
-    redis: &mut RedisSlot,
+    store: &mut S,
     mut other: Ready,
     lookahead: &mut U,
 ) {
@@ -390,7 +390,7 @@ async fn evidence_attempt<U: Upcoming>(
         let admitted = other.admitted.take();
         let outcome = ctx
             .processor
-            .attempt(redis, &msg, decoded, 1, admitted, false, &trace)
+            .attempt(store, &msg, decoded, 1, admitted, false, &trace)
             .await;
         other.tried = Some(Box::new(Tried { outcome, trace }));
     }
@@ -414,13 +414,12 @@ pub(crate) async fn ack_duplicate(ctx: &ShardContext, ready: &Ready) -> Result<(
 
 /// Commits the event (dedup and gate); when the next delivery is already here
 /// (serial shards), admits it in the same round trip.
-async fn commit<U: Upcoming>(
+async fn commit<S: OrderState, U: Upcoming>(
     ctx: &ShardContext,
-    redis: &mut RedisSlot,
+    store: &mut S,
     lookahead: Option<&mut U>,
     done: &Decoded,
 ) -> Written {
-    let dedup = ctx.processor.dedup();
     let done = Done {
         claim: done.claim(),
         kind: &done.kind_code,
@@ -435,10 +434,13 @@ async fn commit<U: Upcoming>(
             ..
         }) => {
             let admission = next.admission(delivery.redelivered, false);
-            let (written, verdict) = dedup.commit_and_admit(redis, &done, &admission).await;
+            let (written, verdict) = store.commit_and_admit(&done, &admission).await;
             *admitted = Some(verdict);
             written
         }
-        _ => dedup.commit(redis, &done).await,
+        _ => store.commit(&done).await,
     }
 }
+
+#[cfg(test)]
+mod tests;

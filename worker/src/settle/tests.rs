@@ -1,0 +1,222 @@
+//! The settle stage driven without a broker or Redis (`crate::testing`),
+//! under tokio's paused clock for the retry delays.
+
+use super::*;
+use crate::config::Config;
+use crate::intake::lookahead::Lookahead;
+use crate::testing::{Scripted, Shard, acked, event};
+
+fn passed(settled: &Settled, order: &str) -> bool {
+    matches!(settled, Settled::Done { order_key: Some(key) } if key == order)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_processed_event_is_committed_then_acked() {
+    let handler = Scripted::answering(vec![]);
+    let shard = Shard::new(handler.clone());
+    let mut store = shard.consumer();
+    let (delivery, acker) = event(1, "A", 1);
+    let settled = shard.settle(&mut store, delivery).await;
+    assert!(passed(&settled, "A"));
+    assert!(acked(&acker));
+    assert_eq!(handler.calls(), 1);
+    assert_eq!(shard.order("A").l, Some(1), "the gate moved to seq 1");
+    assert!(
+        shard.order("A").c.is_none(),
+        "the claim is given up with the commit"
+    );
+    assert!(shard.letters.reasons().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retryable_failure_is_retried_in_place_after_its_backoff() {
+    let handler = Scripted::answering(vec![
+        Err(HandlerError::retryable("503")),
+        Err(HandlerError::retryable("503")),
+    ]);
+    let shard = Shard::new(handler.clone());
+    let mut store = shard.consumer();
+    let (delivery, acker) = event(1, "A", 1);
+    let started = Instant::now();
+    let settled = shard.settle(&mut store, delivery).await;
+    assert!(passed(&settled, "A"));
+    assert!(acked(&acker));
+    assert_eq!(handler.calls(), 3);
+    // Two delays, base then base × factor, each within its jitter.
+    let waited = started.elapsed();
+    let policy = &shard.config.retry;
+    let exact = policy.base.mul_f64(1.0 + policy.factor);
+    assert!(waited >= exact.mul_f64(1.0 - policy.jitter), "{waited:?}");
+    assert!(waited <= exact.mul_f64(1.0 + policy.jitter), "{waited:?}");
+    assert_eq!(shard.order("A").l, Some(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_spent_budget_dead_letters_then_records_then_acks() {
+    let attempts = Config::default().retry.max_attempts;
+    let failures = (0..attempts)
+        .map(|_| Err(HandlerError::retryable("503")))
+        .collect();
+    let handler = Scripted::answering(failures);
+    let shard = Shard::new(handler.clone());
+    let mut store = shard.consumer();
+    let (delivery, acker) = event(1, "A", 1);
+    let settled = shard.settle(&mut store, delivery).await;
+    assert!(passed(&settled, "A"), "its order's successors may run");
+    assert!(acked(&acker));
+    assert_eq!(handler.calls(), attempts);
+    assert_eq!(shard.letters.reasons(), ["handler"]);
+    let order = shard.order("A");
+    assert_eq!(
+        (order.l, order.u.as_deref()),
+        (Some(1), Some("1")),
+        "passed, never processed"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_dead_letter_is_published_again_with_its_event_unacked() {
+    let handler = Scripted::answering(vec![Err(HandlerError::permanent("400"))]);
+    let shard = Shard::new(handler.clone());
+    *shard.letters.refusals.lock().unwrap() = 2;
+    let mut store = shard.consumer();
+    let (delivery, acker) = event(1, "A", 1);
+    let started = Instant::now();
+    let settled = shard.settle(&mut store, delivery).await;
+    assert!(passed(&settled, "A"));
+    assert!(acked(&acker));
+    assert_eq!(handler.calls(), 1, "a permanent failure is not retried");
+    assert_eq!(shard.letters.reasons(), ["handler"]);
+    assert!(
+        started.elapsed() >= 2 * Duration::from_secs(1),
+        "one pause per refusal"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_copy_of_a_processed_event_is_acked_without_a_call() {
+    let handler = Scripted::answering(vec![]);
+    let shard = Shard::new(handler.clone());
+    let mut store = shard.consumer();
+    let (first, _) = event(1, "A", 1);
+    shard.settle(&mut store, first).await;
+    let (copy, acker) = event(2, "A", 1);
+    let settled = shard.settle(&mut store, copy).await;
+    assert!(passed(&settled, "A"));
+    assert!(acked(&acker));
+    assert_eq!(handler.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_event_ahead_of_its_order_is_held_unacked_without_a_call() {
+    let handler = Scripted::answering(vec![]);
+    let shard = Shard::new(handler.clone());
+    let mut store = shard.consumer();
+    let (first, _) = event(1, "A", 1);
+    shard.settle(&mut store, first).await;
+    let (ahead, acker) = event(2, "A", 3);
+    let settled = shard.settle(&mut store, ahead).await;
+    assert!(
+        matches!(&settled, Settled::Hold { order_key, seq: 3, start: false, .. } if order_key == "A"),
+        "a gap before seq 3"
+    );
+    assert!(!acked(&acker));
+    assert_eq!(handler.calls(), 1);
+    let (new_order, _) = event(3, "B", 2);
+    let settled = shard.settle(&mut store, new_order).await;
+    assert!(
+        matches!(
+            &settled,
+            Settled::Hold {
+                seq: 2,
+                start: true,
+                ..
+            }
+        ),
+        "an order without state waits the start grace"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stale_consumer_is_fenced_and_leaves_its_event_unacked() {
+    let handler = Scripted::answering(vec![]);
+    let shard = Shard::new(handler.clone());
+    let mut old = shard.consumer();
+    let (first, _) = event(1, "A", 1);
+    shard.settle(&mut old, first).await;
+    // The shard moved to a newer consumer, which wrote the order.
+    let newer = shard.consumer();
+    newer.new_consumer();
+    let mut newer = newer;
+    let (second, _) = event(2, "A", 2);
+    shard.settle(&mut newer, second).await;
+    let (third, acker) = event(3, "A", 3);
+    let settled = shard.settle(&mut old, third).await;
+    assert!(matches!(settled, Settled::Fenced));
+    assert!(!acked(&acker), "left for the newer owner");
+    assert_eq!(shard.order("A").l, Some(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_that_is_no_envelope_is_dead_lettered_decode_without_a_call() {
+    let handler = Scripted::answering(vec![]);
+    let shard = Shard::new(handler.clone());
+    let mut store = shard.consumer();
+    let delivery =
+        lapin::message::Delivery::mock(1, "".into(), "".into(), false, b"not json".to_vec());
+    let acker = delivery.acker.clone();
+    let settled = shard.settle(&mut store, delivery).await;
+    assert!(matches!(settled, Settled::Done { order_key: None }));
+    assert!(acked(&acker));
+    assert_eq!(handler.calls(), 0);
+    assert_eq!(shard.letters.reasons(), ["decode"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_commit_claims_the_next_delivery_already_here_in_the_same_call() {
+    use futures_util::StreamExt as _;
+    let handler = Scripted::answering(vec![]);
+    let shard = Shard::new(handler.clone());
+    let mut store = shard.consumer();
+    let (next, _) = event(2, "A", 2);
+    let mut lookahead = Lookahead::new(
+        futures_util::stream::iter(vec![Ok(next)]).chain(futures_util::stream::pending()),
+    );
+    let (first, _) = event(1, "A", 1);
+    let settled = shard
+        .settle_ahead(&mut store, first, Some(&mut lookahead))
+        .await;
+    assert!(passed(&settled, "A"));
+    let claim = shard
+        .order("A")
+        .c
+        .expect("seq 2 claimed with seq 1's commit");
+    assert_eq!((claim.seq, claim.starts), (2, 1));
+    let ahead = lookahead.peek(&shard.ctx.processor).unwrap();
+    assert_eq!(ahead.admitted, Some(crate::dedup::Verdict::Claimed));
+    let (next, acker) = {
+        let ready = lookahead.next(&shard.ctx.processor).await.unwrap().unwrap();
+        let acker = ready.delivery.acker.clone();
+        (ready, acker)
+    };
+    let mut in_flight = None;
+    let settled = settle(
+        &shard.ctx,
+        &shard.letters,
+        &mut store,
+        next,
+        Directive::Normal,
+        Some(&mut lookahead),
+        &mut in_flight,
+    )
+    .await
+    .unwrap();
+    assert!(passed(&settled, "A"));
+    assert!(acked(&acker));
+    assert_eq!(
+        handler.calls(),
+        2,
+        "the early claim is the attempt's, not a second one"
+    );
+    assert_eq!(shard.order("A").l, Some(2));
+}

@@ -1,0 +1,201 @@
+//! Test fixtures for driving the stages without a broker or Redis: mock
+//! deliveries (their ackers show whether they were acked), the in-memory
+//! order state, a dead-letter sink that records, and a handler that answers
+//! from a script.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use lapin::message::Delivery;
+use shardline_publisher::ConfirmError;
+use shardline_topology::{ShardCount, ShardId};
+use tokio::sync::Notify;
+
+use crate::attempt::Processor;
+use crate::config::Config;
+use crate::context::ShardContext;
+use crate::dedup::memory::{MemoryOrderState, MemoryStore, OrderView};
+use crate::delivery::{Directive, Message, Ready};
+use crate::era::RedisEra;
+use crate::handler::{Event, Handler, HandlerError};
+use crate::intake::lookahead::{Deliveries, Lookahead};
+use crate::metrics::Metrics;
+use crate::settle::{DeadLetters, Settled, settle};
+
+/// Answers each call with the next scripted result (then success), and
+/// counts the calls.
+#[derive(Default)]
+pub(crate) struct Scripted {
+    answers: Mutex<VecDeque<Result<(), HandlerError>>>,
+    calls: Mutex<u32>,
+}
+
+impl Scripted {
+    pub(crate) fn answering(answers: Vec<Result<(), HandlerError>>) -> Arc<Self> {
+        Arc::new(Self {
+            answers: Mutex::new(answers.into()),
+            calls: Mutex::new(0),
+        })
+    }
+
+    pub(crate) fn calls(&self) -> u32 {
+        *self.calls.lock().unwrap()
+    }
+}
+
+#[async_trait]
+impl Handler for Scripted {
+    async fn handle(&self, _event: &Event<'_>) -> Result<(), HandlerError> {
+        *self.calls.lock().unwrap() += 1;
+        self.answers.lock().unwrap().pop_front().unwrap_or(Ok(()))
+    }
+}
+
+/// Records dead letters (exchange, reason); refuses the first `refusals`.
+#[derive(Default)]
+pub(crate) struct Letters {
+    published: Mutex<Vec<(String, String)>>,
+    pub(crate) refusals: Mutex<u32>,
+}
+
+impl DeadLetters for Letters {
+    async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        _body: &[u8],
+        _properties: lapin::BasicProperties,
+    ) -> Result<(), ConfirmError> {
+        let mut refusals = self.refusals.lock().unwrap();
+        if *refusals > 0 {
+            *refusals -= 1;
+            return Err(ConfirmError::Nacked {
+                exchange: exchange.to_owned(),
+                routing_key: routing_key.to_owned(),
+            });
+        }
+        let mut published = self.published.lock().unwrap();
+        published.push((exchange.to_owned(), routing_key.to_owned()));
+        Ok(())
+    }
+}
+
+impl Letters {
+    pub(crate) fn reasons(&self) -> Vec<String> {
+        let published = self.published.lock().unwrap();
+        published.iter().map(|(_, reason)| reason.clone()).collect()
+    }
+}
+
+/// One shard's context with `handler`, and its order state in memory.
+pub(crate) struct Shard {
+    pub(crate) ctx: ShardContext,
+    pub(crate) config: Config,
+    pub(crate) store: MemoryStore,
+    pub(crate) letters: Letters,
+}
+
+impl Shard {
+    pub(crate) fn new(handler: Arc<dyn Handler>) -> Self {
+        Self::with(Config::default(), handler)
+    }
+
+    /// A shard with `config`.
+    pub(crate) fn with(config: Config, handler: Arc<dyn Handler>) -> Self {
+        let shard = ShardId::new(3, ShardCount::default()).unwrap();
+        let metrics = Metrics::new(&[shard], config.backlog, config.stuck_after);
+        let shard_metrics = metrics.shards()[0].clone();
+        let processor = Processor::new(
+            &config,
+            shard,
+            handler,
+            shard_metrics.clone(),
+            None,
+            None,
+            Arc::new(RedisEra::new(config.keys().redis_era())),
+        );
+        let ctx = ShardContext {
+            processor,
+            names: config.names.clone(),
+            shard,
+            metrics: shard_metrics,
+            evidence: Notify::new(),
+        };
+        Self {
+            ctx,
+            store: MemoryStore::new(),
+            config,
+            letters: Letters::default(),
+        }
+    }
+
+    pub(crate) fn consumer(&self) -> MemoryOrderState {
+        self.store.consumer(&self.config, self.ctx.shard)
+    }
+
+    /// Settles `delivery` as a concurrent shard does (no read-ahead).
+    pub(crate) async fn settle(&self, store: &mut MemoryOrderState, delivery: Delivery) -> Settled {
+        self.settle_ahead(store, delivery, None::<&mut Lookahead>)
+            .await
+    }
+
+    /// Settles `delivery` as a serial shard does, with its read-ahead.
+    pub(crate) async fn settle_ahead(
+        &self,
+        store: &mut MemoryOrderState,
+        delivery: Delivery,
+        lookahead: Option<&mut Lookahead<impl Deliveries>>,
+    ) -> Settled {
+        let ready = self.ready(delivery);
+        let mut in_flight = None;
+        let settled = settle(
+            &self.ctx,
+            &self.letters,
+            store,
+            ready,
+            Directive::Normal,
+            lookahead,
+            &mut in_flight,
+        )
+        .await
+        .expect("a mock delivery acks");
+        assert!(in_flight.is_none(), "no claim is left in flight");
+        settled
+    }
+
+    /// `delivery` as intake hands it on: decoded.
+    pub(crate) fn ready(&self, delivery: Delivery) -> Ready {
+        let decoded =
+            crate::intake::decode(&Message::of(&delivery), self.ctx.processor.max_body_bytes());
+        Ready {
+            delivery,
+            decoded,
+            admitted: None,
+            held_since: None,
+            tried: None,
+        }
+    }
+
+    pub(crate) fn order(&self, order: &str) -> OrderView {
+        self.store.order(order)
+    }
+}
+
+/// Seq `seq` of order `order`; its acker tells whether it was acked.
+pub(crate) fn event(tag: u64, order: &str, seq: u64) -> (Delivery, lapin::Acker) {
+    let body = format!(r#"{{"order_id":"{order}","event":"order.paid","seq":{seq}}}"#);
+    let delivery = Delivery::mock(
+        tag,
+        "order.sharding".into(),
+        "shard.3".into(),
+        false,
+        body.into_bytes(),
+    );
+    let acker = delivery.acker.clone();
+    (delivery, acker)
+}
+
+pub(crate) fn acked(acker: &lapin::Acker) -> bool {
+    !acker.usable()
+}
