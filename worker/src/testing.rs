@@ -13,6 +13,7 @@ use shardline_topology::{ShardCount, ShardId};
 use tokio::sync::Notify;
 
 use crate::attempt::Processor;
+use crate::breaker::Breaker;
 use crate::config::Config;
 use crate::context::ShardContext;
 use crate::dedup::memory::{MemoryOrderState, MemoryStore, OrderView};
@@ -97,22 +98,28 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
+    /// A shard with the default settings and no breaker.
     pub(crate) fn new(handler: Arc<dyn Handler>) -> Self {
-        Self::with(Config::default(), handler)
+        Self::build(Config::default(), handler, false)
     }
 
-    /// A shard with `config`.
-    pub(crate) fn with(config: Config, handler: Arc<dyn Handler>) -> Self {
-        let shard = ShardId::new(3, ShardCount::default()).unwrap();
+    /// A shard whose worker has the downstream breaker (default policy).
+    pub(crate) fn with_breaker(handler: Arc<dyn Handler>) -> Self {
+        Self::build(Config::default(), handler, true)
+    }
+
+    fn build(config: Config, handler: Arc<dyn Handler>, breaker: bool) -> Self {
+        let shard = ShardId::new(3, ShardCount::default()).expect("shard 3 of 16");
         let metrics = Metrics::new(&[shard], config.backlog, config.stuck_after);
         let shard_metrics = metrics.shards()[0].clone();
+        let breaker = breaker.then(|| Breaker::new(config.breaker.clone(), metrics.breaker()));
         let processor = Processor::new(
             &config,
             shard,
             handler,
             shard_metrics.clone(),
             None,
-            None,
+            breaker,
             Arc::new(RedisEra::new(config.keys().redis_era())),
         );
         let ctx = ShardContext {

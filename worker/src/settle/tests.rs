@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::config::Config;
+use crate::handler::HandlerError;
 use crate::intake::lookahead::Lookahead;
 use crate::testing::{Scripted, Shard, acked, event};
 
@@ -219,4 +220,90 @@ async fn the_commit_claims_the_next_delivery_already_here_in_the_same_call() {
         "the early claim is the attempt's, not a second one"
     );
     assert_eq!(shard.order("A").l, Some(2));
+}
+
+/// A serial shard's read-ahead holding `sent`, the broker sending nothing more.
+fn read_ahead(
+    sent: Vec<lapin::message::Delivery>,
+) -> Lookahead<impl crate::intake::lookahead::Deliveries> {
+    use futures_util::StreamExt as _;
+    let sent = sent.into_iter().map(Ok).collect::<Vec<_>>();
+    Lookahead::new(futures_util::stream::iter(sent).chain(futures_util::stream::pending()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_poison_event_is_dead_lettered_once_another_orders_event_succeeds_as_evidence() {
+    let attempts = Config::default().retry.max_attempts;
+    let mut answers: Vec<_> = (0..attempts)
+        .map(|_| Err(HandlerError::retryable("503")))
+        .collect();
+    answers.push(Ok(()));
+    let handler = Scripted::answering(answers);
+    let shard = Shard::with_breaker(handler.clone());
+    let mut store = shard.consumer();
+    let (b, b_acker) = event(2, "B", 1);
+    let mut lookahead = read_ahead(vec![b]);
+    let (a, a_acker) = event(1, "A", 1);
+    let settled = shard
+        .settle_ahead(&mut store, a, Some(&mut lookahead))
+        .await;
+    assert!(passed(&settled, "A"));
+    assert!(acked(&a_acker));
+    assert_eq!(
+        shard.letters.reasons(),
+        ["handler"],
+        "B's success made A poison"
+    );
+    assert_eq!(handler.calls(), attempts + 1);
+    // B was tried as the evidence: it comes back first with that outcome and
+    // is settled from it, without a second call.
+    let b = lookahead.next(&shard.ctx.processor).await.unwrap().unwrap();
+    assert!(b.tried.is_some());
+    let mut in_flight = None;
+    let settled = settle(
+        &shard.ctx,
+        &shard.letters,
+        &mut store,
+        b,
+        Directive::Normal,
+        Some(&mut lookahead),
+        &mut in_flight,
+    )
+    .await
+    .unwrap();
+    assert!(passed(&settled, "B"));
+    assert!(acked(&b_acker));
+    assert_eq!(handler.calls(), attempts + 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outage_seen_in_another_orders_evidence_dead_letters_nothing() {
+    let attempts = Config::default().retry.max_attempts;
+    // Every call fails until the downstream is back.
+    let answers: Vec<_> = (0..attempts + 3)
+        .map(|_| Err(HandlerError::retryable("503")))
+        .collect();
+    let handler = Scripted::answering(answers);
+    let shard = Shard::with_breaker(handler.clone());
+    let mut store = shard.consumer();
+    let (b, _) = event(2, "B", 1);
+    let mut lookahead = read_ahead(vec![b]);
+    let (a, a_acker) = event(1, "A", 1);
+    let settled = shard
+        .settle_ahead(&mut store, a, Some(&mut lookahead))
+        .await;
+    assert!(
+        passed(&settled, "A"),
+        "processed once the downstream is back"
+    );
+    assert!(acked(&a_acker));
+    assert!(
+        shard.letters.reasons().is_empty(),
+        "an outage dead-letters nothing"
+    );
+    assert!(
+        handler.calls() > attempts + 1,
+        "A was tried again after the evidence"
+    );
+    assert_eq!(shard.order("A").l, Some(1));
 }
