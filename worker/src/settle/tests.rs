@@ -1,8 +1,11 @@
 //! The settle stage driven without a broker or Redis (`crate::testing`),
 //! under tokio's paused clock for the retry delays.
 
+use std::sync::Arc;
+
 use super::*;
 use crate::config::Config;
+use crate::dedup::memory::MemoryOrderState;
 use crate::handler::HandlerError;
 use crate::intake::lookahead::Lookahead;
 use crate::testing::{Scripted, Shard, acked, event};
@@ -55,10 +58,7 @@ async fn a_retryable_failure_is_retried_in_place_after_its_backoff() {
 #[tokio::test(start_paused = true)]
 async fn a_spent_budget_dead_letters_then_records_then_acks() {
     let attempts = Config::default().retry.max_attempts;
-    let failures = (0..attempts)
-        .map(|_| Err(HandlerError::retryable("503")))
-        .collect();
-    let handler = Scripted::answering(failures);
+    let handler = Scripted::answering(failing(attempts));
     let shard = Shard::new(handler.clone());
     let mut store = shard.consumer();
     let (delivery, acker) = event(1, "A", 1);
@@ -222,6 +222,38 @@ async fn the_commit_claims_the_next_delivery_already_here_in_the_same_call() {
     assert_eq!(shard.order("A").l, Some(2));
 }
 
+/// `n` retryable failures.
+fn failing(n: u32) -> Vec<Result<(), HandlerError>> {
+    (0..n)
+        .map(|_| Err(HandlerError::retryable("503")))
+        .collect()
+}
+
+/// A shard with the breaker whose handler answers `answers`, its consumer,
+/// and a read-ahead holding B's first event; A's first event settled with
+/// it. A's acker.
+async fn a_then_b_with_breaker(
+    answers: Vec<Result<(), HandlerError>>,
+) -> (
+    Arc<Scripted>,
+    Shard,
+    MemoryOrderState,
+    Lookahead<impl crate::intake::lookahead::Deliveries>,
+    Settled,
+    lapin::Acker,
+) {
+    let handler = Scripted::answering(answers);
+    let shard = Shard::with_breaker(handler.clone());
+    let mut store = shard.consumer();
+    let (b, _) = event(2, "B", 1);
+    let mut lookahead = read_ahead(vec![b]);
+    let (a, a_acker) = event(1, "A", 1);
+    let settled = shard
+        .settle_ahead(&mut store, a, Some(&mut lookahead))
+        .await;
+    (handler, shard, store, lookahead, settled, a_acker)
+}
+
 /// A serial shard's read-ahead holding `sent`, the broker sending nothing more.
 fn read_ahead(
     sent: Vec<lapin::message::Delivery>,
@@ -234,19 +266,10 @@ fn read_ahead(
 #[tokio::test(start_paused = true)]
 async fn a_poison_event_is_dead_lettered_once_another_orders_event_succeeds_as_evidence() {
     let attempts = Config::default().retry.max_attempts;
-    let mut answers: Vec<_> = (0..attempts)
-        .map(|_| Err(HandlerError::retryable("503")))
-        .collect();
+    let mut answers = failing(attempts);
     answers.push(Ok(()));
-    let handler = Scripted::answering(answers);
-    let shard = Shard::with_breaker(handler.clone());
-    let mut store = shard.consumer();
-    let (b, b_acker) = event(2, "B", 1);
-    let mut lookahead = read_ahead(vec![b]);
-    let (a, a_acker) = event(1, "A", 1);
-    let settled = shard
-        .settle_ahead(&mut store, a, Some(&mut lookahead))
-        .await;
+    let (handler, shard, mut store, mut lookahead, settled, a_acker) =
+        a_then_b_with_breaker(answers).await;
     assert!(passed(&settled, "A"));
     assert!(acked(&a_acker));
     assert_eq!(
@@ -259,6 +282,7 @@ async fn a_poison_event_is_dead_lettered_once_another_orders_event_succeeds_as_e
     // is settled from it, without a second call.
     let b = lookahead.next(&shard.ctx.processor).await.unwrap().unwrap();
     assert!(b.tried.is_some());
+    let b_acker = b.delivery.acker.clone();
     let mut in_flight = None;
     let settled = settle(
         &shard.ctx,
@@ -280,18 +304,8 @@ async fn a_poison_event_is_dead_lettered_once_another_orders_event_succeeds_as_e
 async fn an_outage_seen_in_another_orders_evidence_dead_letters_nothing() {
     let attempts = Config::default().retry.max_attempts;
     // Every call fails until the downstream is back.
-    let answers: Vec<_> = (0..attempts + 3)
-        .map(|_| Err(HandlerError::retryable("503")))
-        .collect();
-    let handler = Scripted::answering(answers);
-    let shard = Shard::with_breaker(handler.clone());
-    let mut store = shard.consumer();
-    let (b, _) = event(2, "B", 1);
-    let mut lookahead = read_ahead(vec![b]);
-    let (a, a_acker) = event(1, "A", 1);
-    let settled = shard
-        .settle_ahead(&mut store, a, Some(&mut lookahead))
-        .await;
+    let (handler, shard, _, _, settled, a_acker) =
+        a_then_b_with_breaker(failing(attempts + 3)).await;
     assert!(
         passed(&settled, "A"),
         "processed once the downstream is back"
