@@ -4,6 +4,8 @@
 //! nothing lost.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use shardline_testkit::broker::NODE_START;
@@ -58,8 +60,18 @@ async fn worker_survives(name: &str, outage: Outage, queue_type: QueueType) {
     let node = BrokerNode::start().await;
     let env = TestEnv::on_node(name, queue_type, &node).await;
     env.apply_topology().await;
-    let downstream =
-        Downstream::scripted(|_, _| Reply::ok().after(Duration::from_millis(25))).await;
+    // While the outage command runs (rabbitmqctl takes seconds on a busy
+    // machine), calls slow down, so that the stream is still flowing when
+    // the outage lands instead of having ended.
+    let slow = Arc::new(AtomicBool::new(false));
+    let downstream = {
+        let slow = Arc::clone(&slow);
+        Downstream::scripted(move |_, _| {
+            let delay = if slow.load(Ordering::SeqCst) { 400 } else { 25 };
+            Reply::ok().after(Duration::from_millis(delay))
+        })
+        .await
+    };
     let events = interleaved(&orders_covering_shards(name, 25, &env), 5, env.shards);
 
     let mut worker = env.start_worker("outage", &downstream, |_| {}).await;
@@ -73,11 +85,13 @@ async fn worker_survives(name: &str, outage: Outage, queue_type: QueueType) {
             ok_keys(calls).len() >= quarter
         })
         .await;
+    slow.store(true, Ordering::SeqCst);
     match outage {
         Outage::CloseConnection => env.broker().close_connection(&before).await,
         Outage::BrokerRestart => node.stop_app().await,
     }
     let at_outage = downstream.calls();
+    slow.store(false, Ordering::SeqCst);
     assert!(
         ok_keys(&at_outage).len() < events.len(),
         "the stream ended before the outage: the test proves nothing\n{}",

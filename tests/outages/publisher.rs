@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lapin::options::BasicGetOptions;
@@ -39,6 +39,8 @@ async fn publisher_survives_a_broker_restart() {
 /// seconds (2400 events at ~530/s).
 const BURST: usize = 32;
 const BURST_EVERY: Duration = Duration::from_millis(60);
+/// The pace while the outage command runs.
+const SLOW_BURST_EVERY: Duration = Duration::from_millis(400);
 /// Seqs per order.
 const PER_ORDER: u64 = 20;
 
@@ -73,13 +75,21 @@ async fn publisher_survives(name: &str, outage: Outage) {
 
     let published = Arc::new(AtomicUsize::new(0));
     let bodies: Vec<Vec<u8>> = events.iter().map(|e| e.body.clone()).collect();
+    // While the outage command runs (rabbitmqctl takes seconds on a busy
+    // machine), bursts slow down, so that publishing is still under way when
+    // the outage lands instead of having ended.
+    let slow = Arc::new(AtomicBool::new(false));
     let task = {
         let published = Arc::clone(&published);
+        let slow = Arc::clone(&slow);
         tokio::spawn(async move {
             let mut pace = tokio::time::interval(BURST_EVERY);
             for (i, body) in bodies.into_iter().enumerate() {
                 if i % BURST == 0 {
                     pace.tick().await;
+                    if slow.load(Ordering::SeqCst) {
+                        tokio::time::sleep(SLOW_BURST_EVERY).await;
+                    }
                 }
                 publisher
                     .publish(body)
@@ -107,11 +117,13 @@ async fn publisher_survives(name: &str, outage: Outage) {
         }
     })
     .await;
+    slow.store(true, Ordering::SeqCst);
     match outage {
         Outage::CloseConnection => env.broker().close_connection(&pid).await,
         Outage::BrokerRestart => node.stop_app().await,
     }
     let at_outage = published.load(Ordering::Relaxed);
+    slow.store(false, Ordering::SeqCst);
     assert!(
         at_outage < total,
         "publishing ended before the outage: the test proves nothing"
