@@ -23,9 +23,8 @@ use shardline_topology::{ShardId, w3c};
 use crate::breaker::{self, Breaker, Permit};
 use crate::config::{Config, OnDeadLetter, RetryPolicy};
 
-use crate::dedup::{DeadLettered, Dedup, OrderState, Start, Verdict, Written};
+use crate::dedup::{DeadLettered, OrderState, Start, Verdict, Written};
 use crate::delivery::{Decoded, Message, Outcome};
-use crate::era::RedisEra;
 use crate::handler::{self, Event, Fault, Handler, HandlerError};
 use crate::metrics::ShardMetrics;
 use crate::rate::RateLimiter;
@@ -46,7 +45,6 @@ enum Claim {
 pub(crate) struct Processor {
     shard: ShardId,
     handler: Arc<dyn Handler>,
-    dedup: Dedup,
     retry: RetryPolicy,
     handler_timeout: Duration,
     max_body_bytes: usize,
@@ -76,7 +74,6 @@ impl Processor {
         metrics: Arc<ShardMetrics>,
         rate: Option<Arc<RateLimiter>>,
         breaker: Option<Arc<Breaker>>,
-        era: Arc<RedisEra>,
     ) -> Self {
         Self {
             rate,
@@ -84,7 +81,6 @@ impl Processor {
             keep_alive: config.lease() / 3,
             shard,
             handler,
-            dedup: Dedup::new(config, shard, era),
             retry: config.retry.clone(),
             handler_timeout: config.handler_timeout,
             max_body_bytes: config.max_body_bytes,
@@ -95,10 +91,6 @@ impl Processor {
             span_name: telemetry::span::process(&config.names.shard_queue(shard)),
             queue: config.names.shard_queue(shard),
         }
-    }
-
-    pub(crate) fn dedup(&self) -> &Dedup {
-        &self.dedup
     }
 
     /// The worker's breaker, when it has one (`Config::breaker` enabled).
@@ -505,7 +497,6 @@ pub(crate) fn test_processor_with(config: &Config, handler: Arc<dyn Handler>) ->
         metrics.shards()[0].clone(),
         None,
         None,
-        Arc::new(RedisEra::new(config.keys().redis_era())),
     )
 }
 

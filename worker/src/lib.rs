@@ -44,7 +44,7 @@
 //!
 //! - `delivery`: a delivery's types as they flow (message, decoded event,
 //!   directive, outcome); `trace`: its consumer span.
-//! - `context`: one shard's context (processor, names, metrics).
+//! - `context`: one shard's context (processor, its order state's layout, names, metrics).
 //! - `dedup`: the order state in Redis (claims, `done` marks, each order's
 //!   last seq, fencing), one Lua script per step.
 //! - `quarantine`: per-order quarantine behind a dead letter ([`OnDeadLetter::Quarantine`]).

@@ -24,7 +24,7 @@ use crate::attempt::Processor;
 use crate::breaker::Breaker;
 use crate::config::Config;
 use crate::context::ShardContext;
-use crate::dedup::RedisOrderState;
+use crate::dedup::{Dedup, RedisOrderState};
 use crate::era::RedisEra;
 use crate::error::WorkerError;
 use crate::handler::Handler;
@@ -117,8 +117,8 @@ fn shard_contexts(config: &Config, metrics: &Metrics, shared: &Shared) -> Vec<Ar
                     shard_metrics.clone(),
                     shared.rate.clone(),
                     shared.breaker.clone(),
-                    shared.era.clone(),
                 ),
+                dedup: Dedup::new(config, shard, shared.era.clone()),
                 names: config.names.clone(),
                 shard,
                 metrics: shard_metrics.clone(),
@@ -396,7 +396,7 @@ async fn run_shards(
         let (consume, dead_letters) = (consume.clone(), dead_letters.clone());
         let (config, ctx) = (config.clone(), ctx.clone());
         let (shutdown, conn_lost) = (shutdown.clone(), conn_lost.clone());
-        let dedup = ctx.processor.dedup().clone();
+        let dedup = ctx.dedup.clone();
         let slot = RedisSlot::new(pool.clone(), dedup.scripts(), health.clone());
         let mut redis = RedisOrderState::new(dedup, slot);
         tasks.spawn(async move {

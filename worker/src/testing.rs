@@ -16,8 +16,9 @@ use crate::attempt::Processor;
 use crate::breaker::Breaker;
 use crate::config::Config;
 use crate::context::ShardContext;
+use crate::dedup::Dedup;
 use crate::dedup::memory::{MemoryOrderState, MemoryStore, OrderView};
-use crate::delivery::{Directive, Message, Ready};
+use crate::delivery::{Directive, Ready};
 use crate::era::RedisEra;
 use crate::handler::{Event, Handler, HandlerError};
 use crate::intake::lookahead::{Deliveries, Lookahead};
@@ -120,10 +121,14 @@ impl Shard {
             shard_metrics.clone(),
             None,
             breaker,
-            Arc::new(RedisEra::new(config.keys().redis_era())),
         );
         let ctx = ShardContext {
             processor,
+            dedup: Dedup::new(
+                &config,
+                shard,
+                Arc::new(RedisEra::new(config.keys().redis_era())),
+            ),
             names: config.names.clone(),
             shard,
             metrics: shard_metrics,
@@ -173,15 +178,7 @@ impl Shard {
 
     /// `delivery` as intake hands it on: decoded.
     pub(crate) fn ready(&self, delivery: Delivery) -> Ready {
-        let decoded =
-            crate::intake::decode(&Message::of(&delivery), self.ctx.processor.max_body_bytes());
-        Ready {
-            delivery,
-            decoded,
-            admitted: None,
-            held_since: None,
-            tried: None,
-        }
+        crate::intake::lookahead::ready(delivery, &self.ctx.processor)
     }
 
     pub(crate) fn order(&self, order: &str) -> OrderView {

@@ -32,8 +32,8 @@ impl Holdable for Ready {
     }
 }
 
-/// A new delivery, decoded (`decode`).
-fn ready(delivery: Delivery, processor: &Processor) -> Ready {
+/// A new delivery, decoded (`decode`), as intake hands it on.
+pub(crate) fn ready(delivery: Delivery, processor: &Processor) -> Ready {
     let decoded = decode(&Message::of(&delivery), processor.max_body_bytes());
     Ready {
         delivery,

@@ -16,9 +16,7 @@ fn passed(settled: &Settled, order: &str) -> bool {
 
 #[tokio::test(start_paused = true)]
 async fn a_processed_event_is_committed_then_acked() {
-    let handler = Scripted::answering(vec![]);
-    let shard = Shard::new(handler.clone());
-    let mut store = shard.consumer();
+    let (handler, shard, mut store) = shard_answering(vec![]);
     let (delivery, acker) = event(1, "A", 1);
     let settled = shard.settle(&mut store, delivery).await;
     assert!(passed(&settled, "A"));
@@ -34,12 +32,10 @@ async fn a_processed_event_is_committed_then_acked() {
 
 #[tokio::test(start_paused = true)]
 async fn a_retryable_failure_is_retried_in_place_after_its_backoff() {
-    let handler = Scripted::answering(vec![
+    let (handler, shard, mut store) = shard_answering(vec![
         Err(HandlerError::retryable("503")),
         Err(HandlerError::retryable("503")),
     ]);
-    let shard = Shard::new(handler.clone());
-    let mut store = shard.consumer();
     let (delivery, acker) = event(1, "A", 1);
     let started = Instant::now();
     let settled = shard.settle(&mut store, delivery).await;
@@ -58,9 +54,7 @@ async fn a_retryable_failure_is_retried_in_place_after_its_backoff() {
 #[tokio::test(start_paused = true)]
 async fn a_spent_budget_dead_letters_then_records_then_acks() {
     let attempts = Config::default().retry.max_attempts;
-    let handler = Scripted::answering(failing(attempts));
-    let shard = Shard::new(handler.clone());
-    let mut store = shard.consumer();
+    let (handler, shard, mut store) = shard_answering(failing(attempts));
     let (delivery, acker) = event(1, "A", 1);
     let settled = shard.settle(&mut store, delivery).await;
     assert!(passed(&settled, "A"), "its order's successors may run");
@@ -77,10 +71,8 @@ async fn a_spent_budget_dead_letters_then_records_then_acks() {
 
 #[tokio::test(start_paused = true)]
 async fn a_refused_dead_letter_is_published_again_with_its_event_unacked() {
-    let handler = Scripted::answering(vec![Err(HandlerError::permanent("400"))]);
-    let shard = Shard::new(handler.clone());
+    let (handler, shard, mut store) = shard_answering(vec![Err(HandlerError::permanent("400"))]);
     *shard.letters.refusals.lock().unwrap() = 2;
-    let mut store = shard.consumer();
     let (delivery, acker) = event(1, "A", 1);
     let started = Instant::now();
     let settled = shard.settle(&mut store, delivery).await;
@@ -96,9 +88,7 @@ async fn a_refused_dead_letter_is_published_again_with_its_event_unacked() {
 
 #[tokio::test(start_paused = true)]
 async fn a_second_copy_of_a_processed_event_is_acked_without_a_call() {
-    let handler = Scripted::answering(vec![]);
-    let shard = Shard::new(handler.clone());
-    let mut store = shard.consumer();
+    let (handler, shard, mut store) = shard_answering(vec![]);
     let (first, _) = event(1, "A", 1);
     shard.settle(&mut store, first).await;
     let (copy, acker) = event(2, "A", 1);
@@ -110,9 +100,7 @@ async fn a_second_copy_of_a_processed_event_is_acked_without_a_call() {
 
 #[tokio::test(start_paused = true)]
 async fn an_event_ahead_of_its_order_is_held_unacked_without_a_call() {
-    let handler = Scripted::answering(vec![]);
-    let shard = Shard::new(handler.clone());
-    let mut store = shard.consumer();
+    let (handler, shard, mut store) = shard_answering(vec![]);
     let (first, _) = event(1, "A", 1);
     shard.settle(&mut store, first).await;
     let (ahead, acker) = event(2, "A", 3);
@@ -140,9 +128,7 @@ async fn an_event_ahead_of_its_order_is_held_unacked_without_a_call() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stale_consumer_is_fenced_and_leaves_its_event_unacked() {
-    let handler = Scripted::answering(vec![]);
-    let shard = Shard::new(handler.clone());
-    let mut old = shard.consumer();
+    let (_, shard, mut old) = shard_answering(vec![]);
     let (first, _) = event(1, "A", 1);
     shard.settle(&mut old, first).await;
     // The shard moved to a newer consumer, which wrote the order.
@@ -160,9 +146,7 @@ async fn a_stale_consumer_is_fenced_and_leaves_its_event_unacked() {
 
 #[tokio::test(start_paused = true)]
 async fn a_body_that_is_no_envelope_is_dead_lettered_decode_without_a_call() {
-    let handler = Scripted::answering(vec![]);
-    let shard = Shard::new(handler.clone());
-    let mut store = shard.consumer();
+    let (handler, shard, mut store) = shard_answering(vec![]);
     let delivery =
         lapin::message::Delivery::mock(1, "".into(), "".into(), false, b"not json".to_vec());
     let acker = delivery.acker.clone();
@@ -176,9 +160,7 @@ async fn a_body_that_is_no_envelope_is_dead_lettered_decode_without_a_call() {
 #[tokio::test(start_paused = true)]
 async fn the_commit_claims_the_next_delivery_already_here_in_the_same_call() {
     use futures_util::StreamExt as _;
-    let handler = Scripted::answering(vec![]);
-    let shard = Shard::new(handler.clone());
-    let mut store = shard.consumer();
+    let (handler, shard, mut store) = shard_answering(vec![]);
     let (next, _) = event(2, "A", 2);
     let mut lookahead = Lookahead::new(
         futures_util::stream::iter(vec![Ok(next)]).chain(futures_util::stream::pending()),
@@ -220,6 +202,17 @@ async fn the_commit_claims_the_next_delivery_already_here_in_the_same_call() {
         "the early claim is the attempt's, not a second one"
     );
     assert_eq!(shard.order("A").l, Some(2));
+}
+
+/// A shard without the breaker whose handler answers `answers` (then
+/// succeeds), and a consumer of its order state.
+fn shard_answering(
+    answers: Vec<Result<(), HandlerError>>,
+) -> (Arc<Scripted>, Shard, MemoryOrderState) {
+    let handler = Scripted::answering(answers);
+    let shard = Shard::new(handler.clone());
+    let store = shard.consumer();
+    (handler, shard, store)
 }
 
 /// `n` retryable failures.
