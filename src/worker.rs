@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::Args;
 use shardline_topology::{QueueType, ShardSet};
 use shardline_worker::{
-    BreakerPolicy, Config, ConfigError, FleetPolicy, HandlerSpecError, OnDeadLetter, OnGap,
-    RetryPolicy, Thresholds, WorkerError,
+    BreakerPolicy, Config, ConfigError, FleetPolicy, GroupCommit, HandlerSpecError, OnDeadLetter,
+    OnGap, RetryPolicy, Thresholds, WorkerError,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -57,12 +57,13 @@ pub struct WorkerArgs {
     /// a crash then repeats up to this many calls per shard.
     #[arg(long, env = "SHARDLINE_CONCURRENCY", default_value_t = Config::default().concurrency)]
     pub concurrency: u16,
-    /// Group commit for fast handlers (serial shards): up to N deliveries
-    /// already read ahead are claimed in one Redis call, run in turn, then
-    /// committed and acked together. A crash may repeat up to a group's calls
-    /// per shard. 1: off.
-    #[arg(long, env = "SHARDLINE_GROUP_COMMIT", value_name = "N", default_value_t = Config::default().group_commit)]
-    pub group_commit: u16,
+    /// Group commit (serial shards): up to N deliveries already read ahead
+    /// are claimed in one Redis call, run in turn, then committed and acked
+    /// together; a crash may repeat up to N calls per shard. `auto`: N is the
+    /// prefetch (at most 32), off with --concurrency above 1, quarantine mode
+    /// or --max-rate. 1: strict (a crash repeats at most one call per shard).
+    #[arg(long, env = "SHARDLINE_GROUP_COMMIT", value_name = "auto|N", default_value_t = Config::default().group_commit)]
+    pub group_commit: GroupCommit,
     /// At most R handler calls per second for this worker process, shared by
     /// its shards (off unless given). Waiting for a call's turn is not an attempt.
     #[arg(long, env = "SHARDLINE_MAX_RATE", value_name = "R")]
@@ -465,6 +466,10 @@ mod tests {
         }
         for (args, message) in [
             (
+                ["--group-commit", "0", "--prefetch", "1"],
+                "--group-commit must be at least 1",
+            ),
+            (
                 ["--group-commit", "8", "--concurrency", "4"],
                 "--group-commit cannot be combined with --concurrency above 1",
             ),
@@ -474,6 +479,86 @@ mod tests {
             ),
         ] {
             assert_eq!(config(&args).unwrap_err().to_string(), message);
+        }
+    }
+
+    #[test]
+    fn group_commit_is_auto_or_a_count() {
+        let size = |args: &[&str]| config(args).unwrap().grouping().size;
+        assert_eq!(size(&[]), 1, "the default prefetch groups nothing");
+        assert_eq!(size(&["--prefetch", "8"]), 8);
+        assert_eq!(size(&["--prefetch", "100"]), GroupCommit::AUTO_MAX);
+        assert_eq!(size(&["--prefetch", "32", "--group-commit", "1"]), 1);
+        assert_eq!(size(&["--prefetch", "32", "--group-commit", "AUTO"]), 32);
+        assert_eq!(size(&["--prefetch", "2", "--group-commit", "6"]), 6);
+        // Where a group cannot apply, auto turns itself off; it never refuses.
+        for off in [
+            ["--concurrency", "4"],
+            ["--on-dead-letter", "quarantine"],
+            ["--max-rate", "100"],
+        ] {
+            let args = [&["--prefetch", "32"][..], &off[..]].concat();
+            let grouping = config(&args).unwrap().grouping();
+            assert_eq!(grouping.size, 1, "{off:?}");
+            assert!(grouping.off_because.is_some(), "{off:?}");
+        }
+        let bad = Cli::try_parse_from(["shardline", "--handler", "noop", "--group-commit", "many"]);
+        assert!(bad.unwrap_err().to_string().contains("--group-commit"));
+    }
+
+    /// The worker command lines of the README and docs/ (fenced code, not
+    /// the synopses with `[…]`), with their placeholders filled in.
+    fn documented_worker_commands() -> Vec<Vec<String>> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut pages = vec![root.join("README.md")];
+        if let Ok(docs) = std::fs::read_dir(root.join("docs")) {
+            pages.extend(docs.flatten().map(|e| e.path()));
+        }
+        let mut commands = Vec::new();
+        for page in pages
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        {
+            let text = std::fs::read_to_string(page).unwrap();
+            let mut fenced = false;
+            for line in text.lines() {
+                if line.trim_start().starts_with("```") {
+                    fenced = !fenced;
+                    continue;
+                }
+                let Some(at) = line.find("shardline ").filter(|_| fenced) else {
+                    continue;
+                };
+                let command = line[at..].split(" #").next().unwrap_or_default();
+                let command = command
+                    .trim_end_matches(['&', ' '])
+                    .replace("http://…", "http://127.0.0.1:8080/events")
+                    .replace("--handler URL", "--handler http://127.0.0.1:8080/events")
+                    .replace("\"$POD_NAME\"", "pod-0");
+                if command.contains('[') || command.contains('…') {
+                    continue;
+                }
+                let words = shlex::split(&command).unwrap();
+                if words.iter().any(|w| w == "worker") {
+                    commands.push(words.into_iter().filter(|w| w != "worker").collect());
+                }
+            }
+        }
+        commands
+    }
+
+    #[test]
+    fn every_flag_set_the_documentation_shows_starts() {
+        let commands = documented_worker_commands();
+        assert!(commands.len() >= 3, "{commands:?}");
+        for words in commands {
+            let cli = Cli::try_parse_from(&words)
+                .unwrap_or_else(|e| panic!("{words:?} does not parse: {e}"));
+            cli.worker
+                .config(&cli.global)
+                .unwrap_or_else(|e| panic!("{words:?} is refused: {e}"));
+            shardline_worker::from_spec(&cli.worker.handler)
+                .unwrap_or_else(|e| panic!("{words:?}: the handler is refused: {e}"));
         }
     }
 }

@@ -25,6 +25,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use shardline_worker::GroupCommit;
 use tokio_util::sync::CancellationToken;
 
 use crate::GlobalArgs;
@@ -50,9 +51,9 @@ pub struct BenchArgs {
     /// comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [1u16])]
     pub concurrency: Vec<u16>,
-    /// The worker's `--group-commit` (events per group; 1: off).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
-    pub group_commit: u16,
+    /// The worker's `--group-commit` (`auto`: the worker's default; 1: strict).
+    #[arg(long, value_name = "auto|N", default_value_t = GroupCommit::Auto)]
+    pub group_commit: GroupCommit,
     /// Call a local HTTP downstream that answers 200 after this long (the
     /// worker's `http` handler) instead of the `noop` handler; the raw loops
     /// are not measured then.

@@ -55,6 +55,50 @@ pub fn assert_in_order_and_complete(calls: &[Call], events: &[Event]) {
     }
 }
 
+/// Every event of `events` reached the downstream, and per order each call
+/// is the seq before it again, the next seq, or a rewind to a seq already
+/// called: what a crash under group commit may show, where an order's calls
+/// since its last commit run again from the first of them (`1, 2, 1, 2, 3`).
+/// A seq is never called before the one below it; nothing is skipped.
+pub fn assert_in_order_in_effect(calls: &[Call], events: &[Event]) {
+    let mut first: HashMap<&str, u64> = HashMap::new();
+    for e in events {
+        let lowest = first.entry(e.order_id.as_str()).or_insert(e.seq);
+        *lowest = (*lowest).min(e.seq);
+    }
+    let mut seen: HashMap<&str, Vec<u64>> = HashMap::new();
+    for c in calls {
+        if let (Some(order), Some(seq)) = (c.order_id.as_deref(), c.seq) {
+            seen.entry(order).or_default().push(seq);
+        }
+    }
+    for (order, got) in &seen {
+        let mut called = BTreeSet::new();
+        let mut last: Option<u64> = None;
+        for &seq in got {
+            let fits = match last {
+                None => first.get(*order) == Some(&seq),
+                Some(last) => {
+                    seq == last || seq == last + 1 || (seq < last && called.contains(&seq))
+                }
+            };
+            assert!(
+                fits,
+                "order {order}: downstream saw seqs {got:?}: {seq} after {last:?} is neither a repeat, the next seq nor a rewind"
+            );
+            called.insert(seq);
+            last = Some(seq);
+        }
+    }
+    let ok = ok_keys(calls);
+    let missing: Vec<String> = events
+        .iter()
+        .map(Event::key)
+        .filter(|k| !ok.contains(k.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "never answered 2xx: {missing:?}");
+}
+
 /// Every event reached the downstream exactly once, and nothing else did.
 pub fn assert_exactly_once(calls: &[Call], events: &[Event]) {
     let mut count: HashMap<&str, usize> = HashMap::new();

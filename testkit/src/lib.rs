@@ -60,9 +60,9 @@ use std::time::Duration;
 pub use broker::BrokerNode;
 pub use checks::{
     all_ok, assert_all_answered_once_in_order, assert_all_delivered_once_in_order,
-    assert_exactly_once, assert_in_order_and_complete, assert_orders_never_overlap,
-    assert_request_shape, max_in_flight_per_shard, ok_keys, orders_covering_shards,
-    repeats_per_shard, wait_all_answered,
+    assert_exactly_once, assert_in_order_and_complete, assert_in_order_in_effect,
+    assert_orders_never_overlap, assert_request_shape, max_in_flight_per_shard, ok_keys,
+    orders_covering_shards, repeats_per_shard, wait_all_answered,
 };
 pub use child::ChildWorker;
 pub use cluster::Cluster;

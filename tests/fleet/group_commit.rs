@@ -10,6 +10,8 @@ use shardline_testkit::{
     assert_in_order_and_complete, describe, dlq, interleaved, order_ids,
 };
 
+use shardline_worker::GroupCommit;
+
 const GROUP: u16 = 8;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -20,7 +22,7 @@ async fn groups_process_every_event_once_in_order_with_duplicates_and_gaps() {
     let worker = env
         .start_worker("w1", &downstream, |c| {
             c.prefetch = 32;
-            c.group_commit = GROUP;
+            c.group_commit = GroupCommit::Fixed(GROUP);
         })
         .await;
     let publisher = Publisher::connect(&env).await;
@@ -87,7 +89,7 @@ async fn a_failed_call_in_a_group_goes_on_from_its_attempt_on_the_serial_path() 
     let worker = env
         .start_worker("w1", &downstream, |c| {
             c.prefetch = 32;
-            c.group_commit = GROUP;
+            c.group_commit = GroupCommit::Fixed(GROUP);
             c.retry.base = Duration::from_millis(10);
         })
         .await;

@@ -43,14 +43,15 @@ pub struct Config {
     /// downstream latency, at the price of up to this many repeated calls per
     /// shard after a crash. Default 1.
     pub concurrency: u16,
-    /// Group commit for fast handlers, on serial shards: up to this many
-    /// deliveries the broker has already sent are claimed in one Redis call,
-    /// run one after another, committed together with the next group's claims
-    /// in one call and acked with one ack (`intake::group`). The price: a worker
-    /// that dies between a group's calls and its commit repeats up to a
-    /// group's calls per shard, not only the event in the handler. Not with
-    /// `concurrency` above 1 or quarantine mode. 1 (the default) is off.
-    pub group_commit: u16,
+    /// Group commit on serial shards: up to a group of deliveries the broker
+    /// has already sent are claimed in one Redis call, run one after another,
+    /// committed together with the next group's claims in one call and acked
+    /// with one ack (`intake::group`). The price: a worker that dies between
+    /// a group's calls and its commit repeats up to a group's calls per
+    /// shard, not only the event in the handler. Default
+    /// [`GroupCommit::Auto`]: groups as large as the prefetch allows, where
+    /// grouping applies ([`Config::grouping`]).
+    pub group_commit: GroupCommit,
     /// At most this many handler calls per second for the whole worker
     /// process, shared fairly by its shards (a token bucket whose burst is a
     /// tenth of a second's worth, at least one call). Waiting for a token is
@@ -127,6 +128,64 @@ pub struct Config {
     pub stuck_after: Duration,
 }
 
+/// How many first deliveries a serial shard claims, calls, commits and acks
+/// as one group (`--group-commit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GroupCommit {
+    /// Up to `min(prefetch, AUTO_GROUP_MAX)`, where grouping applies: a
+    /// user who raises the prefetch to go faster gets groups, and at the
+    /// default prefetch of 1 nothing changes. Off, without a refusal, where
+    /// it cannot apply ([`Config::grouping`]).
+    #[default]
+    Auto,
+    /// Up to this many; 1 is the strict setting (no groups: a crash repeats
+    /// at most the one event in the handler per shard).
+    Fixed(u16),
+}
+
+impl GroupCommit {
+    /// The largest group `auto` forms, whatever the prefetch: past it the
+    /// Redis script's arguments grow and the repeat bound with them, for
+    /// little more speed (one round trip is already shared by 32 events).
+    pub const AUTO_MAX: u16 = 32;
+
+    fn fixed_above_one(self) -> bool {
+        matches!(self, Self::Fixed(n) if n > 1)
+    }
+}
+
+impl fmt::Display for GroupCommit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for GroupCommit {
+    type Err = std::num::ParseIntError;
+
+    /// `auto` or a count.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("auto") {
+            Ok(Self::Auto)
+        } else {
+            s.parse().map(Self::Fixed)
+        }
+    }
+}
+
+/// What [`Config::grouping`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grouping {
+    /// Deliveries per group at most; 1: no groups.
+    pub size: u16,
+    /// Why `auto` formed no groups where the prefetch would allow them: the
+    /// setting that rules grouping out, for the start-up line.
+    pub off_because: Option<&'static str>,
+}
+
 /// What happens to held events when their gap does not fill within the grace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnGap {
@@ -161,7 +220,7 @@ impl Default for Config {
             fleet: None,
             prefetch: 1,
             concurrency: 1,
-            group_commit: 1,
+            group_commit: GroupCommit::Auto,
             max_rate: None,
             exclusive: true,
             retry: RetryPolicy::default(),
@@ -225,15 +284,18 @@ impl Config {
             (retry.max_attempts == 0).then(|| refuse("retry.max_attempts", Problem::AT_LEAST_ONE)),
             (self.prefetch == 0).then(|| refuse("prefetch", Problem::AT_LEAST_ONE)),
             (self.concurrency == 0).then(|| refuse("concurrency", Problem::AT_LEAST_ONE)),
-            (self.group_commit == 0).then(|| refuse("group_commit", Problem::AT_LEAST_ONE)),
-            (self.group_commit > 1 && self.concurrency > 1)
+            (self.group_commit == GroupCommit::Fixed(0))
+                .then(|| refuse("group_commit", Problem::AT_LEAST_ONE)),
+            (self.group_commit.fixed_above_one() && self.concurrency > 1)
                 .then(|| refuse("group_commit", Problem::NotWith("concurrency above 1"))),
-            (self.group_commit > 1 && self.on_dead_letter == OnDeadLetter::Quarantine).then(|| {
-                refuse(
-                    "group_commit",
-                    Problem::NotWith("on_dead_letter quarantine"),
-                )
-            }),
+            (self.group_commit.fixed_above_one()
+                && self.on_dead_letter == OnDeadLetter::Quarantine)
+                .then(|| {
+                    refuse(
+                        "group_commit",
+                        Problem::NotWith("on_dead_letter quarantine"),
+                    )
+                }),
         ]
     }
 
@@ -324,6 +386,44 @@ impl Config {
                     )
                 }),
         ]
+    }
+
+    /// The group size in effect. `auto` groups up to
+    /// `min(prefetch, GroupCommit::AUTO_MAX)` and turns itself off where a
+    /// group cannot apply: calls run concurrently (`concurrency` above 1:
+    /// groups are for one call at a time), quarantine mode (an order's
+    /// failure must hold its later events, which a group has already
+    /// claimed), or a call rate limit (a group's calls would not wait their
+    /// turn). An explicit size is used as given ([`Config::validate`]
+    /// refuses the first two combinations; under a rate limit groups form
+    /// only while no call is waiting for a token).
+    pub fn grouping(&self) -> Grouping {
+        let fixed = |size| Grouping {
+            size,
+            off_because: None,
+        };
+        match self.group_commit {
+            GroupCommit::Fixed(n) => fixed(n.max(1)),
+            GroupCommit::Auto if self.prefetch <= 1 => fixed(1),
+            GroupCommit::Auto => {
+                let off_because = if self.concurrency > 1 {
+                    Some("--concurrency is above 1")
+                } else if self.on_dead_letter == OnDeadLetter::Quarantine {
+                    Some("--on-dead-letter is quarantine")
+                } else if self.max_rate.is_some() {
+                    Some("--max-rate is set")
+                } else {
+                    None
+                };
+                match off_because {
+                    Some(_) => Grouping {
+                        size: 1,
+                        off_because,
+                    },
+                    None => fixed(self.prefetch.min(GroupCommit::AUTO_MAX)),
+                }
+            }
+        }
     }
 
     /// The Redis keys under [`Config::redis_prefix`].

@@ -111,7 +111,8 @@ mod trace;
 mod testing;
 
 pub use config::{
-    BreakerPolicy, Config, ConfigError, FleetPolicy, OnDeadLetter, OnGap, Problem, RetryPolicy,
+    BreakerPolicy, Config, ConfigError, FleetPolicy, GroupCommit, Grouping, OnDeadLetter, OnGap,
+    Problem, RetryPolicy,
 };
 pub use error::{BindError, WorkerError};
 pub use handler::{

@@ -236,6 +236,7 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
     } = inputs;
     let mut gauge = HeldGauge::new(&ctx.metrics.watch);
     let mut clock = PauseClock::new(&ctx.processor);
+    let max = usize::from(config.grouping().size);
     loop {
         gauge.sync(gate);
         let (deadline, intake) = clock.gate_wait(gate);
@@ -259,11 +260,7 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
                 }
             }
         };
-        let grouping = config.group_commit > 1
-            && !released
-            && group::joins(&ready)
-            && ctx.processor.claims_early();
-        let max = usize::from(config.group_commit);
+        let grouping = max > 1 && !released && group::joins(&ready) && ctx.processor.claims_early();
         let formed = if grouping {
             Group::form(ready, lookahead, max, &ctx.processor)
         } else {

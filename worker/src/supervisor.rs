@@ -245,6 +245,7 @@ impl Worker {
             worker = %config.worker_name, shards = config.assign.len(), amqp = %config.amqp,
             "worker connected"
         );
+        log_grouping(&config);
         loop {
             readiness.broker.store(true, Ordering::Relaxed);
             let consume = Arc::new(conns.consume);
@@ -538,6 +539,24 @@ fn connection_name(config: &Config) -> String {
         config.worker_name,
         shards.join(",")
     )
+}
+
+/// Says at start what `--group-commit` came to where it is not the default
+/// prefetch's plain serial path: the group size and its repeat bound, or why
+/// `auto` is off.
+fn log_grouping(config: &Config) {
+    let grouping = config.grouping();
+    if let Some(why) = grouping.off_because {
+        tracing::info!(
+            "group commit (auto) is off because {why}: each event is claimed, committed and acked on its own"
+        );
+    } else if grouping.size > 1 {
+        tracing::info!(
+            size = grouping.size,
+            "group commit: up to {} first deliveries per shard are claimed, committed and acked together; a crash may repeat up to that many calls per shard (--group-commit 1: at most one)",
+            grouping.size
+        );
+    }
 }
 
 /// Fails at start-up, naming the queue, when the topology was not applied.
