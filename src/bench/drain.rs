@@ -66,6 +66,10 @@ pub async fn measure(
             })??;
         let started = Instant::now();
         match kind {
+            Kind::Raw(Baseline::Peer) => {
+                let path = args.peer.as_deref().ok_or_else(|| anyhow::anyhow!("no --peer"))?;
+                peer_drain(path, global, &scratch, setting.prefetch, args.events).await?;
+            }
             Kind::Raw(baseline) => {
                 raw_drain(global, &scratch, setting.prefetch, args.events, baseline).await?;
             }
@@ -129,6 +133,9 @@ async fn prepublish(
         .take(usize::try_from(args.events).unwrap_or(usize::MAX));
     for event in stream {
         let mut event = event?;
+        if args.unsequenced {
+            event.seq = None;
+        }
         if let serde_json::Value::Object(data) = &mut event.data {
             data.insert("pad".into(), padding.clone().into());
         }
@@ -226,6 +233,44 @@ async fn raw_drain(
             done.load(Ordering::Relaxed)
         )
     })
+}
+
+/// The `--peer` program on the same queues: started, given everything in
+/// `PEER_*` variables, and timed to its exit (its connection set-up counted,
+/// as the raw loops' is).
+async fn peer_drain(
+    path: &std::path::Path,
+    global: &GlobalArgs,
+    scratch: &Scratch,
+    prefetch: u16,
+    total: u64,
+) -> anyhow::Result<()> {
+    let queues: Vec<String> = global
+        .shards
+        .ids()
+        .map(|shard| scratch.names.shard_queue(shard))
+        .collect();
+    let mut child = tokio::process::Command::new(path)
+        .env("PEER_AMQP_URL", global.amqp_url.primary())
+        .env("PEER_QUEUES", queues.join(","))
+        .env("PEER_PREFETCH", prefetch.to_string())
+        .env("PEER_REDIS_URL", global.redis_url.url())
+        .env("PEER_KEY_PREFIX", format!("{}peer:", scratch.redis_prefix))
+        .env("PEER_TOTAL", total.to_string())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("--peer {}: cannot start it: {e}", path.display()))?;
+    let status = tokio::time::timeout(drain_deadline(total), child.wait())
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "--peer {}: did not drain {total} events in time",
+                path.display()
+            )
+        })??;
+    anyhow::ensure!(status.success(), "--peer {}: {status}", path.display());
+    Ok(())
 }
 
 async fn worker_drain(config: Config, handler: Arc<dyn Handler>, total: u64) -> anyhow::Result<()> {

@@ -65,8 +65,18 @@ pub struct BenchArgs {
     pub baseline: Vec<Baseline>,
     /// Rounds per setting; each round measures every kind once, one after
     /// another. Medians are reported, with the spread of the ratios.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 5)]
     pub rounds: u32,
+    /// Also drain the load with this program, a consumer written with another
+    /// library (`bench/peer/`), as a check: it gets the queues, prefetch,
+    /// Redis URL and key prefix in `PEER_*` variables and exits when it has
+    /// acked `PEER_TOTAL` events.
+    #[arg(long, value_name = "PATH", conflicts_with = "downstream_latency")]
+    pub peer: Option<std::path::PathBuf>,
+    /// Publish the events without `seq` (each is deduplicated by its own key;
+    /// no order gate, no grouping).
+    #[arg(long)]
+    pub unsequenced: bool,
     /// The worker's `--on-dead-letter` mode (quarantine costs one Redis round
     /// trip per event).
     #[arg(long, value_enum, default_value_t = OnDeadLetterArg::Continue)]
@@ -148,8 +158,9 @@ pub async fn run(
         None => None,
     };
     eprintln!(
-        "bench: {} events of ~{} bytes over {} shards, prefetch {:?}, concurrency {:?}, group commit {}, {}, {} round(s)",
+        "bench: {} {}events of ~{} bytes over {} shards, prefetch {:?}, concurrency {:?}, group commit {}, {}, {} round(s)",
         args.events,
+        if args.unsequenced { "unsequenced " } else { "" },
         args.event_bytes,
         global.shards,
         args.prefetch,
@@ -161,11 +172,14 @@ pub async fn run(
         ),
         args.rounds
     );
-    let baselines: &[Baseline] = if downstream.is_some() {
-        &[]
-    } else {
-        &args.baseline
-    };
+    let mut baselines = args.baseline.clone();
+    if args.peer.is_some() {
+        baselines.push(Baseline::Peer);
+    }
+    if downstream.is_some() {
+        baselines.clear();
+    }
+    let baselines = &baselines[..];
     let order = rounds::round_order(baselines);
     let mut summaries = Vec::new();
     for setting in args.settings() {

@@ -14,6 +14,10 @@ pub enum Baseline {
     Set,
     /// The ack only, no Redis at all.
     Nodedup,
+    /// An external program (`--peer PATH`): a consumer written with another
+    /// library on the same load, as a check.
+    #[value(skip)]
+    Peer,
 }
 
 impl Baseline {
@@ -21,6 +25,7 @@ impl Baseline {
         match self {
             Self::Set => "raw lapin loop + SET NX EX",
             Self::Nodedup => "raw lapin loop, no dedup",
+            Self::Peer => "peer (--peer)",
         }
     }
 
@@ -28,6 +33,7 @@ impl Baseline {
         match self {
             Self::Set => "raw set",
             Self::Nodedup => "raw nodedup",
+            Self::Peer => "peer",
         }
     }
 }
