@@ -52,7 +52,8 @@
 //!   outage, or a downstream misconfigured for every event, pauses every
 //!   shard instead of filling the DLQ.
 //! - `rate`: the worker-wide call rate limit ([`Config::max_rate`]), a token bucket.
-//! - `store`: one Redis connection per shard; outages pause the shard.
+//! - `store`: the worker's shards on a few shared Redis connections (at most
+//!   16); outages pause the shards.
 //! - [`handler`]: the [`Handler`] trait, its errors with their [`Fault`], and
 //!   the built-in handlers; the HTTP one attributes every answer and
 //!   transport error.
