@@ -62,7 +62,8 @@
 //!
 //! - `config`: the settings, their defaults and their one validation.
 //! - `supervisor`: the two broker connections (deliveries and acks; dead
-//!   letters), their one reconnect loop, one task per shard.
+//!   letters), their one reconnect loop, one task per shard; `depth`: the
+//!   pace of its queue-depth poll.
 //! - `membership`: `--assign auto` ([`Config::fleet`]): the member's lease
 //!   and one rebalance step per heartbeat; which shards its consumers take.
 //! - `shard`: one shard's consumer, the loop that drives the stages:
@@ -91,6 +92,7 @@ mod config;
 mod context;
 mod dedup;
 mod delivery;
+mod depth;
 mod era;
 mod error;
 pub mod handler;
