@@ -659,6 +659,16 @@ impl RedisPool {
             switches,
         })
     }
+
+    /// The connections the pool holds now, checked out or idle (detached
+    /// ones no longer count): what a caller that shares connections checks
+    /// its bound against.
+    pub fn connections(&self) -> usize {
+        match &self.0 {
+            Pools::Direct(pool) => pool.status().size,
+            Pools::Sentinel { pool, .. } => pool.status().size,
+        }
+    }
 }
 
 impl fmt::Debug for RedisPool {

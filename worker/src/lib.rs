@@ -52,7 +52,8 @@
 //!   outage, or a downstream misconfigured for every event, pauses every
 //!   shard instead of filling the DLQ.
 //! - `rate`: the worker-wide call rate limit ([`Config::max_rate`]), a token bucket.
-//! - `store`: one Redis connection per shard; outages pause the shard.
+//! - `store`: the worker's shards on a few shared Redis connections (at most
+//!   16); outages pause the shards.
 //! - [`handler`]: the [`Handler`] trait, its errors with their [`Fault`], and
 //!   the built-in handlers; the HTTP one attributes every answer and
 //!   transport error.
@@ -61,7 +62,8 @@
 //!
 //! - `config`: the settings, their defaults and their one validation.
 //! - `supervisor`: the two broker connections (deliveries and acks; dead
-//!   letters), their one reconnect loop, one task per shard.
+//!   letters), their one reconnect loop, one task per shard; `depth`: the
+//!   pace of its queue-depth poll.
 //! - `membership`: `--assign auto` ([`Config::fleet`]): the member's lease
 //!   and one rebalance step per heartbeat; which shards its consumers take.
 //! - `shard`: one shard's consumer, the loop that drives the stages:
@@ -90,6 +92,7 @@ mod config;
 mod context;
 mod dedup;
 mod delivery;
+mod depth;
 mod era;
 mod error;
 pub mod handler;

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use redis::Pipeline;
+use redis::aio::ConnectionLike;
 use shardline_topology::fleet::StaticRecord;
 use shardline_topology::status::{
     BreakerState, FleetBreaker, ShardReport as Document, TTL, WRITE_EVERY, WorkerReport,
@@ -142,7 +144,21 @@ async fn write(
     worker: &WorkerReport,
     fixed: bool,
 ) -> Result<(), String> {
+    let pipe = pipeline(keys, shards, worker, fixed)?;
     let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+    send(&mut conn, &pipe).await
+}
+
+/// A tick's documents as one pipeline, so that a worker's status costs one
+/// round trip every [`WRITE_EVERY`] however many shards it consumes (1,024
+/// shards: 1,026 commands, some 400 KB, in one write), with one key per
+/// document as `topology status`, the console and the membership read them.
+fn pipeline(
+    keys: &Keys,
+    shards: &[Document],
+    worker: &WorkerReport,
+    fixed: bool,
+) -> Result<Pipeline, String> {
     let mut pipe = redis::pipe();
     // Also a ping, so that an idle worker notices that Redis went away.
     pipe.cmd("PING").ignore();
@@ -178,7 +194,11 @@ async fn write(
             .arg(json(&record)?)
             .ignore();
     }
-    pipe.query_async::<()>(&mut conn)
+    Ok(pipe)
+}
+
+async fn send(conn: &mut impl ConnectionLike, pipe: &Pipeline) -> Result<(), String> {
+    pipe.query_async::<()>(conn)
         .await
         .map_err(|e| e.to_string())
 }
@@ -223,5 +243,74 @@ mod tests {
         assert_eq!(worker.assigned, [0, 1, 2]);
         assert_eq!(worker.consuming, [1]);
         assert_eq!(worker.worker, "w1");
+    }
+
+    /// Counts round trips; answers every command with OK.
+    #[derive(Default)]
+    struct Counted {
+        round_trips: usize,
+        commands: Vec<Vec<String>>,
+    }
+
+    impl ConnectionLike for Counted {
+        fn req_packed_command<'a>(
+            &'a mut self,
+            cmd: &'a redis::Cmd,
+        ) -> redis::RedisFuture<'a, redis::Value> {
+            self.round_trips += 1;
+            self.commands.push(words(cmd));
+            Box::pin(async { Ok(redis::Value::Okay) })
+        }
+
+        fn req_packed_commands<'a>(
+            &'a mut self,
+            pipeline: &'a Pipeline,
+            _offset: usize,
+            count: usize,
+        ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+            self.round_trips += 1;
+            self.commands.extend(pipeline.cmd_iter().map(words));
+            Box::pin(async move { Ok(vec![redis::Value::Okay; count]) })
+        }
+
+        fn get_db(&self) -> i64 {
+            0
+        }
+    }
+
+    fn words(cmd: &redis::Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "<not simple>".into(),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_tick_writes_every_document_in_one_round_trip() {
+        let shards: Vec<_> = ShardCount::new(64).unwrap().ids().collect();
+        let metrics = Metrics::new(&shards, Thresholds::default(), Duration::from_secs(60));
+        for shard in metrics.shards() {
+            shard.watch.set_state(ShardState::Consuming);
+        }
+        let keys = Keys::new("p:");
+        let (docs, worker) = reports(&metrics, "w1", None);
+        let mut conn = Counted::default();
+        send(&mut conn, &pipeline(&keys, &docs, &worker, true).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(conn.round_trips, 1);
+        let keys_written: Vec<&str> = conn
+            .commands
+            .iter()
+            .filter(|words| words[0] == "SET" || words[0] == "HSET")
+            .map(|words| words[1].as_str())
+            .collect();
+        let mut expected: Vec<String> = (0..64).map(|i| keys.shard_status_of(i)).collect();
+        expected.push(keys.worker_status("w1"));
+        expected.push(keys.fleet_static());
+        assert_eq!(keys_written, expected);
+        assert_eq!(conn.commands[0], ["PING"]);
     }
 }

@@ -40,8 +40,14 @@ use crate::store::{RedisHealth, RedisSlot};
 
 const RECONNECT_MIN: Duration = Duration::from_millis(200);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
-/// How often queue depths are read (passive declare), for the depth gauges.
+/// How often queue depths are read (passive declare), for the depth gauges:
+/// the DLQ's, and each shard's while there are at most
+/// `DEPTH_POLL × DEPTH_DECLARES_PER_SECOND` (250) shards.
 const DEPTH_POLL: Duration = Duration::from_secs(5);
+/// The most shard-queue declares a second the depth poll spends: a worker of
+/// many shards refreshes each gauge less often instead of sending the broker
+/// a burst of one declare per shard every [`DEPTH_POLL`].
+const DEPTH_DECLARES_PER_SECOND: u32 = 50;
 /// The breaker (`Config::breaker` on), open from the start when the fleet's
 /// is (another worker's status document says so): a worker restarted during
 /// an outage does not rediscover it with its events' budgets.
@@ -319,13 +325,25 @@ async fn close_connection(conn: &Connection) {
 }
 
 /// Reads the depth of the assigned shard queues and of the dead-letter queue
-/// every [`DEPTH_POLL`] with passive declares on one channel, for the gauges.
+/// with passive declares on one channel, for the gauges. Paced
+/// (`crate::depth`): at most [`DEPTH_DECLARES_PER_SECOND`] shard declares a
+/// second, so each shard's gauge is refreshed every max([`DEPTH_POLL`],
+/// N / 50 s) (20.5 s at 1,024 shards), and the DLQ's every [`DEPTH_POLL`].
+/// A failed declare (the broker closes the channel: a queue deleted?) opens
+/// a new channel for the next one, in the next declare's turn.
 async fn poll_depths(conn: Arc<Connection>, config: Arc<Config>, metrics: Arc<Metrics>) {
-    let mut tick = tokio::time::interval(DEPTH_POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    use crate::depth::{DepthPacer, Poll};
+    let mut pacer = DepthPacer::new(
+        config.assign.len(),
+        DEPTH_POLL,
+        DEPTH_DECLARES_PER_SECOND,
+        tokio::time::Instant::now(),
+    );
+    tracing::debug!(shards = config.assign.len(), every = ?pacer.round(), "each shard queue's depth is read once a round");
     let mut channel = None;
     loop {
-        tick.tick().await;
+        let (at, poll) = pacer.next(tokio::time::Instant::now());
+        tokio::time::sleep_until(at).await;
         if channel
             .as_ref()
             .is_none_or(|c: &lapin::Channel| !c.status().connected())
@@ -339,22 +357,21 @@ async fn poll_depths(conn: Arc<Connection>, config: Arc<Config>, metrics: Arc<Me
             }
         }
         let Some(ch) = &channel else { continue };
-        let queues = config
-            .assign
-            .iter()
-            .map(|&shard| (Some(shard), config.names.shard_queue(shard)))
-            .chain([(None, config.names.dead_letter_queue.clone())]);
-        for (shard, queue) in queues {
-            match passive_depth(ch, &queue).await {
-                Ok(messages) => match shard {
-                    Some(shard) => metrics.set_queue_depth(shard, messages),
-                    None => metrics.set_dlq_depth(messages),
-                },
-                Err(e) => {
-                    // The broker closed the channel (queue deleted?): reopen next time.
-                    tracing::debug!(%queue, error = %e, "queue depth poll failed");
-                    break;
-                }
+        let (shard, queue) = match poll {
+            Poll::Shard(index) => match config.assign.get(index) {
+                Some(&shard) => (Some(shard), config.names.shard_queue(shard)),
+                None => continue,
+            },
+            Poll::DeadLetters => (None, config.names.dead_letter_queue.clone()),
+        };
+        match passive_depth(ch, &queue).await {
+            Ok(messages) => match shard {
+                Some(shard) => metrics.set_queue_depth(shard, messages),
+                None => metrics.set_dlq_depth(messages),
+            },
+            Err(e) => {
+                tracing::debug!(%queue, error = %e, "queue depth poll failed");
+                channel = None;
             }
         }
     }
