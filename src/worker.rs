@@ -186,7 +186,8 @@ pub struct WorkerArgs {
     /// (`shardline_stuck`).
     #[arg(long, env = "SHARDLINE_STUCK_AFTER", default_value = "60s", value_parser = humantime::parse_duration)]
     pub stuck_after: Duration,
-    /// Name in logs and in the broker's connection list (default host-pid).
+    /// Name in logs, consumer tags and the broker's connection list (cut at
+    /// 64 bytes there); at most 244 bytes (default host-pid).
     #[arg(long, env = "SHARDLINE_WORKER_NAME")]
     pub worker_name: Option<String>,
 }

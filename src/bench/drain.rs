@@ -169,8 +169,9 @@ async fn raw_drain(
         let queue = scratch.names.shard_queue(shard);
         let (conn, done, finished) = (conn.clone(), done.clone(), finished.clone());
         let key_prefix = format!("{}raw:", scratch.redis_prefix);
-        // One connection per shard, as the worker has (through the
-        // Sentinels for a `redis+sentinel://` URL).
+        // One connection per shard, as the loop was first measured (the
+        // worker's shards share up to 16); through the Sentinels for a
+        // `redis+sentinel://` URL.
         let mut redis = match with_redis {
             true => Some(global.redis_url.connect().await?),
             false => None,

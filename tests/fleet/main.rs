@@ -27,6 +27,7 @@
 //! - [`rate`]: `--max-rate R`: the worker's calls never outrun R per second plus the burst.
 //! - [`crash`]: kill -9 mid-stream loses nothing and repeats at most the events in flight (K with `--concurrency K`).
 //! - [`elastic`]: `--assign auto`: members join, stop and die; shards spread and move without loss.
+//! - [`scale`]: one worker on 1,024 shards connects, consumes every one and processes events over all of them; a standby of all of them stays connected; a handshake the broker hangs up on is explained.
 //! - [`standby`]: one consumer per shard; a standby takes over from a killed worker.
 //! - [`shutdown`]: SIGTERM drains the in-flight event, acks it and exits 0.
 //! - [`trace`]: the publisher's trace continues into the downstream call.
@@ -68,6 +69,7 @@ mod quarantine;
 mod rate;
 mod reconcile;
 mod reconcile_runs;
+mod scale;
 mod shutdown;
 mod standby;
 mod tls;

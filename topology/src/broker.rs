@@ -5,11 +5,12 @@
 //! as listed ([`AddressOrder`]).
 
 use std::fmt;
+use std::io;
 use std::str::FromStr;
 
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::LongString;
-use lapin::{Connection, ConnectionProperties, ErrorKind};
+use lapin::{Connection, ConnectionProperties, ConnectionState, ErrorKind};
 use rand::Rng;
 use rand::seq::SliceRandom as _;
 
@@ -194,7 +195,7 @@ pub async fn connect(target: &AmqpTarget, name: &str) -> Result<Connection, Brok
         let connecting = Connection::connect(&with_heartbeat, props);
         match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
             Ok(Ok(conn)) => return Ok(conn),
-            Ok(Err(e)) => failures.push((redact_url(url), scrub(&e.to_string(), url))),
+            Ok(Err(e)) => failures.push((redact_url(url), failure(&e, url))),
             Err(_) => failures.push((
                 redact_url(url),
                 format!(
@@ -218,6 +219,64 @@ pub async fn connect(target: &AmqpTarget, name: &str) -> Result<Connection, Brok
                 .join("; "),
         },
     })
+}
+
+/// Why the broker hung up during the AMQP handshake, as far as a client can
+/// tell: RabbitMQ closes the socket without a word when the first frames
+/// break its rules. Before `connection.tune` a frame may be 4 KiB at most, so
+/// a `connection.start-ok` whose client properties (the connection name among
+/// them) are larger is cut off; a TLS client on a plain port, or a plain one
+/// on a TLS port, never gets an AMQP frame; brokers and proxies that do not
+/// honour `authentication_failure_close` drop a bad login, and some drop a
+/// `connection.open` for a vhost that does not exist or that the user may not use.
+pub const HANDSHAKE_CLOSED: &str = "the broker closed the connection during the AMQP handshake; \
+     likely causes: client properties over 4 KiB (a long connection name), \
+     amqps:// against a plain AMQP port or amqp:// against a TLS port, wrong credentials, \
+     or a vhost that does not exist or that the user may not use";
+
+/// Why a TLS client's handshake fails on data it cannot read: the rustls
+/// error names a record type ("corrupt message of type InvalidContentType")
+/// where the cause is the port or the certificate.
+pub const TLS_FAILED: &str = "the TLS handshake failed; likely causes: amqps:// against a \
+     plain AMQP port, or a broker certificate that does not verify (a private CA needs \
+     SSL_CERT_FILE)";
+
+/// A failed connect to `url` in words, its password scrubbed: the socket
+/// closed during the handshake ([`HANDSHAKE_CLOSED`]) and a TLS handshake
+/// that read garbage ([`TLS_FAILED`]) are explained, since the bare I/O error
+/// ("Connection reset by peer") says nothing of why.
+fn failure(error: &lapin::Error, url: &str) -> String {
+    let text = scrub(&error.to_string(), url);
+    if closed_during_handshake(error) {
+        format!("{HANDSHAKE_CLOSED} ({text})")
+    } else if url.starts_with("amqps://") && is_io(error, io::ErrorKind::InvalidData) {
+        format!("{TLS_FAILED} ({text})")
+    } else {
+        text
+    }
+}
+
+fn is_io(error: &lapin::Error, kind: io::ErrorKind) -> bool {
+    matches!(error.kind(), ErrorKind::IOError(e) if e.kind() == kind)
+}
+
+/// Whether a connect's `error` is the broker closing an established socket
+/// (reset, end of stream, or lapin's closed state) before the connection was
+/// open. A refused TCP connect is not: nothing listened there.
+fn closed_during_handshake(error: &lapin::Error) -> bool {
+    match error.kind() {
+        ErrorKind::IOError(e) => matches!(
+            e.kind(),
+            io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::BrokenPipe
+        ),
+        ErrorKind::InvalidConnectionState(state) => {
+            matches!(state, ConnectionState::Closed | ConnectionState::Error)
+        }
+        _ => false,
+    }
 }
 
 /// One connection to each address of `target` that answers, in the order
@@ -490,6 +549,76 @@ mod tests {
         assert!(error.contains("no AMQP handshake within 10s"), "{error}");
         assert!(!error.contains("secret"), "{error}");
         held.abort();
+    }
+
+    /// A listener that hangs up at once, as RabbitMQ does on a handshake it
+    /// will not take: the error says where it broke and what usually breaks it.
+    #[tokio::test]
+    async fn a_hang_up_during_the_handshake_is_explained() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hanging_up = tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                drop(socket);
+            }
+        });
+        let target = AmqpTarget::parse(&format!("amqp://u:secret@127.0.0.1:{port}/%2f")).unwrap();
+        let started = std::time::Instant::now();
+        let error = connect(&target, "test").await.unwrap_err().to_string();
+        assert!(started.elapsed() < CONNECT_TIMEOUT, "{error}");
+        assert!(error.contains(HANDSHAKE_CLOSED), "{error}");
+        assert!(
+            error.starts_with(&format!(
+                "cannot connect to RabbitMQ at amqp://u:***@127.0.0.1:{port}/%2f"
+            )),
+            "{error}"
+        );
+        assert!(!error.contains("secret"), "{error}");
+        hanging_up.abort();
+    }
+
+    /// TLS to a plain AMQP port: the broker answers the ClientHello with its
+    /// protocol header and hangs up, which rustls reads as a corrupt record.
+    #[tokio::test]
+    async fn tls_against_a_plain_port_is_explained() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let plain = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                // Read the ClientHello first: unread data would make the
+                // close a reset, which the client could see before the header.
+                let _ = socket.read(&mut [0; 1024]).await;
+                let _ = socket.write_all(b"AMQP\x00\x00\x09\x01").await;
+                let _ = socket.shutdown().await;
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        });
+        let target = AmqpTarget::parse(&format!("amqps://u:secret@127.0.0.1:{port}/%2f")).unwrap();
+        let error = connect(&target, "test").await.unwrap_err().to_string();
+        assert!(error.contains(TLS_FAILED), "{error}");
+        assert!(!error.contains("secret"), "{error}");
+        plain.abort();
+    }
+
+    #[test]
+    fn only_a_socket_closed_once_open_is_a_broken_handshake() {
+        let io = |kind| lapin::Error::from(io::Error::from(kind));
+        assert!(closed_during_handshake(&io(io::ErrorKind::ConnectionReset)));
+        assert!(closed_during_handshake(&io(
+            io::ErrorKind::ConnectionAborted
+        )));
+        assert!(closed_during_handshake(&io(io::ErrorKind::UnexpectedEof)));
+        assert!(!closed_during_handshake(&io(
+            io::ErrorKind::ConnectionRefused
+        )));
+        assert!(!closed_during_handshake(&io(io::ErrorKind::TimedOut)));
+        let closed: lapin::Error =
+            ErrorKind::InvalidConnectionState(ConnectionState::Closed).into();
+        assert!(closed_during_handshake(&closed));
+        assert!(!closed_during_handshake(
+            &ErrorKind::MissingHeartbeatError.into()
+        ));
     }
 
     #[test]

@@ -12,6 +12,8 @@ use shardline_topology::{
     AmqpTarget, Keys, Names, QueueType, RedisTarget, ShardCount, ShardId, TopologyOptions,
 };
 
+use crate::limits::{BROKER_CHANNEL_MAX, MAX_SHARDS_PER_WORKER, WORKER_NAME_MAX};
+
 /// Everything one worker process needs to consume its shards.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -28,6 +30,8 @@ pub struct Config {
     pub shards: ShardCount,
     /// Shards this worker consumes (or stands by for). Default all. With
     /// [`Config::fleet`] set, the shards the elastic fleet may give it.
+    /// At most 2,046 when fixed: each takes a channel of the consume
+    /// connection, and RabbitMQ allows 2,047 per connection by default.
     pub assign: Vec<ShardId>,
     /// `--assign auto`: this worker is a member of an elastic fleet that
     /// balances the shards over its members (`membership.rs`). None: it
@@ -80,7 +84,9 @@ pub struct Config {
     /// How often a standby retries taking a shard held by another worker.
     /// Default 1 s.
     pub standby_retry: Duration,
-    /// Shown in the broker's connection list and in logs.
+    /// Shown in logs and in the broker's connection list (cut at 64 bytes
+    /// there); tags the consumers (`{worker_name}/shard-{i}`), so at most 244
+    /// bytes (a consumer tag is at most 255).
     pub worker_name: String,
     /// How long an out-of-sequence event is held for its gap to fill, from its
     /// arrival. Default 2 min (RabbitMQ's consumer timeout, 30 min by default,
@@ -353,14 +359,36 @@ impl Config {
     }
 
     /// Backlog levels, the shard selection and the elastic fleet.
-    fn fleet_problems(&self) -> [Option<ConfigError>; 4] {
+    fn fleet_problems(&self) -> [Option<ConfigError>; 6] {
         let refuse = ConfigError::new;
+        // An elastic member is given its share, not all of `assign`: it is
+        // warned at start instead (`supervisor::check_limits`).
+        let over_ceiling = self.fleet.is_none() && self.assign.len() > MAX_SHARDS_PER_WORKER;
         [
             (self.backlog.page < self.backlog.warn)
                 .then(|| refuse("backlog.page", Problem::BelowField("backlog.warn"))),
             self.assign
                 .is_empty()
                 .then(|| refuse("assign", Problem::NoShards)),
+            (self.worker_name.len() > WORKER_NAME_MAX).then(|| {
+                refuse(
+                    "worker_name",
+                    Problem::TooLong {
+                        max: WORKER_NAME_MAX,
+                        got: self.worker_name.len(),
+                        why: "each consumer is tagged `{name}/shard-{i}`, and AMQP caps a tag at 255 bytes",
+                    },
+                )
+            }),
+            over_ceiling.then(|| {
+                refuse(
+                    "assign",
+                    Problem::OverShardCeiling {
+                        got: self.assign.len(),
+                        of: self.shards.get(),
+                    },
+                )
+            }),
             self.fleet
                 .as_ref()
                 .filter(|f| f.heartbeat.saturating_mul(2) > f.lease)
@@ -546,6 +574,15 @@ pub enum Problem {
     NoShards,
     /// Above 1 it cannot be combined with this setting (a field, then its value).
     NotWith(&'static str),
+    /// Longer than `max` bytes, for the reason `why`.
+    TooLong {
+        max: usize,
+        got: usize,
+        why: &'static str,
+    },
+    /// More shards than one worker can consume: `got` of the topology's `of`
+    /// (each takes a channel of a connection, which RabbitMQ caps).
+    OverShardCeiling { got: usize, of: u16 },
 }
 
 impl Problem {
@@ -569,6 +606,21 @@ impl Problem {
                 Some((field, value)) => format!("cannot be combined with {} {value}", name(field)),
                 None => format!("cannot be combined with {}", name(setting)),
             },
+            Self::TooLong { max, got, why } => {
+                format!("must be at most {max} bytes ({why}), got {got}")
+            }
+            Self::OverShardCeiling { got, of } => format!(
+                "selects {got} shards (of {} {of}), over the {MAX_SHARDS_PER_WORKER} one worker can \
+                 consume: RabbitMQ allows {BROKER_CHANNEL_MAX} channels per connection and the \
+                 worker takes one per shard, plus one; give each worker at most \
+                 {MAX_SHARDS_PER_WORKER} with {} (such as 0-{} and {}-{}), or run several with {} auto",
+                name("shards"),
+                name("assign"),
+                MAX_SHARDS_PER_WORKER - 1,
+                MAX_SHARDS_PER_WORKER,
+                of.saturating_sub(1),
+                name("assign"),
+            ),
         }
     }
 }
@@ -816,5 +868,59 @@ mod tests {
             }),
             "assign selects no shard"
         );
+    }
+
+    /// One channel per shard on a connection RabbitMQ caps at 2,047: a fixed
+    /// assignment over the ceiling is refused in one line naming both settings;
+    /// an elastic member's `assign` is only what it may be given.
+    #[test]
+    fn an_assignment_over_the_channel_ceiling_is_refused() {
+        let shards = ShardCount::new(4096).unwrap();
+        let all = Config {
+            shards,
+            assign: shards.ids().collect(),
+            ..Config::default()
+        };
+        let flag = |field: &str| format!("--{}", field.replace('.', "-"));
+        let line = all.validate().unwrap_err().describe(flag);
+        assert!(
+            line.starts_with("--assign selects 4096 shards (of --shards 4096), over the 2046"),
+            "{line}"
+        );
+        assert!(line.contains("such as 0-2045 and 2046-4095"), "{line}");
+        assert!(!line.contains('\n'), "{line}");
+        let at_ceiling = Config {
+            assign: shards.ids().take(MAX_SHARDS_PER_WORKER).collect(),
+            ..all.clone()
+        };
+        assert_eq!(at_ceiling.validate(), Ok(()));
+        let elastic = Config {
+            fleet: Some(FleetPolicy::new("member-1")),
+            ..all
+        };
+        assert_eq!(elastic.validate(), Ok(()));
+    }
+
+    /// The name tags every consumer, an AMQP short string: a longer one
+    /// would fail every consume (or, in a debug build, panic in lapin).
+    #[test]
+    fn a_worker_name_too_long_for_a_consumer_tag_is_refused() {
+        let named = |worker_name: String| Config {
+            worker_name,
+            ..Config::default()
+        };
+        let longest = named("é".repeat(WORKER_NAME_MAX / 2));
+        assert_eq!(longest.validate(), Ok(()));
+        let tag = format!("{}/shard-4095", longest.worker_name);
+        assert_eq!(tag.len(), 255);
+        let line = named("w".repeat(WORKER_NAME_MAX + 1))
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            line.starts_with("worker_name must be at most 244 bytes (each consumer is tagged"),
+            "{line}"
+        );
+        assert!(line.ends_with("got 245"), "{line}");
     }
 }

@@ -9,6 +9,7 @@ use shardline_topology::broker::BrokerError;
 use shardline_topology::declare::DeclareError;
 
 use crate::config::ConfigError;
+use crate::limits::LimitError;
 
 /// A worker that cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +27,10 @@ pub enum WorkerError {
     /// The Redis pool could not be built.
     #[error(transparent)]
     Redis(#[from] shardline_topology::RedisError),
+    /// The broker or the process allows fewer channels or file descriptors
+    /// than the worker's shards need.
+    #[error(transparent)]
+    Limit(#[from] LimitError),
     /// The broker probe refused the start: the line names the problem and the fix.
     #[error("{0}")]
     Refused(String),

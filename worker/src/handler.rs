@@ -221,6 +221,15 @@ impl HandlerError {
 #[async_trait]
 pub trait Handler: Send + Sync + 'static {
     async fn handle(&self, event: &Event<'_>) -> Result<(), HandlerError>;
+
+    /// File descriptors the handler may hold with `calls` calls in flight at
+    /// once (every shard's), for the worker's start-up check of the process's
+    /// limit: a handler that opens a connection per call must say so, or a
+    /// worker of many shards runs out of descriptors mid-stream. None by default.
+    fn connections(&self, calls: usize) -> usize {
+        let _ = calls;
+        0
+    }
 }
 
 /// Acknowledges every event: for benchmarks and dry runs.

@@ -64,6 +64,9 @@
 //! - `supervisor`: the two broker connections (deliveries and acks; dead
 //!   letters), their one reconnect loop, one task per shard; `depth`: the
 //!   pace of its queue-depth poll.
+//! - `limits`: what the broker and the process allow so many shards, checked
+//!   at start: the channel ceiling (2,046 shards per worker) and file
+//!   descriptors (`RLIMIT_NOFILE`, its soft limit raised to the hard one).
 //! - `membership`: `--assign auto` ([`Config::fleet`]): the member's lease
 //!   and one rebalance step per heartbeat; which shards its consumers take.
 //! - `shard`: one shard's consumer, the loop that drives the stages:
@@ -97,6 +100,7 @@ mod era;
 mod error;
 pub mod handler;
 pub mod http;
+mod limits;
 mod live;
 mod membership;
 pub mod metrics;
@@ -121,6 +125,7 @@ pub use error::{BindError, WorkerError};
 pub use handler::{
     Event, Fault, Handler, HandlerError, HandlerSpecError, Http, Log, Noop, from_spec,
 };
+pub use limits::{FileNeed, LimitError};
 pub use live::ShardState;
 pub use metrics::Counts;
 pub use progress::Progress;

@@ -14,7 +14,7 @@ use std::pin::Pin;
 
 use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
-use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
 use lapin::protocol::AMQPSoftError;
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
@@ -128,6 +128,15 @@ pub(crate) async fn consume_shard(
 
 /// Opens the shard's channel and consumes its queue, standing by while another
 /// consumer holds it. `None` when told to stop first.
+///
+/// A standby keeps its channel and looks before it consumes (a passive
+/// declare counts the holder's exclusive consumer) instead of having its
+/// consume refused: a refusal is a channel error, and lapin (4.12) never frees
+/// the id of a channel the broker closed. A standby of N shards retrying every
+/// second used up its connection's 2,047 ids in 2,047/N seconds, then got a
+/// stale refusal on a fresh channel and reconnected — every 2 s at 1,024
+/// shards, dropping any shard it held with them. Only a consume that loses a
+/// race with another worker's is refused now.
 async fn take_shard(
     conn: &Connection,
     config: &Config,
@@ -139,35 +148,37 @@ async fn take_shard(
     let queue = ctx.names.shard_queue(ctx.shard);
     let mut standing_by = false;
     let mut home_down = false;
+    let mut kept: Option<Channel> = None;
     loop {
         if shutdown.is_cancelled() {
             return Ok(None);
         }
-        let channel = conn.create_channel().await?;
-        // Fixed for the consumer's life: RabbitMQ cannot widen a live consumer's
-        // window, so it includes the gate's hold reserve from the start.
-        channel
-            .basic_qos(config.window(), BasicQosOptions::default())
-            .await?;
-        let consumed = channel
-            .basic_consume(
-                queue.as_str().into(),
-                tag.into(),
-                BasicConsumeOptions {
-                    exclusive: config.exclusive,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await;
-        match consumed {
-            Ok(consumer) => {
+        let channel = match kept.take() {
+            Some(channel) if channel.status().connected() => channel,
+            _ => shard_channel(conn, config).await?,
+        };
+        let retry = match try_consume(&channel, config, &queue, tag).await {
+            Ok(Some(consumer)) => {
                 if config.exclusive {
                     tracing::info!(shard = %ctx.shard, %queue, "shard active");
                 } else {
                     tracing::info!(shard = %ctx.shard, %queue, "consuming; the queue's single-active-consumer picks the active worker");
                 }
                 return Ok(Some((channel, consumer)));
+            }
+            Ok(None) => {
+                if !standing_by {
+                    ctx.metrics.watch.set_state(ShardState::StandingBy);
+                    tracing::info!(shard = %ctx.shard, %queue, "standing by: another consumer holds the shard");
+                    standing_by = true;
+                }
+                kept = Some(channel);
+                // A member given the shard by the fleet waits only for the
+                // previous owner's drain: it tries more often.
+                match config.fleet {
+                    Some(_) => config.standby_retry.min(HANDOVER_RETRY),
+                    None => config.standby_retry,
+                }
             }
             Err(e)
                 if soft_error(&e, AMQPSoftError::NOTFOUND)
@@ -177,32 +188,61 @@ async fn take_shard(
                     tracing::warn!(shard = %ctx.shard, %queue, error = %e, "the shard queue's broker node is down (classic queue on a cluster): retrying until it is back");
                     home_down = true;
                 }
-                tokio::select! {
-                    _ = tokio::time::sleep(config.standby_retry) => {}
-                    _ = shutdown.cancelled() => return Ok(None),
-                    _ = conn_lost.cancelled() => return Err(ShardError::ConnectionLost),
-                }
-            }
-            Err(e) if soft_error(&e, AMQPSoftError::ACCESSREFUSED).is_some() => {
-                if !standing_by {
-                    ctx.metrics.watch.set_state(ShardState::StandingBy);
-                    tracing::info!(shard = %ctx.shard, %queue, "standing by: another consumer holds the shard");
-                    standing_by = true;
-                }
-                // A member given the shard by the fleet waits only for the
-                // previous owner's drain: it tries more often.
-                let retry = match config.fleet {
-                    Some(_) => config.standby_retry.min(HANDOVER_RETRY),
-                    None => config.standby_retry,
-                };
-                tokio::select! {
-                    _ = tokio::time::sleep(retry) => {}
-                    _ = shutdown.cancelled() => return Ok(None),
-                    _ = conn_lost.cancelled() => return Err(ShardError::ConnectionLost),
-                }
+                config.standby_retry
             }
             Err(e) => return Err(e.into()),
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(retry) => {}
+            _ = shutdown.cancelled() => return Ok(None),
+            _ = conn_lost.cancelled() => return Err(ShardError::ConnectionLost),
         }
+    }
+}
+
+/// A channel for the shard's consumer, its window set.
+async fn shard_channel(conn: &Connection, config: &Config) -> Result<Channel, lapin::Error> {
+    let channel = conn.create_channel().await?;
+    // Fixed for the consumer's life: RabbitMQ cannot widen a live consumer's
+    // window, so it includes the gate's hold reserve from the start.
+    channel
+        .basic_qos(config.window(), BasicQosOptions::default())
+        .await?;
+    Ok(channel)
+}
+
+/// Consumes `queue` on `channel`; `None` while another consumer holds it
+/// (exclusive consumers: seen by a passive declare, which leaves the channel
+/// open, or, after a race, a refused consume, which closes it).
+async fn try_consume(
+    channel: &Channel,
+    config: &Config,
+    queue: &str,
+    tag: &str,
+) -> Result<Option<Consumer>, lapin::Error> {
+    if config.exclusive {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let declared = channel
+            .queue_declare(queue.into(), passive, FieldTable::default())
+            .await?;
+        if declared.consumer_count() > 0 {
+            return Ok(None);
+        }
+    }
+    let options = BasicConsumeOptions {
+        exclusive: config.exclusive,
+        ..BasicConsumeOptions::default()
+    };
+    match channel
+        .basic_consume(queue.into(), tag.into(), options, FieldTable::default())
+        .await
+    {
+        Ok(consumer) => Ok(Some(consumer)),
+        Err(e) if soft_error(&e, AMQPSoftError::ACCESSREFUSED).is_some() => Ok(None),
+        Err(e) => Err(e),
     }
 }
 

@@ -29,6 +29,7 @@ use crate::era::RedisEra;
 use crate::error::WorkerError;
 use crate::handler::Handler;
 use crate::http::{self, Readiness};
+use crate::limits;
 use crate::live;
 use crate::membership::{self, Membership};
 use crate::metrics::Metrics;
@@ -183,6 +184,7 @@ impl Worker {
             metrics,
         } = self;
         let config = Arc::new(config);
+        check_limits(&config, handler.as_ref())?;
         // Bound first: a port in use fails the start before anything connects.
         let listener = match config.metrics_addr {
             Some(addr) => Some(http::bind(addr).await?),
@@ -245,8 +247,8 @@ impl Worker {
         }
         start_status_writer(&config, &pool, &metrics, breaker, &readiness, &background);
 
+        check_queues(&config).await?;
         let mut conns = Broker::connect(&config).await?;
-        check_queues(&conns.consume, &config).await?;
         tracing::info!(
             worker = %config.worker_name, shards = config.assign.len(), amqp = %config.amqp,
             "worker connected"
@@ -296,12 +298,8 @@ struct Broker {
 
 impl Broker {
     async fn connect(config: &Config) -> Result<Self, BrokerError> {
-        let name = connection_name(config);
-        let consume = broker::connect(&config.amqp, &name).await?;
-        // Named apart, so that a connection looked up by the name
-        // `shardline worker {name} shards …` is the consuming one.
-        let dead_letters_name = format!("shardline worker {} dead letters", config.worker_name);
-        let dead_letters = match broker::connect(&config.amqp, &dead_letters_name).await {
+        let consume = broker::connect(&config.amqp, &connection_name(config)).await?;
+        let dead_letters = match broker::connect(&config.amqp, &dead_letters_name(config)).await {
             Ok(conn) => conn,
             Err(e) => {
                 close_connection(&consume).await;
@@ -549,12 +547,26 @@ async fn reconnect(
     }
 }
 
+/// The longest worker name a connection name carries, in bytes.
+const NAME_MAX: usize = 64;
+
+/// The longest shard list a connection name carries, in bytes; past it the
+/// name gives the count and the span.
+const SHARD_LIST_MAX: usize = 160;
+
+/// The consuming connection's name: the worker's name and its shards, as
+/// ranges (`shardline worker w1 shards 0-511,600-1023`) or, when those would
+/// be longer than [`SHARD_LIST_MAX`], as a count and a span (`shardline
+/// worker w1 700 shards from 3 to 1023`). Bounded — the name travels in the
+/// handshake's client properties, which RabbitMQ takes only up to 4 KiB, and a
+/// list of 1,024 shards was 4,370 bytes — so it only hints; which worker owns
+/// which shard is in the shard status documents, which `topology status`
+/// (and the console) show, and in the consumer tags (`{worker}/shard-{i}`).
 fn connection_name(config: &Config) -> String {
-    let shards: Vec<String> = config.assign.iter().map(ShardId::to_string).collect();
     format!(
-        "shardline worker {} shards {}",
-        config.worker_name,
-        shards.join(",")
+        "shardline worker {} {}",
+        bounded(&config.worker_name, NAME_MAX),
+        shard_summary(&config.assign)
     )
 }
 
@@ -576,22 +588,119 @@ fn log_grouping(config: &Config) {
     }
 }
 
-/// Fails at start-up, naming the queue, when the topology was not applied.
-async fn check_queues(conn: &Connection, config: &Config) -> Result<(), WorkerError> {
-    for &shard in &config.assign {
-        match declare::queue_status(conn, &config.names.shard_queue(shard)).await {
-            Ok(_) => {}
-            // Its shard waits for the node (`shard.rs`); the others run.
-            Err(e @ declare::DeclareError::HomeNodeDown { .. }) => {
-                tracing::warn!(shard = %shard, error = %e, "shard queue unavailable at start: its consumer keeps trying");
-            }
-            Err(e) => return Err(e.into()),
+/// The dead-letter connection's name (named apart from the consuming one).
+fn dead_letters_name(config: &Config) -> String {
+    format!(
+        "shardline worker {} dead letters",
+        bounded(&config.worker_name, NAME_MAX)
+    )
+}
+
+/// `shards 0-3,7,9-11`, or `700 shards from 3 to 1023` past [`SHARD_LIST_MAX`].
+fn shard_summary(shards: &[ShardId]) -> String {
+    let mut ids: Vec<u16> = shards.iter().map(|s| s.get()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let (Some(&first), Some(&last)) = (ids.first(), ids.last()) else {
+        return "no shards".to_owned();
+    };
+    let mut ranges: Vec<(u16, u16)> = Vec::new();
+    for id in ids.iter().copied() {
+        match ranges.last_mut() {
+            Some((_, end)) if u32::from(*end) + 1 == u32::from(id) => *end = id,
+            _ => ranges.push((id, id)),
         }
     }
-    if !config.allow_shard_mismatch {
-        declare::check_shard_count(conn, &config.names, config.shards).await?;
+    let list = ranges
+        .iter()
+        .map(|&(start, end)| match start == end {
+            true => start.to_string(),
+            false => format!("{start}-{end}"),
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    if list.len() <= SHARD_LIST_MAX {
+        format!("shards {list}")
+    } else {
+        format!("{} shards from {first} to {last}", ids.len())
     }
-    declare::check_queue_arguments(conn, &config.names, &config.topology()).await?;
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary, with `…`
+/// after a cut.
+fn bounded(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end]).into()
+}
+
+/// Refuses a start the process could not carry before anything connects
+/// (`limits`): too few file descriptors for the shards, the handler's calls
+/// in flight and the metrics endpoint. An elastic member over the channel
+/// ceiling is only warned: its share of the shards is what counts.
+fn check_limits(config: &Config, handler: &dyn Handler) -> Result<(), WorkerError> {
+    let shards = config.assign.len();
+    if config.fleet.is_some() && shards > limits::MAX_SHARDS_PER_WORKER {
+        tracing::warn!(
+            shards,
+            ceiling = limits::MAX_SHARDS_PER_WORKER,
+            "an elastic member can consume at most {} shards (one broker channel each): with fewer \
+             than {} members some shards stay unconsumed",
+            limits::MAX_SHARDS_PER_WORKER,
+            shards.div_ceil(limits::MAX_SHARDS_PER_WORKER)
+        );
+    }
+    let calls = shards.saturating_mul(usize::from(config.concurrency.max(1)));
+    let need = limits::FileNeed::of(
+        shards,
+        handler.connections(calls),
+        config.metrics_addr.is_some(),
+    );
+    limits::check_files(&need)?;
+    Ok(())
+}
+
+/// Refuses when the broker allows fewer channels per connection than the
+/// shards need (a `channel_max` set below RabbitMQ's 2,047): the shards past
+/// it would fail, and the supervisor reconnect for ever.
+fn check_channels(conn: &Connection, config: &Config) -> Result<(), WorkerError> {
+    let channel_max = conn.configuration().channel_max();
+    match limits::check_channel_max(channel_max, config.assign.len()) {
+        Ok(()) => Ok(()),
+        Err(e) if config.fleet.is_none() => Err(e.into()),
+        Err(e) => {
+            tracing::warn!(error = %e, "an elastic member given this many shards could not consume them all");
+            Ok(())
+        }
+    }
+}
+
+/// Fails at start-up, naming the queue, when the topology was not applied,
+/// or the broker refuses the start. Each check runs on a connection of its
+/// own, closed after: lapin (4.12) never frees the id of a channel the broker
+/// closed (the 404 that shows a queue missing), and a connection that has
+/// opened `channel_max` channels reuses ids, so a check of 1,024 queues after
+/// another would fail on a stale 404 — and the consume connection, were the
+/// checks run there, would hand a shard such an id (and the worker reconnect).
+async fn check_queues(config: &Config) -> Result<(), WorkerError> {
+    on_own_connection(config, async |conn| {
+        check_channels(conn, config)?;
+        check_each_queue(conn, config).await
+    })
+    .await?;
+    on_own_connection(config, async |conn| {
+        declare::check_queue_arguments(conn, &config.names, &config.topology()).await?;
+        if !config.allow_shard_mismatch {
+            declare::check_shard_count(conn, &config.names, config.shards).await?;
+        }
+        Ok(())
+    })
+    .await?;
     let facts = probe::read_all(
         &config.amqp,
         config.management.as_ref(),
@@ -607,8 +716,40 @@ async fn check_queues(conn: &Connection, config: &Config) -> Result<(), WorkerEr
     Ok(())
 }
 
+/// Runs `check` on a broker connection made for it, then closes it.
+async fn on_own_connection(
+    config: &Config,
+    check: impl AsyncFnOnce(&Connection) -> Result<(), WorkerError>,
+) -> Result<(), WorkerError> {
+    let name = format!(
+        "shardline worker {} start-up checks",
+        bounded(&config.worker_name, NAME_MAX)
+    );
+    let conn = broker::connect(&config.amqp, &name).await?;
+    let checked = check(&conn).await;
+    close_connection(&conn).await;
+    checked
+}
+
+/// Every assigned shard queue exists (a passive declare each).
+async fn check_each_queue(conn: &Connection, config: &Config) -> Result<(), WorkerError> {
+    for &shard in &config.assign {
+        match declare::queue_status(conn, &config.names.shard_queue(shard)).await {
+            Ok(_) => {}
+            // Its shard waits for the node (`shard.rs`); the others run.
+            Err(e @ declare::DeclareError::HomeNodeDown { .. }) => {
+                tracing::warn!(shard = %shard, error = %e, "shard queue unavailable at start: its consumer keeps trying");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 fn redis_pool(config: &Config) -> Result<RedisPool, WorkerError> {
-    // One connection held per shard, plus a spare for start-up checks.
+    // A ceiling, not what is held: the shards share `redis_connections`
+    // (store.rs); the status writer, membership, breaker and start-up checks
+    // take one for a moment.
     config
         .redis
         .pool(config.assign.len() + 1)
@@ -661,6 +802,97 @@ async fn warn_if_redis_may_evict(pool: &RedisPool) {
         },
         Err(e) => {
             tracing::warn!(error = %e, "cannot read Redis maxmemory-policy (Redis unreachable or CONFIG disabled)")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use shardline_topology::ShardCount;
+
+    use super::*;
+
+    /// A connection name stays far below the 4 KiB RabbitMQ takes in the
+    /// handshake: 17 bytes of prefix, the name's 64, the shards' 7 + 160.
+    const NAME_BOUND: usize = 17 + NAME_MAX + 1 + 7 + SHARD_LIST_MAX;
+
+    fn config(name: &str, shards: u16, assign: impl IntoIterator<Item = u16>) -> Config {
+        let count = ShardCount::new(u32::from(shards)).unwrap();
+        Config {
+            worker_name: name.to_owned(),
+            shards: count,
+            assign: assign
+                .into_iter()
+                .map(|i| ShardId::new(u32::from(i), count).unwrap())
+                .collect(),
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn connection_names_list_shards_as_ranges() {
+        let name = |assign: Vec<u16>| connection_name(&config("w1", 1024, assign));
+        assert_eq!(
+            name((0..1024).collect()),
+            "shardline worker w1 shards 0-1023"
+        );
+        assert_eq!(
+            name((0..512).chain(600..1024).collect()),
+            "shardline worker w1 shards 0-511,600-1023"
+        );
+        assert_eq!(
+            name(vec![9, 0, 1, 2, 7, 3]),
+            "shardline worker w1 shards 0-3,7,9"
+        );
+        assert_eq!(
+            dead_letters_name(&config("w1", 16, 0..16)),
+            "shardline worker w1 dead letters"
+        );
+    }
+
+    #[test]
+    fn connection_names_stay_bounded_whatever_the_assignment() {
+        let sparse: Vec<u16> = (0..1024).filter(|i| i % 3 != 1).collect();
+        assert_eq!(
+            connection_name(&config("w1", 1024, sparse.clone())),
+            "shardline worker w1 683 shards from 0 to 1023"
+        );
+        let long = "w".repeat(5000);
+        let accents = "é".repeat(2000);
+        let cases = [
+            config("w1", 1024, 0..1024),
+            config("w1", 1024, sparse),
+            config("w1", 4096, (0..4096).step_by(2)),
+            config("w1", 4096, (0..4096).filter(|i| i % 7 != 0)),
+            config(&long, 4096, (0..4096).step_by(2)),
+            config(&accents, 1024, 0..1024),
+        ];
+        for config in &cases {
+            for name in [connection_name(config), dead_letters_name(config)] {
+                assert!(name.len() <= NAME_BOUND, "{} bytes: {name}", name.len());
+            }
+        }
+        let cut = connection_name(&cases[5]);
+        assert!(cut.starts_with("shardline worker éé"), "{cut}");
+        assert!(cut.contains("é… shards 0-1023"), "{cut}");
+    }
+
+    #[test]
+    fn names_are_cut_on_a_character_boundary() {
+        assert_eq!(bounded("short", 64), "short");
+        assert_eq!(bounded(&"x".repeat(64), 64).len(), 64);
+        let long = "x".repeat(65);
+        let cut = bounded(&long, 64);
+        assert!(cut.len() <= 64 && cut.ends_with('…'), "{cut}");
+        // 'é' is 2 bytes, '🦀' 4: a cut never splits one.
+        for text in [
+            "é".repeat(40),
+            "🦀".repeat(20),
+            format!("a{}", "🦀".repeat(20)),
+        ] {
+            let cut = bounded(&text, 64);
+            assert!(cut.len() <= 64, "{cut}");
+            assert!(cut.ends_with('…'), "{cut}");
         }
     }
 }

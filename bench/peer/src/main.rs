@@ -8,6 +8,7 @@
 //! Configured by the environment (no arguments); see README.md for the interface.
 
 use std::env;
+use std::io;
 use std::num::NonZeroU16;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -159,7 +160,8 @@ async fn consume(_event: &Event<'_>, ctx: &mut Context<'_, AmqpContext, Peer>) -
 }
 
 fn app(config: &Config, progress: Arc<Progress>) -> impl App {
-    let mut broker = LapinBroker::new(config.amqp_url.clone()).connection_name("ruststream-lapin-peer");
+    let mut broker =
+        LapinBroker::new(config.amqp_url.clone()).connection_name("ruststream-lapin-peer");
     // A prefetch of 0 is AMQP's "unlimited", which the framework spells as no prefetch at all.
     if let Some(prefetch) = NonZeroU16::new(config.prefetch) {
         broker = broker.prefetch(prefetch);
@@ -167,24 +169,31 @@ fn app(config: &Config, progress: Arc<Progress>) -> impl App {
     let redis_url = config.redis_url.clone();
     let key_prefix = config.key_prefix.clone();
     let queues = config.queues.clone();
-    RustStream::new(AppInfo::new("ruststream-lapin-peer", env!("CARGO_PKG_VERSION")))
-        .on_startup(async move |()| {
-            let client = redis::Client::open(redis_url.as_str())?;
-            let redis = client.get_multiplexed_async_connection().await?;
-            Ok::<_, redis::RedisError>(Peer {
-                redis,
-                key_prefix,
-                progress,
-            })
+    RustStream::new(AppInfo::new(
+        "ruststream-lapin-peer",
+        env!("CARGO_PKG_VERSION"),
+    ))
+    .on_startup(async move |()| {
+        let redis_error = |e: redis::RedisError| io::Error::other(format!("redis: {e}"));
+        let client = redis::Client::open(redis_url.as_str()).map_err(redis_error)?;
+        let redis = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(redis_error)?;
+        Ok::<_, io::Error>(Peer {
+            redis,
+            key_prefix,
+            progress,
         })
-        .on_subscription_end(SubscriptionEnd::FailFast)
-        .shutdown_timeout(Duration::from_secs(10))
-        .with_broker(broker, move |b| {
-            for queue in queues {
-                // By name: the queue exists already, and the broker declares nothing.
-                b.include(consume.name(queue));
-            }
-        })
+    })
+    .on_subscription_end(SubscriptionEnd::FailFast)
+    .shutdown_timeout(Duration::from_secs(10))
+    .with_broker(broker, move |b| {
+        for queue in queues {
+            // By name: the queue exists already, and the broker declares nothing.
+            b.include(consume.name(queue));
+        }
+    })
 }
 
 /// One line, whatever the error's own formatting does with newlines.
@@ -199,7 +208,9 @@ async fn run(config: Config, progress: Arc<Progress>) -> Result<(), String> {
     }
     let app = app(&config, Arc::clone(&progress));
     let stop = Arc::clone(&progress);
-    let result = app.run_until(async move { stop.stop.notified().await }).await;
+    let result = app
+        .run_until(async move { stop.stop.notified().await })
+        .await;
     if let Some(failure) = progress.failure() {
         return Err(failure);
     }
@@ -223,7 +234,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("peer: tokio runtime: {}", one_line(&err.to_string()));
@@ -258,7 +272,11 @@ fn main() -> ExitCode {
     runtime.shutdown_background();
     match outcome {
         Ok(()) => {
-            let elapsed = progress.finished.get().copied().unwrap_or_else(|| started.elapsed());
+            let elapsed = progress
+                .finished
+                .get()
+                .copied()
+                .unwrap_or_else(|| started.elapsed());
             println!(
                 "peer: acked {} messages in {:.3} seconds",
                 progress.total,

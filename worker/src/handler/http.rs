@@ -193,6 +193,12 @@ impl Handler for Http {
         };
         answer.classify(&self.config_statuses, &self.shown)
     }
+
+    /// HTTP/1: one connection per call in flight, kept in the client's pool
+    /// for the next call.
+    fn connections(&self, calls: usize) -> usize {
+        calls
+    }
 }
 
 /// What the downstream answered, as far as attribution cares.

@@ -3,13 +3,15 @@
 //! confirms. Used to try the peer by hand.
 //!
 //! Environment: FILL_AMQP_URL, FILL_QUEUES (comma-separated), FILL_COUNT (total messages),
-//! FILL_ID_PREFIX (message-id prefix, default "m-").
+//! FILL_ID_PREFIX (message-id prefix, default "m-"), FILL_NO_ID=1 (publish without a message id),
+//! FILL_SAC=1 (declare the queues with `x-single-active-consumer: true`, to check that the peer
+//! consumes a queue with arguments without declaring it).
 
 use std::env;
 use std::process::ExitCode;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 
 async fn fill() -> Result<u64, String> {
@@ -20,13 +22,23 @@ async fn fill() -> Result<u64, String> {
         .filter(|q| !q.is_empty())
         .map(str::to_owned)
         .collect();
-    let count: u64 = var("FILL_COUNT")?.parse().map_err(|e| format!("FILL_COUNT: {e}"))?;
+    let count: u64 = var("FILL_COUNT")?
+        .parse()
+        .map_err(|e| format!("FILL_COUNT: {e}"))?;
     let id_prefix = env::var("FILL_ID_PREFIX").unwrap_or_else(|_| "m-".to_owned());
+    let with_id = env::var("FILL_NO_ID").map_or(true, |v| v != "1");
+    let mut arguments = FieldTable::default();
+    if env::var("FILL_SAC").is_ok_and(|v| v == "1") {
+        arguments.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+    }
 
     let conn = Connection::connect(&url, ConnectionProperties::default())
         .await
         .map_err(|e| format!("connect: {e}"))?;
-    let channel = conn.create_channel().await.map_err(|e| format!("channel: {e}"))?;
+    let channel = conn
+        .create_channel()
+        .await
+        .map_err(|e| format!("channel: {e}"))?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await
@@ -35,8 +47,11 @@ async fn fill() -> Result<u64, String> {
         channel
             .queue_declare(
                 queue.as_str().into(),
-                QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() },
-                FieldTable::default(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                arguments.clone(),
             )
             .await
             .map_err(|e| format!("queue.declare {queue}: {e}"))?;
@@ -44,9 +59,10 @@ async fn fill() -> Result<u64, String> {
     let mut confirms = Vec::with_capacity(count as usize);
     for i in 0..count {
         let queue = &queues[(i as usize) % queues.len()];
-        let props = BasicProperties::default()
-            .with_message_id(format!("{id_prefix}{i}").as_str().into())
-            .with_delivery_mode(2);
+        let mut props = BasicProperties::default().with_delivery_mode(2);
+        if with_id {
+            props = props.with_message_id(format!("{id_prefix}{i}").as_str().into());
+        }
         let body = format!("{{\"n\":{i}}}");
         let confirm = channel
             .basic_publish(
@@ -66,7 +82,9 @@ async fn fill() -> Result<u64, String> {
             return Err("a publish was nacked".to_owned());
         }
     }
-    conn.close(200, "OK".into()).await.map_err(|e| format!("close: {e}"))?;
+    conn.close(200, "OK".into())
+        .await
+        .map_err(|e| format!("close: {e}"))?;
     Ok(count)
 }
 
