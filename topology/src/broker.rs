@@ -530,19 +530,38 @@ mod tests {
         assert_eq!(AddressOrder::Given.to_string(), "given");
     }
 
+    /// A local listener standing in for a broker: each accepted socket goes
+    /// to `each`, in a task of its own. Returns a target at it (`scheme`,
+    /// a password to keep out of errors) and its port.
+    async fn stand_in<F, Fut>(
+        scheme: &str,
+        each: F,
+    ) -> (AmqpTarget, u16, tokio::task::JoinHandle<()>)
+    where
+        F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                tokio::spawn(each(socket));
+            }
+        });
+        let target =
+            AmqpTarget::parse(&format!("{scheme}://u:secret@127.0.0.1:{port}/%2f")).unwrap();
+        (target, port, task)
+    }
+
     /// A node that accepts TCP and never speaks AMQP (paused, hung) costs one
     /// connect timeout, then the next address is tried.
     #[tokio::test]
     async fn a_silent_address_times_out_and_the_error_says_so() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let held = tokio::spawn(async move {
-            let mut open = Vec::new();
-            while let Ok((socket, _)) = listener.accept().await {
-                open.push(socket);
-            }
-        });
-        let target = AmqpTarget::parse(&format!("amqp://u:secret@127.0.0.1:{port}/%2f")).unwrap();
+        let (target, _, held) = stand_in("amqp", |socket| async move {
+            let _held = socket;
+            std::future::pending::<()>().await;
+        })
+        .await;
         let started = std::time::Instant::now();
         let error = connect(&target, "test").await.unwrap_err().to_string();
         assert!(started.elapsed() >= CONNECT_TIMEOUT, "{error}");
@@ -555,14 +574,8 @@ mod tests {
     /// will not take: the error says where it broke and what usually breaks it.
     #[tokio::test]
     async fn a_hang_up_during_the_handshake_is_explained() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let hanging_up = tokio::spawn(async move {
-            while let Ok((socket, _)) = listener.accept().await {
-                drop(socket);
-            }
-        });
-        let target = AmqpTarget::parse(&format!("amqp://u:secret@127.0.0.1:{port}/%2f")).unwrap();
+        let (target, port, hanging_up) =
+            stand_in("amqp", |socket| async move { drop(socket) }).await;
         let started = std::time::Instant::now();
         let error = connect(&target, "test").await.unwrap_err().to_string();
         assert!(started.elapsed() < CONNECT_TIMEOUT, "{error}");
@@ -582,19 +595,16 @@ mod tests {
     #[tokio::test]
     async fn tls_against_a_plain_port_is_explained() {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let plain = tokio::spawn(async move {
-            while let Ok((mut socket, _)) = listener.accept().await {
-                // Read the ClientHello first: unread data would make the
-                // close a reset, which the client could see before the header.
-                let _ = socket.read(&mut [0; 1024]).await;
-                let _ = socket.write_all(b"AMQP\x00\x00\x09\x01").await;
-                let _ = socket.shutdown().await;
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            }
-        });
-        let target = AmqpTarget::parse(&format!("amqps://u:secret@127.0.0.1:{port}/%2f")).unwrap();
+        let (target, _, plain) = stand_in("amqps", |mut socket| async move {
+            // Read the ClientHello first: unread data would make the close a
+            // reset, which the client could see before the header.
+            let _ = socket.read(&mut [0; 1024]).await;
+            let _ = socket.write_all(b"AMQP\x00\x00\x09\x01").await;
+            let _ = socket.shutdown().await;
+            // Kept until the client lets go, so that it reads the header.
+            let _ = socket.read(&mut [0; 1024]).await;
+        })
+        .await;
         let error = connect(&target, "test").await.unwrap_err().to_string();
         assert!(error.contains(TLS_FAILED), "{error}");
         assert!(!error.contains("secret"), "{error}");

@@ -515,21 +515,25 @@ pub struct ShardStatus {
     pub consumers: u32,
 }
 
-/// Depth and consumer count of `queue`.
+/// Depth and consumer count of `queue`, on a channel of its own.
 pub async fn queue_status(conn: &Connection, queue: &str) -> Result<ShardStatus, DeclareError> {
     let ch = conn.create_channel().await?;
-    let declared = ch
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| not_found(queue, e))?;
+    let status = peek(&ch, queue).await.map_err(|e| not_found(queue, e))?;
     close_quietly(&ch).await;
+    Ok(status)
+}
+
+/// Depth and consumer count of `queue` by a passive declare on `channel`,
+/// which stays open unless the queue is missing (the broker closes it then).
+/// For a caller that reads queues again and again on one channel.
+pub async fn peek(channel: &Channel, queue: &str) -> Result<ShardStatus, lapin::Error> {
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let declared = channel
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await?;
     Ok(ShardStatus {
         queue: queue.to_owned(),
         messages: declared.message_count(),

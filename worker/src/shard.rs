@@ -14,7 +14,7 @@ use std::pin::Pin;
 
 use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
-use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::protocol::AMQPSoftError;
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
@@ -220,17 +220,8 @@ async fn try_consume(
     queue: &str,
     tag: &str,
 ) -> Result<Option<Consumer>, lapin::Error> {
-    if config.exclusive {
-        let passive = QueueDeclareOptions {
-            passive: true,
-            ..QueueDeclareOptions::default()
-        };
-        let declared = channel
-            .queue_declare(queue.into(), passive, FieldTable::default())
-            .await?;
-        if declared.consumer_count() > 0 {
-            return Ok(None);
-        }
+    if config.exclusive && declare::peek(channel, queue).await?.consumers > 0 {
+        return Ok(None);
     }
     let options = BasicConsumeOptions {
         exclusive: config.exclusive,

@@ -67,9 +67,7 @@ const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// Whether Redis is reachable, shared by the shards of one worker so that an
-/// outage is logged once, not once per shard or event; and the connections
-/// (lanes) the shards share, here because this is what every shard's slot of
-/// one worker holds.
+/// outage is logged once, not once per shard or event.
 #[derive(Debug)]
 pub(crate) struct RedisHealth {
     down: AtomicBool,
@@ -80,7 +78,6 @@ pub(crate) struct RedisHealth {
     infrastructure: Counter,
     /// Checked on every new connection: a new primary moves it on.
     era: Arc<RedisEra>,
-    lanes: Arc<Lanes>,
 }
 
 impl RedisHealth {
@@ -90,7 +87,6 @@ impl RedisHealth {
             outages,
             infrastructure,
             era,
-            lanes: Arc::default(),
         }
     }
 
@@ -121,13 +117,22 @@ impl RedisHealth {
 /// the fewest shards, after a new lane is added if there are fewer lanes than
 /// [`redis_connections`] of the shards joined. Lanes are kept when their
 /// shards leave: a broker reconnect starts the shards again, on the same
-/// lanes, whose Redis connections need not be made again.
-#[derive(Debug, Default)]
-struct Lanes {
+/// lanes, whose Redis connections need not be made again. The lanes'
+/// connections come from the worker's pool.
+#[derive(Debug)]
+pub(crate) struct Lanes {
+    pool: RedisPool,
     lanes: Mutex<Vec<(Arc<Lane>, usize)>>,
 }
 
 impl Lanes {
+    pub(crate) fn new(pool: RedisPool) -> Arc<Self> {
+        Arc::new(Self {
+            pool,
+            lanes: Mutex::default(),
+        })
+    }
+
     /// A place for one more shard.
     fn join(self: &Arc<Self>) -> Seat {
         let mut lanes = locked(&self.lanes);
@@ -232,12 +237,13 @@ impl Lane {
 /// One shard's access to Redis, on its lane. Round trips per event: the
 /// claim and the commit.
 pub(crate) struct RedisSlot {
-    pool: RedisPool,
     /// Loaded again when Redis answers NOSCRIPT (after a restart or a flush).
     scripts: Arc<[Script]>,
     /// The lane's link while a request is under way.
     conn: Option<Link>,
     lane: Arc<Lane>,
+    /// The worker's lanes and their pool.
+    lanes: Arc<Lanes>,
     /// The shard's place on its lane (forks have none of their own).
     _seat: Option<Seat>,
     health: Arc<RedisHealth>,
@@ -263,13 +269,13 @@ impl std::fmt::Debug for Link {
 
 impl RedisSlot {
     /// A shard's slot, on the worker's lane with the fewest shards.
-    pub(crate) fn new(pool: RedisPool, scripts: Vec<Script>, health: Arc<RedisHealth>) -> Self {
-        let seat = health.lanes.join();
+    pub(crate) fn new(lanes: &Arc<Lanes>, scripts: Vec<Script>, health: Arc<RedisHealth>) -> Self {
+        let seat = lanes.join();
         Self {
-            pool,
             scripts: scripts.into(),
             conn: None,
             lane: seat.lane.clone(),
+            lanes: lanes.clone(),
             _seat: Some(seat),
             health,
         }
@@ -278,10 +284,10 @@ impl RedisSlot {
     /// Another slot on the same lane, for a concurrent call of the shard.
     pub(crate) fn fork(&self) -> Self {
         Self {
-            pool: self.pool.clone(),
             scripts: self.scripts.clone(),
             conn: None,
             lane: self.lane.clone(),
+            lanes: self.lanes.clone(),
             _seat: None,
             health: self.health.clone(),
         }
@@ -393,7 +399,7 @@ impl RedisSlot {
         if let Some(error) = self.lane.recent_failure() {
             return Err(error);
         }
-        let pooled = match self.pool.get().await {
+        let pooled = match self.lanes.pool.get().await {
             Ok(pooled) => pooled,
             Err(error) => {
                 self.lane.failed(&error);
@@ -461,9 +467,15 @@ mod tests {
         }
     }
 
+    /// Lanes over a pool that is never asked for a connection.
+    fn idle_lanes() -> Arc<Lanes> {
+        let target = RedisTarget::parse("redis://127.0.0.1:1").unwrap();
+        Lanes::new(target.pool(1).unwrap())
+    }
+
     #[test]
     fn shards_spread_evenly_over_the_lanes_which_outlive_them() {
-        let lanes = Arc::<Lanes>::default();
+        let lanes = idle_lanes();
         let seats: Vec<Seat> = (0..64).map(|_| lanes.join()).collect();
         assert_eq!(lanes.shards(), [4; 16]);
         let first: BTreeSet<usize> = seats.iter().map(|s| s.index).collect();
@@ -478,7 +490,7 @@ mod tests {
         assert_eq!(spread, [[1; 12].as_slice(), &[2; 4]].concat());
         drop(again);
 
-        let small = Arc::<Lanes>::default();
+        let small = idle_lanes();
         let _seats: Vec<Seat> = (0..3).map(|_| small.join()).collect();
         assert_eq!(small.shards(), [1, 1, 1], "a lane per shard below 16");
     }
@@ -505,8 +517,9 @@ mod tests {
             Counter::default(),
             Arc::new(RedisEra::new(era_key.clone())),
         ));
+        let lanes = Lanes::new(pool.clone());
         let mut slots: Vec<RedisSlot> = (0..64)
-            .map(|_| RedisSlot::new(pool.clone(), Vec::new(), health.clone()))
+            .map(|_| RedisSlot::new(&lanes, Vec::new(), health.clone()))
             .collect();
         let wanted = redis_connections(slots.len());
 
@@ -528,8 +541,6 @@ mod tests {
                 .await
                 .unwrap();
         }
-        // Every lane's reader sees its end before the slots ask again.
-        tokio::time::sleep(Duration::from_millis(500)).await;
         let after = tokio::time::timeout(Duration::from_secs(30), client_ids(&mut slots))
             .await
             .expect("every slot is served again");

@@ -37,7 +37,7 @@ use crate::progress::Progress;
 use crate::rate::RateLimiter;
 use crate::shard::{CLOSE_TIMEOUT, Connections, ShardError, consume_shard};
 use crate::status::{self, WriterHealth};
-use crate::store::{RedisHealth, RedisSlot};
+use crate::store::{Lanes, RedisHealth, RedisSlot};
 
 const RECONNECT_MIN: Duration = Duration::from_millis(200);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
@@ -199,6 +199,7 @@ impl Worker {
             metrics.infrastructure_failures(),
             era.clone(),
         ));
+        let lanes = Lanes::new(pool.clone());
         let breaker = start_breaker(&config, &pool, &metrics).await;
         let shared = Shared {
             handler,
@@ -249,11 +250,7 @@ impl Worker {
 
         check_queues(&config).await?;
         let mut conns = Broker::connect(&config).await?;
-        tracing::info!(
-            worker = %config.worker_name, shards = config.assign.len(), amqp = %config.amqp,
-            "worker connected"
-        );
-        log_grouping(&config);
+        log_connected(&config);
         loop {
             readiness.broker.store(true, Ordering::Relaxed);
             let consume = Arc::new(conns.consume);
@@ -267,7 +264,7 @@ impl Worker {
                 &Arc::new(conns.dead_letters),
                 &config,
                 &shards,
-                &pool,
+                &lanes,
                 &health,
                 &shutdown,
             )
@@ -362,10 +359,10 @@ async fn poll_depths(conn: Arc<Connection>, config: Arc<Config>, metrics: Arc<Me
             },
             Poll::DeadLetters => (None, config.names.dead_letter_queue.clone()),
         };
-        match passive_depth(ch, &queue).await {
-            Ok(messages) => match shard {
-                Some(shard) => metrics.set_queue_depth(shard, messages),
-                None => metrics.set_dlq_depth(messages),
+        match declare::peek(ch, &queue).await {
+            Ok(status) => match shard {
+                Some(shard) => metrics.set_queue_depth(shard, status.messages),
+                None => metrics.set_dlq_depth(status.messages),
             },
             Err(e) => {
                 tracing::debug!(%queue, error = %e, "queue depth poll failed");
@@ -373,20 +370,6 @@ async fn poll_depths(conn: Arc<Connection>, config: Arc<Config>, metrics: Arc<Me
             }
         }
     }
-}
-
-async fn passive_depth(channel: &lapin::Channel, queue: &str) -> Result<u32, lapin::Error> {
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            lapin::options::QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            lapin::types::FieldTable::default(),
-        )
-        .await?;
-    Ok(declared.message_count())
 }
 
 /// Runs every shard task on the two connections until either fails or the
@@ -397,7 +380,7 @@ async fn run_shards(
     dead_letters: &Arc<Connection>,
     config: &Arc<Config>,
     shards: &[(Arc<ShardContext>, watch::Receiver<bool>)],
-    pool: &RedisPool,
+    lanes: &Arc<Lanes>,
     health: &Arc<RedisHealth>,
     shutdown: &CancellationToken,
 ) -> bool {
@@ -413,7 +396,7 @@ async fn run_shards(
         let (config, ctx) = (config.clone(), ctx.clone());
         let (shutdown, conn_lost) = (shutdown.clone(), conn_lost.clone());
         let dedup = ctx.dedup.clone();
-        let slot = RedisSlot::new(pool.clone(), dedup.scripts(), health.clone());
+        let slot = RedisSlot::new(lanes, dedup.scripts(), health.clone());
         let mut redis = RedisOrderState::new(dedup, slot);
         tasks.spawn(async move {
             let conns = Connections {
@@ -570,10 +553,14 @@ fn connection_name(config: &Config) -> String {
     )
 }
 
-/// Says at start what `--group-commit` came to where it is not the default
-/// prefetch's plain serial path: the group size and its repeat bound, or why
-/// `auto` is off.
-fn log_grouping(config: &Config) {
+/// Says that the worker is connected, and what `--group-commit` came to
+/// where it is not the default prefetch's plain serial path: the group size
+/// and its repeat bound, or why `auto` is off.
+fn log_connected(config: &Config) {
+    tracing::info!(
+        worker = %config.worker_name, shards = config.assign.len(), amqp = %config.amqp,
+        "worker connected"
+    );
     let grouping = config.grouping();
     if let Some(why) = grouping.off_because {
         tracing::info!(

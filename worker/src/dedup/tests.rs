@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use shardline_topology::{OrderKey, RedisTarget, ShardCount, ShardId};
 
 use super::*;
-use crate::store::RedisHealth;
+use crate::store::{Lanes, RedisHealth};
 
 fn redis_url() -> String {
     std::env::var("SHARDLINE_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
@@ -44,7 +44,7 @@ impl Store {
             Default::default(),
             era.clone(),
         ));
-        let slot = RedisSlot::new(pool, dedup.scripts(), health);
+        let slot = RedisSlot::new(&Lanes::new(pool), dedup.scripts(), health);
         Consumer { dedup, slot }
     }
 
