@@ -367,7 +367,10 @@ impl RedisSlot {
         if self.conn.is_none() {
             let link = match self.fresh_current() {
                 Some(link) => link,
-                None => self.connect().await?,
+                // Boxed: the pool's checkout (a Sentinel lookup included) is
+                // an 11 KB future, which every Redis call of every stage would
+                // otherwise carry and move for a path taken once a connection.
+                None => Box::pin(self.connect()).await?,
             };
             self.conn = Some(link);
         }
