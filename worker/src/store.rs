@@ -269,10 +269,14 @@ impl std::fmt::Debug for Link {
 
 impl RedisSlot {
     /// A shard's slot, on the worker's lane with the fewest shards.
-    pub(crate) fn new(lanes: &Arc<Lanes>, scripts: Vec<Script>, health: Arc<RedisHealth>) -> Self {
+    pub(crate) fn new(
+        lanes: &Arc<Lanes>,
+        scripts: Arc<[Script]>,
+        health: Arc<RedisHealth>,
+    ) -> Self {
         let seat = lanes.join();
         Self {
-            scripts: scripts.into(),
+            scripts,
             conn: None,
             lane: seat.lane.clone(),
             lanes: lanes.clone(),
@@ -522,7 +526,7 @@ mod tests {
         ));
         let lanes = Lanes::new(pool.clone());
         let mut slots: Vec<RedisSlot> = (0..64)
-            .map(|_| RedisSlot::new(&lanes, Vec::new(), health.clone()))
+            .map(|_| RedisSlot::new(&lanes, Arc::new([]), health.clone()))
             .collect();
         let wanted = redis_connections(slots.len());
 

@@ -38,8 +38,8 @@
 //! in-memory fake (`memory.rs`), held to the scripts by one scenario suite
 //! run against both (`scenarios.rs`).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::{Cmd, Pipeline, Script};
@@ -255,6 +255,66 @@ struct Fence {
     taking: tokio::sync::Mutex<()>,
 }
 
+/// The order state's Lua scripts. They are the same for every shard, so they
+/// are made once per process: each holds its source, some 50 KB together,
+/// which a copy per shard made a 1,024-shard worker 100 MB larger.
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    admit_order: Script,
+    admit_event: Script,
+    commit: Script,
+    renew: Script,
+    release: Script,
+    dead: Script,
+    index: Script,
+    step: Script,
+    group: Script,
+    /// All of them, for loading after a Redis restart.
+    all: Arc<[Script]>,
+}
+
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(Scripts::new);
+
+impl Scripts {
+    fn new() -> Self {
+        let script = |body: &str| Script::new(&format!("{COMMON}\n{body}"));
+        // The two scripts that are functions, run alone or as one step.
+        let entry = |body: &str, name: &str| script(&format!("{body}\nreturn {name}(KEYS, ARGV)"));
+        let admit_order = entry(ADMIT_ORDER, "admit_order");
+        let admit_event = script(ADMIT_EVENT);
+        let commit = entry(COMMIT, "commit");
+        let renew = script(RENEW);
+        let release = script(RELEASE);
+        let dead = script(&format!("{INDEX_LUA}\n{DEAD}"));
+        let index = Script::new(&format!("{INDEX_LUA}\nindex_letter(KEYS, ARGV)\nreturn 1"));
+        let step = script(&format!("{COMMIT}\n{ADMIT_ORDER}\n{STEP}"));
+        let group = script(&format!("{COMMIT}\n{ADMIT_ORDER}\n{GROUP}"));
+        let all = Arc::from([
+            admit_order.clone(),
+            admit_event.clone(),
+            commit.clone(),
+            renew.clone(),
+            release.clone(),
+            dead.clone(),
+            index.clone(),
+            step.clone(),
+            group.clone(),
+        ]);
+        Self {
+            admit_order,
+            admit_event,
+            commit,
+            renew,
+            release,
+            dead,
+            index,
+            step,
+            group,
+            all,
+        }
+    }
+}
+
 /// Key layout, timings and scripts of the Redis state of one shard.
 #[derive(Debug, Clone)]
 pub(crate) struct Dedup {
@@ -270,15 +330,7 @@ pub(crate) struct Dedup {
     quarantine: bool,
     fence: Arc<Fence>,
     era: Arc<RedisEra>,
-    admit_order: Script,
-    admit_event: Script,
-    commit: Script,
-    renew: Script,
-    release: Script,
-    dead: Script,
-    index: Script,
-    step: Script,
-    group: Script,
+    scripts: &'static Scripts,
 }
 
 /// The worker's clock, for claim leases (a claim's deadline is compared with
@@ -299,9 +351,6 @@ fn seq_arg(seq: Option<u64>) -> String {
 
 impl Dedup {
     pub(crate) fn new(config: &Config, shard: ShardId, era: Arc<RedisEra>) -> Self {
-        let script = |body: &str| Script::new(&format!("{COMMON}\n{body}"));
-        // The two scripts that are functions, run alone or as one step.
-        let entry = |body: &str, name: &str| script(&format!("{body}\nreturn {name}(KEYS, ARGV)"));
         let ttl_secs = config.dedup_ttl.as_secs().max(1);
         let kinds_ttl = config.kinds_ttl().as_secs();
         Self {
@@ -319,31 +368,13 @@ impl Dedup {
                 taking: tokio::sync::Mutex::new(()),
             }),
             era,
-            admit_order: entry(ADMIT_ORDER, "admit_order"),
-            admit_event: script(ADMIT_EVENT),
-            commit: entry(COMMIT, "commit"),
-            renew: script(RENEW),
-            release: script(RELEASE),
-            dead: script(&format!("{INDEX_LUA}\n{DEAD}")),
-            index: Script::new(&format!("{INDEX_LUA}\nindex_letter(KEYS, ARGV)\nreturn 1")),
-            step: script(&format!("{COMMIT}\n{ADMIT_ORDER}\n{STEP}")),
-            group: script(&format!("{COMMIT}\n{ADMIT_ORDER}\n{GROUP}")),
+            scripts: &SCRIPTS,
         }
     }
 
     /// Every script's source, for loading after a Redis restart.
-    pub(crate) fn scripts(&self) -> Vec<Script> {
-        vec![
-            self.admit_order.clone(),
-            self.admit_event.clone(),
-            self.commit.clone(),
-            self.renew.clone(),
-            self.release.clone(),
-            self.dead.clone(),
-            self.index.clone(),
-            self.step.clone(),
-            self.group.clone(),
-        ]
+    pub(crate) fn scripts(&self) -> Arc<[Script]> {
+        self.scripts.all.clone()
     }
 
     /// A new consumer of the shard: it takes a new fence token with its first write.
@@ -429,10 +460,10 @@ impl Dedup {
         match claim.seq {
             Some(seq) => {
                 let (keys, args) = self.admit_order_parts(a, seq, fence);
-                Self::evalsha(&self.admit_order, &keys, &args)
+                Self::evalsha(&self.scripts.admit_order, &keys, &args)
             }
             None => Self::evalsha(
-                &self.admit_event,
+                &self.scripts.admit_event,
                 &[self.keys.dedup(claim.dedup_key)],
                 &[
                     self.lease_ms.to_string(),
@@ -473,7 +504,7 @@ impl Dedup {
 
     fn commit_cmd(&self, done: &Done<'_>, fence: FenceToken) -> Cmd {
         let (keys, args) = self.commit_parts(done, fence);
-        Self::evalsha(&self.commit, &keys, &args)
+        Self::evalsha(&self.scripts.commit, &keys, &args)
     }
 
     /// One `step.lua` call: commit `done`, admit the sequenced `next`.
@@ -485,7 +516,7 @@ impl Dedup {
         let (next_keys, next_args) = self.admit_order_parts(next, seq, fence);
         keys.extend(next_keys);
         args.extend(next_args);
-        Self::evalsha(&self.step, &keys, &args)
+        Self::evalsha(&self.scripts.step, &keys, &args)
     }
 
     /// Decides whether an event may run now and, if so, claims it: one round
@@ -618,8 +649,9 @@ impl Dedup {
             args.push(flag(admit.chained).to_owned());
             args.extend(admit_args);
         }
-        let (committed, fenced, verdicts): (usize, i64, Vec<(String, i64)>) =
-            redis.query(&Self::evalsha(&self.group, &keys, &args)).await;
+        let (committed, fenced, verdicts): (usize, i64, Vec<(String, i64)>) = redis
+            .query(&Self::evalsha(&self.scripts.group, &keys, &args))
+            .await;
         GroupReply {
             committed,
             fenced: fenced == 1,
@@ -646,7 +678,7 @@ impl Dedup {
         };
         let fence = self.fence_token(redis).await;
         let cmd = Self::evalsha(
-            &self.renew,
+            &self.scripts.renew,
             &self.claim_keys(claim)[..2],
             &[
                 seq_arg(claim.seq),
@@ -666,7 +698,7 @@ impl Dedup {
     /// suppressed and the next copy need not wait for the lease.
     pub(crate) async fn release(&self, redis: &mut RedisSlot, claim: &Claim<'_>) {
         let cmd = Self::evalsha(
-            &self.release,
+            &self.scripts.release,
             &self.claim_keys(claim)[..2],
             &[seq_arg(claim.seq), claim.token.to_string()],
         );
@@ -700,14 +732,18 @@ impl Dedup {
             quarantine::score(claim.seq).to_string(),
         ];
         args.extend(dead.entry.script_args());
-        Written::of(redis.query(&Self::evalsha(&self.dead, &keys, &args)).await)
+        Written::of(
+            redis
+                .query(&Self::evalsha(&self.scripts.dead, &keys, &args))
+                .await,
+        )
     }
 
     /// The index entry of a confirmed dead letter that holds no claim (its
     /// body was not an envelope): one script, after the confirm, before the ack.
     pub(crate) async fn index_letter(&self, redis: &mut RedisSlot, entry: &IndexEntry) {
         let cmd = Self::evalsha(
-            &self.index,
+            &self.scripts.index,
             &entry.script_keys(&self.keys),
             &entry.script_args(),
         );
