@@ -30,7 +30,7 @@ pub struct Config {
     pub shards: ShardCount,
     /// Shards this worker consumes (or stands by for). Default all. With
     /// [`Config::fleet`] set, the shards the elastic fleet may give it.
-    /// At most 2,046 when fixed: each takes a channel of the consume
+    /// At most 2,047 when fixed: each takes a channel of the consume
     /// connection, and RabbitMQ allows 2,047 per connection by default.
     pub assign: Vec<ShardId>,
     /// `--assign auto`: this worker is a member of an elastic fleet that
@@ -612,13 +612,11 @@ impl Problem {
             Self::OverShardCeiling { got, of } => format!(
                 "selects {got} shards (of {} {of}), over the {MAX_SHARDS_PER_WORKER} one worker can \
                  consume: RabbitMQ allows {BROKER_CHANNEL_MAX} channels per connection and the \
-                 worker takes one per shard, plus one; give each worker at most \
-                 {MAX_SHARDS_PER_WORKER} with {} (such as 0-{} and {}-{}), or run several with {} auto",
+                 worker takes one per shard; give each worker at most {MAX_SHARDS_PER_WORKER} with \
+                 {} (such as 0-{}), or run several with {} auto",
                 name("shards"),
                 name("assign"),
                 MAX_SHARDS_PER_WORKER - 1,
-                MAX_SHARDS_PER_WORKER,
-                of.saturating_sub(1),
                 name("assign"),
             ),
         }
@@ -884,10 +882,10 @@ mod tests {
         let flag = |field: &str| format!("--{}", field.replace('.', "-"));
         let line = all.validate().unwrap_err().describe(flag);
         assert!(
-            line.starts_with("--assign selects 4096 shards (of --shards 4096), over the 2046"),
+            line.starts_with("--assign selects 4096 shards (of --shards 4096), over the 2047"),
             "{line}"
         );
-        assert!(line.contains("such as 0-2045 and 2046-4095"), "{line}");
+        assert!(line.contains("such as 0-2046)"), "{line}");
         assert!(!line.contains('\n'), "{line}");
         let at_ceiling = Config {
             assign: shards.ids().take(MAX_SHARDS_PER_WORKER).collect(),

@@ -65,7 +65,7 @@
 //!   letters), their one reconnect loop, one task per shard; `depth`: the
 //!   pace of its queue-depth poll.
 //! - `limits`: what the broker and the process allow so many shards, checked
-//!   at start: the channel ceiling (2,046 shards per worker) and file
+//!   at start: the channel ceiling (2,047 shards per worker) and file
 //!   descriptors (`RLIMIT_NOFILE`, its soft limit raised to the hard one).
 //! - `membership`: `--assign auto` ([`Config::fleet`]): the member's lease
 //!   and one rebalance step per heartbeat; which shards its consumers take.

@@ -7,10 +7,9 @@
 //! - **Channels.** The worker opens, per shard it consumes, one channel on its
 //!   consume connection (the shard's consumer and its acks, `shard.rs`) and
 //!   one confirm channel on its dead-letter connection (`settle/dead_letter.rs`
-//!   publishes through it); the consume connection also holds the depth poll's
-//!   channel. RabbitMQ allows `channel_max` channels per connection, 2,047 by
-//!   default, so one worker consumes at most [`MAX_SHARDS_PER_WORKER`] shards
-//!   (2,046). A fixed assignment above it is refused by `Config::validate`; an
+//!   publishes through it); the depth poll has a connection of its own.
+//!   RabbitMQ allows `channel_max` channels per connection, 2,047 by default,
+//!   so one worker consumes at most [`MAX_SHARDS_PER_WORKER`] shards (2,047). A fixed assignment above it is refused by `Config::validate`; an
 //!   elastic member (`--assign auto`) is warned; the broker's negotiated
 //!   `channel_max` is checked once connected ([`check_channel_max`]).
 //! - **File descriptors.** The soft `RLIMIT_NOFILE` is raised to the hard one
@@ -23,26 +22,21 @@ use std::fmt;
 /// RabbitMQ's default `channel_max` (3.x and 4.x): channels per connection.
 pub(crate) const BROKER_CHANNEL_MAX: usize = 2047;
 
-/// Channels the consume connection holds besides the shards': the depth
-/// poll's. (The start-up checks' declaration channel is closed before any
-/// shard starts; a standby's refused consume closes its channel.)
-const CONSUME_CHANNELS_BESIDES_SHARDS: usize = 1;
-
 /// The most shards one worker consumes under RabbitMQ's default
-/// `channel_max`: one channel each on the consume connection, which also holds
-/// the depth poll's (the dead-letter connection holds one per shard, fewer).
-pub(crate) const MAX_SHARDS_PER_WORKER: usize =
-    BROKER_CHANNEL_MAX - CONSUME_CHANNELS_BESIDES_SHARDS;
+/// `channel_max`: one channel each on the consume connection, and one each on
+/// the dead-letter connection. (The start-up checks run on connections of
+/// their own; the depth poll has its own.)
+pub(crate) const MAX_SHARDS_PER_WORKER: usize = BROKER_CHANNEL_MAX;
 
 /// The longest worker name: it tags each consumer (`{name}/shard-{i}`, `i`
 /// up to 4,095), and a consumer tag is an AMQP short string, 255 bytes at
 /// most — a longer one fails every consume.
 pub(crate) const WORKER_NAME_MAX: usize = 255 - "/shard-4095".len();
 
-/// Channels a worker of `shards` shards holds on its consume connection, the
-/// busier of its two.
+/// Channels a worker of `shards` shards holds on its consume connection (as
+/// many as on its dead-letter connection).
 pub(crate) fn consume_channels(shards: usize) -> usize {
-    shards + CONSUME_CHANNELS_BESIDES_SHARDS
+    shards
 }
 
 /// A limit the worker would cross: it does not start.
@@ -52,8 +46,7 @@ pub enum LimitError {
     /// The broker allows fewer channels per connection than the shards need.
     #[error(
         "the broker allows {channel_max} channels per connection (`channel_max`) but this worker \
-         needs {need} on its consume connection: one per shard ({shards}) and one for the depth \
-         poll; give the worker fewer shards or raise `channel_max` in rabbitmq.conf"
+         needs {need} on its consume connection: one per shard ({shards}); give the worker fewer shards or raise `channel_max` in rabbitmq.conf"
     )]
     Channels {
         channel_max: u16,
@@ -94,9 +87,10 @@ pub(crate) fn redis_connections(shards: usize) -> usize {
     shards.min(16)
 }
 
-/// Broker connections at most: consume, dead letters, and the probe's own
-/// at start (`probe::read_all`; a reconnect closes the old pair first).
-const BROKER_CONNECTIONS: usize = 3;
+/// Broker connections at most: consume, dead letters, the depth gauges'
+/// (`supervisor::poll_depths`), and the probe's own at start
+/// (`probe::read_all`; a reconnect closes the old pair first).
+const BROKER_CONNECTIONS: usize = 4;
 
 /// Connections the metrics endpoint serves at once (its cap), plus its
 /// listening socket when it serves.
@@ -141,7 +135,7 @@ impl FileNeed {
     }
 }
 
-/// The sum as the logs show it: `3 broker + 16 Redis + 0 handler + 65 metrics + 32 spare = 116`.
+/// The sum as the logs show it: `4 broker + 16 Redis + 0 handler + 65 metrics + 32 spare = 117`.
 impl fmt::Display for FileNeed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -272,10 +266,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_ceiling_is_the_default_channel_max_less_the_depth_poll() {
-        assert_eq!(MAX_SHARDS_PER_WORKER, 2046);
+    fn the_ceiling_is_the_default_channel_max() {
+        assert_eq!(MAX_SHARDS_PER_WORKER, 2047);
         assert_eq!(consume_channels(MAX_SHARDS_PER_WORKER), BROKER_CHANNEL_MAX);
-        assert_eq!(check_channel_max(2047, 2046), Ok(()));
+        assert_eq!(check_channel_max(2047, 2047), Ok(()));
         assert_eq!(check_channel_max(0xffff, 4096), Ok(()));
         let refused = check_channel_max(128, 200).unwrap_err();
         assert_eq!(
@@ -283,12 +277,12 @@ mod tests {
             LimitError::Channels {
                 channel_max: 128,
                 shards: 200,
-                need: 201
+                need: 200
             }
         );
         let line = refused.to_string();
         assert!(
-            line.contains("channel_max") && line.contains("201"),
+            line.contains("channel_max") && line.contains("200"),
             "{line}"
         );
         assert!(!line.contains('\n'), "{line}");
@@ -304,12 +298,12 @@ mod tests {
     #[test]
     fn the_need_adds_its_terms_and_shows_them() {
         let noop = FileNeed::of(1024, 0, false);
-        assert_eq!(noop.total(), 3 + 16 + 32);
+        assert_eq!(noop.total(), 4 + 16 + 32);
         let http = FileNeed::of(1024, 1024, true);
-        assert_eq!(http.total(), 3 + 16 + 1024 + 65 + 32);
+        assert_eq!(http.total(), 4 + 16 + 1024 + 65 + 32);
         assert_eq!(
             http.to_string(),
-            "3 broker + 16 Redis + 1024 handler + 65 metrics + 32 spare = 1140"
+            "4 broker + 16 Redis + 1024 handler + 65 metrics + 32 spare = 1141"
         );
     }
 
@@ -318,7 +312,7 @@ mod tests {
         let need = FileNeed::of(1024, 1024, true);
         let limit = |soft, hard| NoFile { soft, hard };
         assert_eq!(judge(&need, limit(4096, 4096)), Files::Enough);
-        assert_eq!(judge(&need, limit(1140, 1140)), Files::Enough);
+        assert_eq!(judge(&need, limit(1141, 1141)), Files::Enough);
         assert_eq!(judge(&need, limit(1024, 4096)), Files::Low { soft: 1024 });
         assert_eq!(judge(&need, limit(1024, 1024)), Files::Short { hard: 1024 });
         let refusal = LimitError::Files {
@@ -331,7 +325,7 @@ mod tests {
             refusal.starts_with("RLIMIT_NOFILE: the hard limit 1024"),
             "{refusal}"
         );
-        assert!(refusal.contains("= 1140"), "{refusal}");
+        assert!(refusal.contains("= 1141"), "{refusal}");
         assert!(!refusal.contains('\n'), "{refusal}");
     }
 }

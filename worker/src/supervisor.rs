@@ -25,6 +25,7 @@ use crate::breaker::Breaker;
 use crate::config::Config;
 use crate::context::ShardContext;
 use crate::dedup::{Dedup, RedisOrderState};
+use crate::depth::{DepthPacer, Poll};
 use crate::era::RedisEra;
 use crate::error::WorkerError;
 use crate::handler::Handler;
@@ -251,14 +252,14 @@ impl Worker {
         check_queues(&config).await?;
         let mut conns = Broker::connect(&config).await?;
         log_connected(&config);
+        tokio::spawn(poll_depths(
+            config.clone(),
+            metrics.clone(),
+            background.clone(),
+        ));
         loop {
             readiness.broker.store(true, Ordering::Relaxed);
             let consume = Arc::new(conns.consume);
-            let depths = tokio::spawn(poll_depths(
-                consume.clone(),
-                config.clone(),
-                metrics.clone(),
-            ));
             let lost = run_shards(
                 &consume,
                 &Arc::new(conns.dead_letters),
@@ -269,7 +270,6 @@ impl Worker {
                 &shutdown,
             )
             .await;
-            depths.abort();
             readiness.broker.store(false, Ordering::Relaxed);
             if !lost || shutdown.is_cancelled() {
                 tracing::info!("worker stopped");
@@ -320,14 +320,17 @@ async fn close_connection(conn: &Connection) {
 }
 
 /// Reads the depth of the assigned shard queues and of the dead-letter queue
-/// with passive declares on one channel, for the gauges. Paced
+/// with passive declares on one channel, for the gauges, until `stop`. Paced
 /// (`crate::depth`): at most [`DEPTH_DECLARES_PER_SECOND`] shard declares a
 /// second, so each shard's gauge is refreshed every max([`DEPTH_POLL`],
 /// N / 50 s) (20.5 s at 1,024 shards), and the DLQ's every [`DEPTH_POLL`].
-/// A failed declare (the broker closes the channel: a queue deleted?) opens
-/// a new channel for the next one, in the next declare's turn.
-async fn poll_depths(conn: Arc<Connection>, config: Arc<Config>, metrics: Arc<Metrics>) {
-    use crate::depth::{DepthPacer, Poll};
+///
+/// On a connection of its own (named `… queue depths`), made again after a
+/// loss: lapin looks at every channel of a connection each time its I/O loop
+/// wakes, so 50 replies a second on the consume connection of 1,024 shards
+/// was a quarter of an idle worker's CPU. A failed declare (the broker closes
+/// the channel: a queue deleted?) opens a new channel for the next one.
+async fn poll_depths(config: Arc<Config>, metrics: Arc<Metrics>, stop: CancellationToken) {
     let mut pacer = DepthPacer::new(
         config.assign.len(),
         DEPTH_POLL,
@@ -335,10 +338,49 @@ async fn poll_depths(conn: Arc<Connection>, config: Arc<Config>, metrics: Arc<Me
         tokio::time::Instant::now(),
     );
     tracing::debug!(shards = config.assign.len(), every = ?pacer.round(), "each shard queue's depth is read once a round");
+    let name = format!(
+        "shardline worker {} queue depths",
+        bounded(&config.worker_name, NAME_MAX)
+    );
+    let mut backoff = RECONNECT_MIN;
+    loop {
+        let connected = tokio::select! {
+            connected = broker::connect(&config.amqp, &name) => connected,
+            () = stop.cancelled() => return,
+        };
+        match connected {
+            Ok(conn) => {
+                backoff = RECONNECT_MIN;
+                tokio::select! {
+                    () = read_depths(&conn, &config, &metrics, &mut pacer) => {}
+                    () = stop.cancelled() => {}
+                }
+                close_connection(&conn).await;
+            }
+            Err(e) => tracing::debug!(error = %e, "queue depth poll: cannot connect"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = stop.cancelled() => return,
+        }
+        backoff = (backoff * 2).min(RECONNECT_MAX);
+    }
+}
+
+/// The depth poll on `conn`, until the connection is lost.
+async fn read_depths(
+    conn: &Connection,
+    config: &Config,
+    metrics: &Metrics,
+    pacer: &mut DepthPacer,
+) {
     let mut channel = None;
     loop {
         let (at, poll) = pacer.next(tokio::time::Instant::now());
         tokio::time::sleep_until(at).await;
+        if !conn.status().connected() {
+            return;
+        }
         if channel
             .as_ref()
             .is_none_or(|c: &lapin::Channel| !c.status().connected())
