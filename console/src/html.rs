@@ -820,6 +820,16 @@ mod tests {
     }
 
     #[test]
+    fn untrusted_text_is_escaped_once_with_its_control_characters_shown() {
+        let view = JobView::new(1, Kind::Replay, "a&b<c\u{0007}", "a&b<c\u{0007}".into());
+        let html = jobs([&view], false).render().unwrap();
+        assert!(
+            html.contains("of a&amp;b&lt;c\\u{7} by a&amp;b&lt;c\\u{7}, started"),
+            "{html}"
+        );
+    }
+
+    #[test]
     fn an_unreadable_fleet_says_why() {
         let status = Err("connection refused <x>".into());
         let html = fleet(&status, crate::history::chart(&[], &Default::default()))
