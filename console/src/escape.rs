@@ -1,6 +1,9 @@
 //! The one escaping function of the console: every untrusted value (queue
 //! and worker names, order ids, error texts, letter contents) goes through
-//! [`text`] (or [`bytes`]) before it reaches a page.
+//! [`text`] (or [`bytes`]) before it reaches a page. The page templates
+//! apply it as their `shown` filter; its output is complete HTML (the five
+//! characters escaped here), marked safe there so that the template engine
+//! does not escape it a second time.
 //!
 //! Beyond HTML's five characters, what would make a value lie about itself
 //! is shown as a visible escape: bidi overrides and isolates (which reorder
@@ -103,6 +106,8 @@ mod tests {
             "&quot;&gt;&lt;img src=x onerror=alert(1)&gt;",
         ),
         ("it's & <b>", "it&#39;s &amp; &lt;b&gt;"),
+        // HTML escaped once, the control character shown.
+        ("a&b<c\u{0007}", "a&amp;b&lt;c\\u{7}"),
         ("abc\u{202e}fdp.exe", "abc\\u{202e}fdp.exe"),
         (
             "\u{2066}a\u{2067}b\u{2068}c\u{2069}",

@@ -4,10 +4,11 @@
 //! longer history, Prometheus scrapes the workers' `shardline_backlog_age_seconds`.
 
 use std::collections::VecDeque;
-use std::fmt::Write as _;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use askama::Template;
+use askama::filters::HtmlSafe;
 use serde::Serialize;
 use shardline_ops::topology::StatusReport;
 use shardline_topology::status::Thresholds;
@@ -72,24 +73,63 @@ const HEIGHT: f64 = 160.0;
 const LEFT: f64 = 48.0;
 const BOTTOM: f64 = 18.0;
 
-/// The chart as inline SVG (presentation attributes only: the CSP allows no
-/// inline style): one line per shard, the WARN and PAGE levels dashed, the
-/// y axis from 0 to the largest of the ages and the WARN level.
-pub(crate) fn chart(samples: &[Sample], thresholds: &Thresholds) -> String {
+/// The chart as inline SVG (`chart.html`; presentation attributes only: the
+/// CSP allows no inline style): one line per shard, the WARN and PAGE levels
+/// dashed, the y axis from 0 to the largest of the ages and the WARN level.
+#[derive(Template)]
+#[template(path = "chart.html")]
+pub(crate) struct Chart {
+    width: f64,
+    height: f64,
+    left: f64,
+    now_x: f64,
+    minutes: u64,
+    /// `None` before the first sample.
+    plot: Option<Plot>,
+}
+
+impl HtmlSafe for Chart {}
+
+struct Plot {
+    /// The top of the y axis, in seconds.
+    top: f64,
+    axis_y: f64,
+    levels: Vec<LevelMark>,
+    lines: Vec<Line>,
+    span_seconds: f64,
+}
+
+/// A dashed WARN or PAGE level and its label.
+struct LevelMark {
+    y: f64,
+    label_x: f64,
+    label_y: f64,
+    color: &'static str,
+    name: &'static str,
+}
+
+/// A shard's backlog ages, as SVG `points`.
+struct Line {
+    shard: usize,
+    color: String,
+    points: String,
+}
+
+pub(crate) fn chart(samples: &[Sample], thresholds: &Thresholds) -> Chart {
+    Chart {
+        width: WIDTH,
+        height: HEIGHT,
+        left: LEFT,
+        now_x: WIDTH - 24.0,
+        minutes: KEPT as u64 * EVERY.as_secs() / 60,
+        plot: plot(samples, thresholds),
+    }
+}
+
+fn plot(samples: &[Sample], thresholds: &Thresholds) -> Option<Plot> {
     let warn = thresholds.warn.as_secs_f64();
     let page = thresholds.page.as_secs_f64();
-    let mut out = format!(
-        "<svg id=\"backlog-chart\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" width=\"{WIDTH}\" height=\"{HEIGHT}\" \
-         role=\"img\" aria-label=\"backlog age per shard, last {} minutes\">",
-        KEPT as u64 * EVERY.as_secs() / 60
-    );
-    let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
-        out.push_str(
-            "<text x=\"8\" y=\"20\" fill=\"#666\">No samples yet: the chart fills as the console \
-             samples the fleet every 5 s.</text></svg>",
-        );
-        return out;
-    };
+    let (first, last) = (samples.first()?, samples.last()?);
     let top = samples
         .iter()
         .flat_map(|s| s.ages.iter().flatten())
@@ -98,52 +138,41 @@ pub(crate) fn chart(samples: &[Sample], thresholds: &Thresholds) -> String {
     let span = last.at_ms.saturating_sub(first.at_ms).max(1) as f64;
     let x = |at: u64| LEFT + (at.saturating_sub(first.at_ms) as f64 / span) * (WIDTH - LEFT - 4.0);
     let y = |age: f64| (HEIGHT - BOTTOM) - (age / top) * (HEIGHT - BOTTOM - 4.0);
-    let _ = write!(
-        out,
-        "<line x1=\"{LEFT}\" y1=\"{b}\" x2=\"{WIDTH}\" y2=\"{b}\" stroke=\"#999\"/>\
-         <text x=\"2\" y=\"{b}\" font-size=\"10\" fill=\"#666\">0 s</text>\
-         <text x=\"2\" y=\"12\" font-size=\"10\" fill=\"#666\">{top:.0} s</text>",
-        b = HEIGHT - BOTTOM,
-    );
-    for (level, color, name) in [(warn, "#b8860b", "WARN"), (page, "#b22222", "PAGE")] {
-        if level <= top {
-            let _ = write!(
-                out,
-                "<line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{WIDTH}\" y2=\"{y:.1}\" stroke=\"{color}\" \
-                 stroke-dasharray=\"4 3\"/><text x=\"{tx}\" y=\"{ty:.1}\" font-size=\"10\" fill=\"{color}\">{name}</text>",
-                y = y(level),
-                tx = WIDTH - 36.0,
-                ty = y(level) - 2.0,
-            );
-        }
-    }
+    let levels = [(warn, "#b8860b", "WARN"), (page, "#b22222", "PAGE")]
+        .into_iter()
+        .filter(|&(level, _, _)| level <= top)
+        .map(|(level, color, name)| LevelMark {
+            y: y(level),
+            label_x: WIDTH - 36.0,
+            label_y: y(level) - 2.0,
+            color,
+            name,
+        })
+        .collect();
     let shards = samples.iter().map(|s| s.ages.len()).max().unwrap_or(0);
-    for shard in 0..shards {
-        let points: Vec<String> = samples
-            .iter()
-            .filter_map(|s| {
-                let age = (*s.ages.get(shard)?)?;
-                Some(format!("{:.1},{:.1}", x(s.at_ms), y(age)))
+    let lines = (0..shards)
+        .filter_map(|shard| {
+            let points: Vec<String> = samples
+                .iter()
+                .filter_map(|s| {
+                    let age = (*s.ages.get(shard)?)?;
+                    Some(format!("{:.1},{:.1}", x(s.at_ms), y(age)))
+                })
+                .collect();
+            (!points.is_empty()).then(|| Line {
+                shard,
+                color: color(shard),
+                points: points.join(" "),
             })
-            .collect();
-        if points.is_empty() {
-            continue;
-        }
-        let _ = write!(
-            out,
-            "<polyline data-shard=\"{shard}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>",
-            color(shard),
-            points.join(" ")
-        );
-    }
-    let _ = write!(
-        out,
-        "<text x=\"{LEFT}\" y=\"{HEIGHT}\" font-size=\"10\" fill=\"#666\">{} s ago</text>\
-         <text x=\"{}\" y=\"{HEIGHT}\" font-size=\"10\" fill=\"#666\">now</text></svg>",
-        (span / 1000.0).round(),
-        WIDTH - 24.0,
-    );
-    out
+        })
+        .collect();
+    Some(Plot {
+        top,
+        axis_y: HEIGHT - BOTTOM,
+        levels,
+        lines,
+        span_seconds: (span / 1000.0).round(),
+    })
 }
 
 /// A shard's line colour: spread around the hue circle.
@@ -186,11 +215,18 @@ mod tests {
                 sample(5000, &[Some(200.0), Some(3.0)]),
             ],
             &thresholds,
-        );
+        )
+        .render()
+        .unwrap();
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert!(svg.contains("data-shard=\"1\""));
         assert!(svg.contains(">WARN<") && svg.contains(">PAGE<"), "{svg}");
         assert!(!svg.contains("style="), "the CSP allows no inline style");
-        assert!(chart(&[], &thresholds).contains("No samples yet"));
+        assert!(
+            chart(&[], &thresholds)
+                .render()
+                .unwrap()
+                .contains("No samples yet")
+        );
     }
 }

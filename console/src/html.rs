@@ -1,27 +1,71 @@
-//! The pages as HTML text: the layout, the login form, the fleet section
-//! (also served alone for the 2 s refresh) and the failure groups. Every
-//! value that is not a literal of this file goes through [`crate::escape`].
+//! The pages as templates (`console/templates/`): the layout, the login
+//! form, the fleet section (also served alone for the 2 s refresh), the
+//! dead-letters page and a letter, the jobs panel (also served alone), the
+//! audit and reconcile pages. Each template has its struct here: the values
+//! it shows, worked out in Rust; the markup is the template's alone.
+//!
+//! The engine is askama: its templates are compiled with the crate, so a
+//! misspelt field or a template that does not parse fails the build rather
+//! than a page in front of an operator; its `.html` templates escape every
+//! `{{ }}` unless told otherwise; and a filter is a plain Rust function, so
+//! the console's own escaping is one. (maud writes the markup as Rust
+//! macros, minijinja parses its templates at run time.)
+//!
+//! Untrusted text goes through the `shown` filters, which call
+//! [`crate::escape::text`]: the complete HTML escape and the visible bidi,
+//! zero-width and control characters. Its result is marked safe, so the
+//! engine does not escape it again (`&` becomes `&amp;` once, never
+//! `&amp;amp;`). Whatever a template prints without them (numbers, words of
+//! the console's own) still gets the engine's escaping.
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
+use askama::Template;
+use askama::filters::HtmlSafe;
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
 use shardline_ops::audit::AuditEntry;
 use shardline_ops::dlq::GroupSummary;
 use shardline_ops::reconcile::RunSummary;
 use shardline_ops::topology::StatusReport;
+use shardline_topology::fleet::MemberRecord;
 use shardline_topology::letters::IndexEntry;
-use shardline_topology::status::BreakerState;
+use shardline_topology::status::{BreakerState, Level, WorkerReport};
 
 use crate::api::{Detail, LettersParams, rfc3339};
-use crate::escape::{CELL_CHARS, text};
 use crate::guard::CSRF_FIELD;
+use crate::history::Chart;
 use crate::jobs::{JobState, JobView, Kind};
 use crate::session::Principal;
 use crate::token::Role;
 
-/// Escaped, capped to a table cell.
-fn e(value: &str) -> String {
-    text(value, CELL_CHARS)
+/// The templates' filters: the one escaping function, as `shown` (capped
+/// to a table cell) and `shown_up_to(n)`.
+mod filters {
+    use std::fmt::Display;
+
+    use askama::filters::Safe;
+
+    use crate::escape::{CELL_CHARS, text};
+
+    /// Untrusted text, escaped and capped to a table cell.
+    #[askama::filter_fn]
+    pub(super) fn shown(
+        value: impl Display,
+        _: &dyn askama::Values,
+    ) -> askama::Result<Safe<String>> {
+        Ok(Safe(text(&value.to_string(), CELL_CHARS)))
+    }
+
+    /// Untrusted text, escaped, at most `max_chars` of its characters.
+    #[askama::filter_fn]
+    pub(super) fn shown_up_to(
+        value: impl Display,
+        _: &dyn askama::Values,
+        max_chars: usize,
+    ) -> askama::Result<Safe<String>> {
+        Ok(Safe(text(&value.to_string(), max_chars)))
+    }
 }
 
 /// Which page the navigation marks.
@@ -33,59 +77,78 @@ pub(crate) enum Nav {
     Reconcile,
 }
 
+/// A link of the navigation.
+struct Link {
+    href: String,
+    label: &'static str,
+    here: bool,
+}
+
 /// A whole page around `body`.
-pub(crate) fn page(base: &str, title: &str, who: &Principal, nav: Nav, body: &str) -> String {
-    let link = |target: Nav, href: &str, label: &str| {
-        let class = if target == nav { " class=\"here\"" } else { "" };
-        format!("<a href=\"{}\"{class}>{label}</a>", e(href))
+#[derive(Template)]
+#[template(path = "layout.html")]
+pub(crate) struct Layout<'a, B: Template + HtmlSafe> {
+    who: &'a Principal,
+    title: &'a str,
+    csrf: &'a str,
+    csrf_field: &'static str,
+    css: String,
+    js: String,
+    logout: String,
+    links: [Link; 4],
+    body: B,
+}
+
+/// A whole page around `body`.
+pub(crate) fn page<'a, B: Template + HtmlSafe>(
+    base: &str,
+    title: &'a str,
+    who: &'a Principal,
+    nav: Nav,
+    body: B,
+) -> Layout<'a, B> {
+    let link = |target: Nav, href: String, label: &'static str| Link {
+        href,
+        label,
+        here: target == nav,
     };
-    let csrf = who.csrf.as_deref().unwrap_or("");
-    format!(
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <meta name=\"csrf-token\" content=\"{csrf}\">\
-         <title>{title} · shardline</title>\
-         <link rel=\"stylesheet\" href=\"{css}\"></head><body>\
-         <header><strong>shardline</strong>{fleet}{dead}{audit}{reconcile}\
-         <span class=\"who\">{name} ({role}) \
-         <form method=\"post\" action=\"{logout}\"><input type=\"hidden\" name=\"{CSRF_FIELD}\" value=\"{csrf}\">\
-         <button type=\"submit\">Log out</button></form></span></header>\
-         <main>{body}</main><script src=\"{js}\"></script></body></html>\n",
-        csrf = e(csrf),
-        title = e(title),
-        css = e(&format!("{base}assets/console.css")),
-        js = e(&format!("{base}assets/console.js")),
-        fleet = link(Nav::Fleet, base, "Fleet"),
-        dead = link(
-            Nav::DeadLetters,
-            &format!("{base}dead-letters"),
-            "Dead letters"
-        ),
-        audit = link(Nav::Audit, &format!("{base}audit"), "Audit"),
-        reconcile = link(Nav::Reconcile, &format!("{base}reconcile"), "Reconcile"),
-        name = e(&who.name),
-        role = who.role.as_str(),
-        logout = e(&format!("{base}logout")),
-    )
+    Layout {
+        who,
+        title,
+        csrf: who.csrf.as_deref().unwrap_or(""),
+        csrf_field: CSRF_FIELD,
+        css: format!("{base}assets/console.css"),
+        js: format!("{base}assets/console.js"),
+        logout: format!("{base}logout"),
+        links: [
+            link(Nav::Fleet, base.to_owned(), "Fleet"),
+            link(
+                Nav::DeadLetters,
+                format!("{base}dead-letters"),
+                "Dead letters",
+            ),
+            link(Nav::Audit, format!("{base}audit"), "Audit"),
+            link(Nav::Reconcile, format!("{base}reconcile"), "Reconcile"),
+        ],
+        body,
+    }
 }
 
 /// The login form; `refused` when a token was not accepted.
-pub(crate) fn login(base: &str, refused: bool) -> String {
-    let note = if refused {
-        "<p class=\"error\">That token was not accepted.</p>"
-    } else {
-        ""
-    };
-    format!(
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <title>Log in · shardline</title><link rel=\"stylesheet\" href=\"{css}\"></head><body>\
-         <form class=\"login\" method=\"post\" action=\"{action}\"><h1>shardline console</h1>{note}\
-         <label for=\"token\">Token</label>\
-         <input type=\"password\" id=\"token\" name=\"token\" autocomplete=\"current-password\" required autofocus>\
-         <button type=\"submit\">Log in</button></form></body></html>\n",
-        css = e(&format!("{base}assets/console.css")),
-        action = e(&format!("{base}login")),
-    )
+#[derive(Template)]
+#[template(path = "login.html")]
+pub(crate) struct Login {
+    css: String,
+    action: String,
+    refused: bool,
+}
+
+pub(crate) fn login(base: &str, refused: bool) -> Login {
+    Login {
+        css: format!("{base}assets/console.css"),
+        action: format!("{base}login"),
+        refused,
+    }
 }
 
 fn seconds(d: Duration) -> String {
@@ -97,145 +160,160 @@ fn seconds(d: Duration) -> String {
     }
 }
 
-/// The fleet section: the DLQ line, the shards, the workers, the members.
-/// Wrapped by the page in `<div id="fleet">`, replaced every 2 s.
-pub(crate) fn fleet(status: &Result<StatusReport, String>, chart: &str) -> String {
-    let report = match status {
-        Ok(report) => report,
-        Err(error) => {
-            return format!(
-                "<p class=\"error\">The fleet status could not be read: {}</p>",
-                text(error, 1000)
-            );
-        }
-    };
-    let mut out = format!(
-        "<p>Broker <code>{}</code> · read at {}</p>",
-        e(&report.url),
-        rfc3339(report.read_at_ms).unwrap_or_default()
-    );
-    if let Some(error) = &report.status_error {
-        let _ = write!(
-            out,
-            "<p class=\"error\">Shard status unavailable (Redis: {}): owner and backlog unknown.</p>",
-            e(error)
-        );
+/// `value`, or `–` when there is none.
+fn or_dash<T: ToString>(value: Option<T>) -> String {
+    value.map_or_else(|| "–".to_owned(), |v| v.to_string())
+}
+
+/// The fleet page: the fleet section in its refreshed `<div>`.
+#[derive(Template)]
+#[template(path = "fleet_page.html")]
+pub(crate) struct FleetPage<'a> {
+    src: String,
+    section: Fleet<'a>,
+}
+
+impl HtmlSafe for FleetPage<'_> {}
+
+pub(crate) fn fleet_page<'a>(base: &str, section: Fleet<'a>) -> FleetPage<'a> {
+    FleetPage {
+        src: format!("{base}fragment/fleet"),
+        section,
     }
-    let dlq = &report.dlq;
-    let _ = write!(
-        out,
-        "<p>Dead-letter queue <code>{}</code>: {} letter(s), {} indexed.</p>",
-        e(&dlq.queue.queue),
-        dlq.queue.messages,
-        dlq.indexed.map_or("?".to_owned(), |n| n.to_string()),
-    );
-    if dlq.reindex_needed() {
-        out.push_str(
-            "<p class=\"warning\">Reindex needed: the DLQ holds letters its index does not know \
-             (<code>shardline dlq reindex</code>).</p>",
-        );
+}
+
+/// The fleet section: the DLQ line, the chart, the shards, the workers, the
+/// members. Wrapped by the page in `<div id="fleet">`, replaced every 2 s.
+#[derive(Template)]
+#[template(path = "fleet.html")]
+pub(crate) struct Fleet<'a> {
+    report: Result<Report<'a>, &'a str>,
+    chart: Chart,
+    every: u64,
+}
+
+impl HtmlSafe for Fleet<'_> {}
+
+struct Report<'a> {
+    report: &'a StatusReport,
+    read_at: String,
+    indexed: String,
+    shards: Vec<ShardRow<'a>>,
+    workers: Vec<WorkerRow<'a>>,
+    members: Option<Members<'a>>,
+}
+
+struct ShardRow<'a> {
+    shard: u16,
+    messages: u32,
+    consumers: u32,
+    owner: &'a str,
+    backlog_age: String,
+    level: Option<Level>,
+    inflight: String,
+    inflight_age: String,
+    held: String,
+    breaker: Option<BreakerState>,
+    note: &'static str,
+}
+
+struct WorkerRow<'a> {
+    report: &'a WorkerReport,
+    consuming: String,
+    paused: String,
+}
+
+struct Members<'a> {
+    generation: u64,
+    rows: Vec<MemberRow<'a>>,
+}
+
+struct MemberRow<'a> {
+    record: &'a MemberRecord,
+    shards: usize,
+    lease: String,
+}
+
+pub(crate) fn fleet<'a>(status: &'a Result<StatusReport, String>, chart: Chart) -> Fleet<'a> {
+    Fleet {
+        report: status.as_ref().map(report).map_err(String::as_str),
+        chart,
+        every: crate::history::EVERY.as_secs(),
     }
-    let _ = write!(
-        out,
-        "<h2>Backlog age, last minutes</h2><div class=\"chart\">{chart}</div>\
-         <p class=\"muted\">Sampled every {} s by this console and kept in its memory (a restart \
-         starts it empty); Prometheus keeps the workers' <code>shardline_backlog_age_seconds</code> longer.</p>",
-        crate::history::EVERY.as_secs()
-    );
-    out.push_str(
-        "<h2>Shards</h2><table id=\"shards\"><thead><tr><th>shard</th><th>depth</th><th>consumers</th>\
-         <th>owner</th><th>backlog age</th><th>level</th><th>in flight</th><th>in-flight age</th>\
-         <th>held</th><th>breaker</th><th>note</th></tr></thead><tbody>",
-    );
-    for s in &report.shards {
-        let owner = s.report.as_ref().map(|r| r.owner.as_str());
-        let breaker = owner
-            .and_then(|o| report.workers.iter().find(|w| w.worker == o))
-            .map(|w| w.breaker.state);
-        let (level_class, level) = match s.level {
-            Some(l) => (
-                format!(" class=\"level-{}\"", l.as_str().to_ascii_lowercase()),
-                l.as_str(),
-            ),
-            None => (String::new(), "–"),
-        };
-        let breaker_cell = match breaker {
-            Some(b) if b != BreakerState::Closed => {
-                format!("<td class=\"breaker-{0}\">{0}</td>", b.as_str())
+}
+
+fn report(report: &StatusReport) -> Report<'_> {
+    let shards = report
+        .shards
+        .iter()
+        .map(|s| {
+            let r = s.report.as_ref();
+            let owner = r.map(|r| r.owner.as_str());
+            ShardRow {
+                shard: s.shard,
+                messages: s.queue.messages,
+                consumers: s.queue.consumers,
+                owner: owner.unwrap_or("–"),
+                backlog_age: or_dash(s.backlog_age.map(seconds)),
+                level: s.level,
+                inflight: or_dash(r.map(|r| r.inflight_events)),
+                inflight_age: or_dash(
+                    r.and_then(|r| r.inflight_age_seconds)
+                        .map(|a| seconds(Duration::try_from_secs_f64(a).unwrap_or_default())),
+                ),
+                held: or_dash(r.map(|r| r.held_events)),
+                breaker: owner
+                    .and_then(|o| report.workers.iter().find(|w| w.worker == o))
+                    .map(|w| w.breaker.state),
+                note: s.note(),
             }
-            Some(b) => format!("<td>{}</td>", b.as_str()),
-            None => "<td>–</td>".to_owned(),
-        };
-        let r = s.report.as_ref();
-        let _ = write!(
-            out,
-            "<tr data-shard=\"{}\"><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
-             <td>{}</td><td class=\"num\">{}</td><td{level_class}>{level}</td>\
-             <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>{breaker_cell}\
-             <td class=\"note\">{}</td></tr>",
-            s.shard,
-            s.shard,
-            s.queue.messages,
-            s.queue.consumers,
-            owner.map_or("–".to_owned(), e),
-            s.backlog_age.map_or("–".to_owned(), seconds),
-            r.map_or("–".to_owned(), |r| r.inflight_events.to_string()),
-            r.and_then(|r| r.inflight_age_seconds)
-                .map_or("–".to_owned(), |a| {
-                    seconds(Duration::try_from_secs_f64(a).unwrap_or_default())
-                }),
-            r.map_or("–".to_owned(), |r| r.held_events.to_string()),
-            e(s.note()),
-        );
-    }
-    out.push_str("</tbody></table>");
-    if !report.workers.is_empty() {
-        out.push_str(
-            "<h2>Workers</h2><table><thead><tr><th>worker</th><th>consuming</th>\
-             <th>breaker</th><th>since</th><th>reason</th></tr></thead><tbody>",
-        );
-        for w in &report.workers {
-            let consuming: Vec<String> = w.consuming.iter().map(u16::to_string).collect();
-            let paused = (w.breaker.state != BreakerState::Closed)
-                .then(|| seconds(w.breaker.paused_for(report.read_at_ms)));
-            let _ = write!(
-                out,
-                "<tr><td>{worker}</td><td>{consuming}</td><td class=\"breaker-{state}\">{state}</td>\
-                 <td>{paused}</td><td>{reason}</td></tr>",
-                worker = e(&w.worker),
-                consuming = e(&consuming.join(", ")),
-                state = w.breaker.state.as_str(),
-                paused = paused.unwrap_or_default(),
-                reason = e(&w.breaker.reason),
-            );
-        }
-        out.push_str("</tbody></table>");
-    }
-    if let Some(fleet) = &report.fleet {
-        let _ = write!(
-            out,
-            "<h2>Members</h2><p>Assignment generation {}.</p><table><thead><tr><th>member</th>\
-             <th>worker</th><th>shards assigned</th><th>lease</th></tr></thead><tbody>",
-            fleet.assignment.assignment.generation
-        );
-        for m in &fleet.members {
-            let left = m.lease_until_ms.saturating_sub(report.read_at_ms);
-            let lease = if left == 0 {
-                "lapsed".to_owned()
+        })
+        .collect();
+    let workers = report
+        .workers
+        .iter()
+        .map(|w| WorkerRow {
+            report: w,
+            consuming: w
+                .consuming
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            paused: if w.breaker.state == BreakerState::Closed {
+                String::new()
             } else {
-                format!("{} left", seconds(Duration::from_millis(left)))
-            };
-            let _ = write!(
-                out,
-                "<tr><td>{}</td><td>{}</td><td class=\"num\">{}</td><td>{lease}</td></tr>",
-                e(&m.member),
-                e(&m.worker),
-                fleet.assignment.assignment.shards_of(&m.member).count(),
-            );
-        }
-        out.push_str("</tbody></table>");
+                seconds(w.breaker.paused_for(report.read_at_ms))
+            },
+        })
+        .collect();
+    let members = report.fleet.as_ref().map(|fleet| Members {
+        generation: fleet.assignment.assignment.generation,
+        rows: fleet
+            .members
+            .iter()
+            .map(|m| {
+                let left = m.lease_until_ms.saturating_sub(report.read_at_ms);
+                MemberRow {
+                    record: m,
+                    shards: fleet.assignment.assignment.shards_of(&m.member).count(),
+                    lease: if left == 0 {
+                        "lapsed".to_owned()
+                    } else {
+                        format!("{} left", seconds(Duration::from_millis(left)))
+                    },
+                }
+            })
+            .collect(),
+    });
+    Report {
+        report,
+        read_at: rfc3339(report.read_at_ms).unwrap_or_default(),
+        indexed: report.dlq.indexed.map_or("?".to_owned(), |n| n.to_string()),
+        shards,
+        workers,
+        members,
     }
-    out
 }
 
 /// What the dead-letters page shows: the groups, the letters the filters
@@ -247,243 +325,187 @@ pub(crate) struct DeadLetters<'a> {
     pub(crate) jobs: &'a [JobView],
 }
 
-/// A text input of the filter form, holding its value.
-fn input(name: &str, label: &str, value: Option<&String>, placeholder: &str) -> String {
-    format!(
-        "<label>{label} <input name=\"{name}\" value=\"{}\" placeholder=\"{}\"></label> ",
-        e(value.map_or("", String::as_str)),
-        e(placeholder)
-    )
-}
-
 /// The dead-letters page: filters, failure groups (a replay button each
 /// for an admin), the matching letters (selectable for an admin, with
 /// replay and purge), the release form, the jobs.
-pub(crate) fn dead_letters(base: &str, who: &Principal, page: &DeadLetters<'_>) -> String {
+#[derive(Template)]
+#[template(path = "dead_letters.html")]
+pub(crate) struct DeadLettersPage<'a> {
+    admin: bool,
+    page_href: String,
+    api_href: String,
+    release_href: String,
+    jobs_src: String,
+    jobs_api: String,
+    rate: f64,
+    filters: [Filter<'a>; 6],
+    group: Option<&'a String>,
+    groups: Result<Vec<GroupRow<'a>>, &'a str>,
+    letters: Result<Vec<LetterRow<'a>>, &'a str>,
+    jobs: Jobs<'a>,
+}
+
+impl HtmlSafe for DeadLettersPage<'_> {}
+
+/// A text input of the filter form, holding its value.
+struct Filter<'a> {
+    name: &'static str,
+    label: &'static str,
+    value: &'a str,
+    placeholder: &'static str,
+}
+
+struct GroupRow<'a> {
+    summary: &'a GroupSummary,
+    first: String,
+    last: String,
+    href: String,
+}
+
+struct LetterRow<'a> {
+    facts: Facts<'a>,
+    href: String,
+}
+
+/// An entry's order, seq, event, shard, attempts and first failure.
+struct Facts<'a> {
+    entry: &'a IndexEntry,
+    order: &'a str,
+    seq: String,
+    kind: &'a str,
+    shard: String,
+    attempts: String,
+    failed: String,
+}
+
+fn facts(entry: &IndexEntry) -> Facts<'_> {
+    Facts {
+        entry,
+        order: entry.order_id.as_deref().unwrap_or("–"),
+        seq: or_dash(entry.seq),
+        kind: entry.kind.as_deref().unwrap_or("–"),
+        shard: or_dash(entry.shard),
+        attempts: or_dash(entry.attempts),
+        failed: rfc3339(entry.first_failed_ms).unwrap_or_default(),
+    }
+}
+
+pub(crate) fn dead_letters<'a>(
+    base: &str,
+    who: &Principal,
+    page: &DeadLetters<'a>,
+) -> DeadLettersPage<'a> {
     let admin = who.role == Role::Admin;
     let p = page.params;
-    let mut out = String::from("<h1>Dead letters</h1>");
-    let _ = write!(
-        out,
-        "<form id=\"filters\" method=\"get\" action=\"{}\">{}{}{}{}{}{}{}\
-         <button type=\"submit\">Filter</button> <a href=\"{}\">clear</a></form>",
-        e(&format!("{base}dead-letters")),
-        input("q", "Search", p.q.as_ref(), "order id or dead-letter id"),
-        input("reason", "Reason", p.reason.as_ref(), "handler"),
-        input("order", "Order", p.order.as_ref(), ""),
-        input("shard", "Shard", p.shard.as_ref(), ""),
-        input("from", "From", p.from.as_ref(), "2026-12-01T10:00:00Z"),
-        input("to", "To", p.to.as_ref(), ""),
-        p.group.as_ref().map_or(String::new(), |g| format!(
-            "<input type=\"hidden\" name=\"group\" value=\"{}\">",
-            e(g)
-        )),
-        e(&format!("{base}dead-letters")),
-    );
-    if admin {
-        let _ = write!(
-            out,
-            "<p class=\"actions\" data-api=\"{api}\"><label>Replay rate \
-             <input id=\"replay-rate\" type=\"number\" min=\"0.1\" step=\"any\" value=\"{rate}\"> events/s</label> \
-             (key-ordered: each order's letters in seq order, one confirmed at a time)</p>\
-             <p id=\"action-result\" class=\"muted\"></p>",
-            api = e(&format!("{base}api/")),
-            rate = crate::actions::DEFAULT_RATE,
-        );
-    }
-    let _ = write!(
-        out,
-        "<div id=\"index-view\">{}{}</div>",
-        groups_table(base, admin, page.groups),
-        letters_table(base, admin, page.letters)
-    );
-    if admin {
-        let _ = write!(
-            out,
-            "<h2>Release a quarantined order</h2>\
-             <form id=\"release\" data-api=\"{}\"><label for=\"order_id\">Order id</label> \
-             <input id=\"order_id\" name=\"order_id\" required> <button type=\"submit\">Release</button></form>\
-             <p id=\"release-result\" class=\"muted\"></p>",
-            e(&format!("{base}api/dlq/release")),
-        );
-    }
-    let _ = write!(
-        out,
-        "<h2>Jobs</h2><div id=\"jobs\" data-src=\"{}\" data-api=\"{}\">{}</div>",
-        e(&format!("{base}fragment/jobs")),
-        e(&format!("{base}api/jobs/")),
-        jobs(page.jobs, admin),
-    );
-    out
-}
-
-fn groups_table(base: &str, admin: bool, groups: &Result<Vec<GroupSummary>, String>) -> String {
-    let groups = match groups {
-        Err(error) => {
-            return format!(
-                "<p class=\"error\">The dead-letter index could not be read: {}</p>",
-                text(error, 1000)
-            );
-        }
-        Ok(groups) if groups.is_empty() => {
-            return "<h2>Failure groups</h2><p id=\"no-groups\">No dead letters in the index.</p>"
-                .to_owned();
-        }
-        Ok(groups) => groups,
+    let filter = |name, label, value: &'a Option<String>, placeholder| Filter {
+        name,
+        label,
+        value: value.as_deref().unwrap_or(""),
+        placeholder,
     };
-    let mut out = String::from(
-        "<h2>Failure groups</h2><table id=\"groups\"><thead><tr><th>reason</th><th>error (normalised)</th>\
-         <th>letters</th><th>orders</th><th>first failure</th><th>last failure</th>\
-         <th>group</th>",
-    );
-    if admin {
-        out.push_str("<th>action</th>");
+    DeadLettersPage {
+        admin,
+        page_href: format!("{base}dead-letters"),
+        api_href: format!("{base}api/"),
+        release_href: format!("{base}api/dlq/release"),
+        jobs_src: format!("{base}fragment/jobs"),
+        jobs_api: format!("{base}api/jobs/"),
+        rate: crate::actions::DEFAULT_RATE,
+        filters: [
+            filter("q", "Search", &p.q, "order id or dead-letter id"),
+            filter("reason", "Reason", &p.reason, "handler"),
+            filter("order", "Order", &p.order, ""),
+            filter("shard", "Shard", &p.shard, ""),
+            filter("from", "From", &p.from, "2026-12-01T10:00:00Z"),
+            filter("to", "To", &p.to, ""),
+        ],
+        group: p.group.as_ref(),
+        groups: page
+            .groups
+            .as_ref()
+            .map(|groups| {
+                groups
+                    .iter()
+                    .map(|g| GroupRow {
+                        summary: g,
+                        first: rfc3339(g.first_failed_ms).unwrap_or_default(),
+                        last: rfc3339(g.last_failed_ms).unwrap_or_default(),
+                        href: format!("{base}dead-letters?group={}", g.group.id),
+                    })
+                    .collect()
+            })
+            .map_err(String::as_str),
+        letters: page
+            .letters
+            .as_ref()
+            .map(|letters| {
+                letters
+                    .iter()
+                    .map(|l| LetterRow {
+                        facts: facts(l),
+                        href: format!(
+                            "{base}dead-letters/letter/{}",
+                            percent_encoding::utf8_percent_encode(
+                                &l.id,
+                                percent_encoding::NON_ALPHANUMERIC
+                            )
+                        ),
+                    })
+                    .collect()
+            })
+            .map_err(String::as_str),
+        jobs: jobs(page.jobs.iter(), admin),
     }
-    out.push_str("</tr></thead><tbody>");
-    for g in groups {
-        let letters = format!("{base}dead-letters?group={}", g.group.id);
-        let _ = write!(
-            out,
-            "<tr data-group=\"{id}\"><td>{}</td><td>{}</td><td class=\"num count\">{}</td><td class=\"num\">{}</td>\
-             <td>{}</td><td>{}</td><td><a href=\"{}\"><code>{id}</code></a></td>",
-            e(&g.group.reason),
-            e(&g.group.error),
-            g.count,
-            g.orders,
-            rfc3339(g.first_failed_ms).unwrap_or_default(),
-            rfc3339(g.last_failed_ms).unwrap_or_default(),
-            e(&letters),
-            id = e(&g.group.id),
-        );
-        if admin {
-            let _ = write!(
-                out,
-                "<td><button type=\"button\" class=\"replay-group\" data-group=\"{}\">Replay group</button></td>",
-                e(&g.group.id)
-            );
-        }
-        out.push_str("</tr>");
-    }
-    out.push_str("</tbody></table>");
-    out
-}
-
-fn letters_table(base: &str, admin: bool, letters: &Result<Vec<IndexEntry>, String>) -> String {
-    let letters = match letters {
-        Err(error) => return format!("<p class=\"error\">{}</p>", text(error, 1000)),
-        Ok(letters) if letters.is_empty() => {
-            return "<h2>Letters</h2><p id=\"no-letters\">No letters match.</p>".to_owned();
-        }
-        Ok(letters) => letters,
-    };
-    let mut out = format!(
-        "<h2>Letters</h2><p class=\"muted\">{} letter(s), oldest first.</p>",
-        letters.len()
-    );
-    if admin {
-        out.push_str(
-            "<p><button type=\"button\" id=\"replay-selected\">Replay selected</button> \
-             <button type=\"button\" id=\"purge-selected\">Purge selected…</button></p>\
-             <div id=\"purge-confirm\" hidden><p class=\"warning\" id=\"purge-confirm-text\"></p>\
-             <button type=\"button\" id=\"purge-confirm-yes\">Purge for good</button> \
-             <button type=\"button\" id=\"purge-confirm-no\">Keep them</button></div>",
-        );
-    }
-    out.push_str("<table id=\"letters\"><thead><tr>");
-    if admin {
-        out.push_str(
-            "<th><input type=\"checkbox\" id=\"select-all\" aria-label=\"select all\"></th>",
-        );
-    }
-    out.push_str(
-        "<th>dead letter</th><th>reason</th><th>error</th><th>order</th><th>seq</th><th>event</th>\
-         <th>shard</th><th>attempts</th><th>first failed</th></tr></thead><tbody>",
-    );
-    for l in letters {
-        let _ = write!(out, "<tr data-letter=\"{}\">", e(&l.id));
-        if admin {
-            let _ = write!(
-                out,
-                "<td><input type=\"checkbox\" class=\"select\" value=\"{}\"></td>",
-                e(&l.id)
-            );
-        }
-        let [order, seq, kind, shard, attempts, failed] = facts(l);
-        let href = format!(
-            "{base}dead-letters/letter/{}",
-            percent_encoding::utf8_percent_encode(&l.id, percent_encoding::NON_ALPHANUMERIC)
-        );
-        let _ = write!(
-            out,
-            "<td><a class=\"letter\" href=\"{}\"><code>{}</code></a></td><td>{}</td><td>{}</td><td>{}</td>\
-             <td class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
-            e(&href),
-            e(&l.id),
-            e(&l.reason),
-            e(&l.error),
-            order,
-            seq,
-            kind,
-            shard,
-            attempts,
-            failed,
-        );
-    }
-    out.push_str("</tbody></table>");
-    out
-}
-
-/// An entry's order, seq, event, shard, attempts and first failure, as cells.
-fn facts(l: &IndexEntry) -> [String; 6] {
-    [
-        l.order_id.as_deref().map_or("–".to_owned(), e),
-        opt(l.seq),
-        l.kind.as_deref().map_or("–".to_owned(), e),
-        opt(l.shard),
-        opt(l.attempts),
-        rfc3339(l.first_failed_ms).unwrap_or_default(),
-    ]
-}
-
-fn opt<T: ToString>(value: Option<T>) -> String {
-    value.map_or_else(|| "–".to_owned(), |v| v.to_string())
 }
 
 /// The jobs panel (also served alone, refreshed when a job starts).
-pub(crate) fn jobs(jobs: &[JobView], admin: bool) -> String {
-    if jobs.is_empty() {
-        return "<p class=\"muted\">No jobs since this console started.</p>".to_owned();
+#[derive(Template)]
+#[template(path = "jobs.html")]
+pub(crate) struct Jobs<'a> {
+    jobs: Vec<JobRow<'a>>,
+}
+
+impl HtmlSafe for Jobs<'_> {}
+
+struct JobRow<'a> {
+    view: &'a JobView,
+    started: String,
+    progress: String,
+    cancel: bool,
+}
+
+pub(crate) fn jobs<'a>(jobs: impl IntoIterator<Item = &'a JobView>, admin: bool) -> Jobs<'a> {
+    Jobs {
+        jobs: jobs
+            .into_iter()
+            .map(|view| JobRow {
+                view,
+                started: rfc3339(view.started_ms).unwrap_or_default(),
+                progress: view.progress(),
+                cancel: admin && view.state == JobState::Running,
+            })
+            .collect(),
     }
-    let mut out = String::new();
-    for j in jobs {
-        let state = j.state.as_str();
-        let _ = write!(
-            out,
-            "<div class=\"job job-{state}\" data-job=\"{}\" data-state=\"{state}\">\
-             <strong>{} #{}</strong> of {} by {}, started {}: <span class=\"state\">{state}</span>, \
-             <span class=\"progress\">{}</span>",
-            j.id,
-            j.kind.as_str(),
-            j.id,
-            e(&j.target),
-            e(&j.who),
-            rfc3339(j.started_ms).unwrap_or_default(),
-            e(&j.progress()),
-        );
-        if admin && j.state == JobState::Running {
-            out.push_str(" <button type=\"button\" class=\"cancel\">Cancel</button>");
-        }
-        if let Some(error) = &j.error {
-            let _ = write!(out, "<p class=\"error\">{}</p>", text(error, 1000));
-        }
-        out.push_str("<pre class=\"lines\">");
-        for line in &j.lines {
-            out.push_str(&e(line));
-            out.push('\n');
-        }
-        out.push_str("</pre></div>");
-    }
-    out
+}
+
+/// A letter's detail: what the index knows, its headers, its body.
+#[derive(Template)]
+#[template(path = "letter.html")]
+pub(crate) struct Letter<'a> {
+    back: String,
+    id: &'a str,
+    detail: Result<Option<LetterDetail<'a>>, &'a str>,
+    body_cap_kib: usize,
+}
+
+impl HtmlSafe for Letter<'_> {}
+
+struct LetterDetail<'a> {
+    detail: &'a Detail,
+    facts: Facts<'a>,
+    group_href: String,
+    trace_id: &'a str,
+    hex_lines: String,
 }
 
 /// Hex digits in pairs, 32 bytes a line.
@@ -500,213 +522,135 @@ fn hex_lines(hex: &str) -> String {
         .join("\n")
 }
 
-/// A letter's detail: what the index knows, its headers, its body.
-pub(crate) fn letter(base: &str, id: &str, detail: &Result<Option<Detail>, String>) -> String {
-    let back = format!(
-        "<p><a href=\"{}\">← dead letters</a></p>",
-        e(&format!("{base}dead-letters"))
-    );
-    let d = match detail {
-        Err(error) => {
-            return format!(
-                "{back}<p class=\"error\">The DLQ could not be read: {}</p>",
-                text(error, 1000)
-            );
-        }
-        Ok(None) => {
-            return format!(
-                "{back}<p class=\"warning\" id=\"not-found\">No dead letter <code>{}</code> in the DLQ \
-                 (replayed or purged since, or the id is wrong).</p>",
-                e(id)
-            );
-        }
-        Ok(Some(d)) => d,
-    };
-    let l = &d.entry;
-    let [order, seq, kind, shard, attempts, failed] = facts(l);
-    let mut out = format!(
-        "{back}<h1>Dead letter <code id=\"letter-id\">{}</code></h1><table id=\"facts\"><tbody>\
-         <tr><th>reason</th><td>{}</td></tr><tr><th>error</th><td>{}</td></tr>\
-         <tr><th>failure group</th><td><a href=\"{}\"><code>{}</code></a></td></tr>\
-         <tr><th>order</th><td>{}</td></tr><tr><th>seq</th><td>{}</td></tr><tr><th>event</th><td>{}</td></tr>\
-         <tr><th>shard</th><td>{}</td></tr><tr><th>attempts</th><td id=\"attempts\">{}</td></tr>\
-         <tr><th>first failed</th><td>{}</td></tr><tr><th>trace id</th><td><code id=\"trace-id\">{}</code></td></tr>\
-         <tr><th>routing key</th><td>{}</td></tr></tbody></table>",
-        e(&l.id),
-        e(&l.reason),
-        text(&l.error, 2000),
-        e(&format!("{base}dead-letters?group={}", l.group)),
-        e(&l.group),
-        order,
-        seq,
-        kind,
-        shard,
-        attempts,
-        failed,
-        l.trace_id.as_deref().map_or("–".to_owned(), e),
-        e(&d.routing_key),
-    );
-    out.push_str("<h2>Headers</h2><table id=\"headers\"><tbody>");
-    for (name, value) in &d.headers {
-        let _ = write!(
-            out,
-            "<tr><th>{}</th><td>{}</td></tr>",
-            e(name),
-            text(value, 2000)
-        );
+pub(crate) fn letter<'a>(
+    base: &str,
+    id: &'a str,
+    detail: &'a Result<Option<Detail>, String>,
+) -> Letter<'a> {
+    Letter {
+        back: format!("{base}dead-letters"),
+        id,
+        detail: detail
+            .as_ref()
+            .map(|d| {
+                d.as_ref().map(|d| LetterDetail {
+                    detail: d,
+                    facts: facts(&d.entry),
+                    group_href: format!("{base}dead-letters?group={}", d.entry.group),
+                    trace_id: d.entry.trace_id.as_deref().unwrap_or("–"),
+                    hex_lines: if d.body.hex {
+                        hex_lines(&d.body.text)
+                    } else {
+                        String::new()
+                    },
+                })
+            })
+            .map_err(String::as_str),
+        body_cap_kib: crate::api::BODY_CAP / 1024,
     }
-    out.push_str("</tbody></table>");
-    let b = &d.body;
-    let _ = write!(
-        out,
-        "<h2>Body</h2><p class=\"muted\">{} bytes, {}.</p>",
-        b.bytes,
-        if b.hex {
-            "not UTF-8: shown as hex"
-        } else {
-            "UTF-8 text, escaped"
-        }
-    );
-    if b.hex {
-        let _ = write!(
-            out,
-            "<pre id=\"body\" class=\"hex\">{}</pre>",
-            hex_lines(&b.text)
-        );
-    } else {
-        let _ = write!(out, "<pre id=\"body\">{}</pre>", text(&b.text, usize::MAX));
-    }
-    if b.capped {
-        let _ = write!(
-            out,
-            "<p id=\"body-note\" class=\"muted\">Only the first {} KiB are shown (<code>shardline dlq show</code> prints it all).</p>",
-            crate::api::BODY_CAP / 1024
-        );
-    }
-    out
 }
 
 /// The audit log's latest entries.
-pub(crate) fn audit(entries: &Result<Vec<AuditEntry>, String>) -> String {
-    let mut out = format!(
-        "<h1>Audit</h1><p class=\"muted\">The console's actions, newest first, kept in Redis \
-         (the latest {}).</p>",
-        shardline_ops::audit::CAP
-    );
-    let entries = match entries {
-        Err(error) => {
-            let _ = write!(
-                out,
-                "<p class=\"error\">The audit log could not be read: {}</p>",
-                text(error, 1000)
-            );
-            return out;
-        }
-        Ok(entries) if entries.is_empty() => {
-            out.push_str("<p id=\"no-audit\">No actions yet.</p>");
-            return out;
-        }
-        Ok(entries) => entries,
-    };
-    out.push_str(
-        "<table id=\"audit\"><thead><tr><th>when</th><th>who</th><th>action</th><th>detail</th></tr></thead><tbody>",
-    );
-    for a in entries {
-        let _ = write!(
-            out,
-            "<tr class=\"audit\"><td>{}</td><td class=\"who\">{}</td><td class=\"action\">{}</td>\
-             <td class=\"detail\"><code>{}</code></td></tr>",
-            rfc3339(a.at_ms).unwrap_or_default(),
-            e(&a.who),
-            e(&a.action),
-            text(&a.detail.to_string(), 1000),
-        );
+#[derive(Template)]
+#[template(path = "audit.html")]
+pub(crate) struct Audit<'a> {
+    cap: usize,
+    entries: Result<Vec<AuditRow<'a>>, &'a str>,
+}
+
+impl HtmlSafe for Audit<'_> {}
+
+struct AuditRow<'a> {
+    entry: &'a AuditEntry,
+    at: String,
+}
+
+pub(crate) fn audit(entries: &Result<Vec<AuditEntry>, String>) -> Audit<'_> {
+    Audit {
+        cap: shardline_ops::audit::CAP,
+        entries: entries
+            .as_ref()
+            .map(|entries| {
+                entries
+                    .iter()
+                    .map(|entry| AuditRow {
+                        entry,
+                        at: rfc3339(entry.at_ms).unwrap_or_default(),
+                    })
+                    .collect()
+            })
+            .map_err(String::as_str),
     }
-    out.push_str("</tbody></table>");
-    out
 }
 
 /// The reconcile runs, and the dry-run button when the console has the
 /// order database.
-pub(crate) fn reconcile(
+#[derive(Template)]
+#[template(path = "reconcile.html")]
+pub(crate) struct Reconcile<'a> {
+    cap: usize,
+    admin: bool,
+    dry_run: bool,
+    dry_run_href: String,
+    runs: Result<Vec<RunRow<'a>>, &'a str>,
+    jobs_src: String,
+    jobs_api: String,
+    jobs: Jobs<'a>,
+}
+
+impl HtmlSafe for Reconcile<'_> {}
+
+struct RunRow<'a> {
+    run: &'a RunSummary,
+    at: String,
+    took: String,
+}
+
+pub(crate) fn reconcile<'a>(
     base: &str,
     admin: bool,
     dry_run: bool,
-    runs: &Result<Vec<RunSummary>, String>,
-    jobs_now: &[JobView],
-) -> String {
-    let mut out = format!(
-        "<h1>Reconcile</h1><p class=\"muted\">The latest runs of <code>shardline reconcile --interval</code>, \
-         newest first, as each run writes its summary to Redis (the latest {}).</p>",
-        shardline_ops::reconcile::RUNS_CAP
-    );
-    if admin && dry_run {
-        let _ = write!(
-            out,
-            "<p><button type=\"button\" id=\"reconcile-dry-run\" data-api=\"{}\">Dry run now</button> \
-             (compares the order database with the fleet; emits and writes nothing)</p>\
-             <p id=\"action-result\" class=\"muted\"></p>",
-            e(&format!("{base}api/reconcile/dry-run")),
-        );
-    } else if !dry_run {
-        out.push_str(
-            "<p class=\"muted\">Start the console with <code>--orders-url</code> for a dry-run button.</p>",
-        );
-    }
-    match runs {
-        Err(error) => {
-            let _ = write!(
-                out,
-                "<p class=\"error\">The runs could not be read: {}</p>",
-                text(error, 1000)
-            );
-        }
-        Ok(runs) if runs.is_empty() => {
-            out.push_str("<p id=\"no-runs\">No runs recorded: is reconcile running with <code>--interval</code>?</p>");
-        }
-        Ok(runs) => {
-            out.push_str(
-                "<table id=\"reconcile-runs\"><thead><tr><th>ended</th><th>took</th><th>scanned</th>\
-                 <th>fresh</th><th>drifted</th><th>emitted</th><th>pending</th><th>outcome</th></tr></thead><tbody>",
-            );
-            for r in runs {
-                let outcome = match &r.error {
-                    Some(error) => format!("<td class=\"error\">{}</td>", e(error)),
-                    None if r.dry_run => "<td>dry run</td>".to_owned(),
-                    None => "<td>ok</td>".to_owned(),
-                };
-                let _ = write!(
-                    out,
-                    "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
-                     <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>{outcome}</tr>",
-                    rfc3339(r.at_ms).unwrap_or_default(),
-                    seconds(Duration::from_millis(r.took_ms)),
-                    r.scanned,
-                    r.fresh,
-                    r.drifted,
-                    r.emitted,
-                    r.pending,
-                );
-            }
-            out.push_str("</tbody></table>");
-        }
-    }
-    let dry_runs: Vec<JobView> = jobs_now
-        .iter()
-        .filter(|j| j.kind == Kind::ReconcileDryRun)
-        .cloned()
-        .collect();
-    let _ = write!(
-        out,
-        "<h2>Dry runs</h2><div id=\"jobs\" data-src=\"{}\" data-api=\"{}\">{}</div>",
-        e(&format!(
+    runs: &'a Result<Vec<RunSummary>, String>,
+    jobs_now: &'a [JobView],
+) -> Reconcile<'a> {
+    Reconcile {
+        cap: shardline_ops::reconcile::RUNS_CAP,
+        admin,
+        dry_run,
+        dry_run_href: format!("{base}api/reconcile/dry-run"),
+        runs: runs
+            .as_ref()
+            .map(|runs| {
+                runs.iter()
+                    .map(|run| RunRow {
+                        run,
+                        at: rfc3339(run.at_ms).unwrap_or_default(),
+                        took: seconds(Duration::from_millis(run.took_ms)),
+                    })
+                    .collect()
+            })
+            .map_err(String::as_str),
+        jobs_src: format!(
             "{base}fragment/jobs?kind={}",
             Kind::ReconcileDryRun.as_str()
-        )),
-        e(&format!("{base}api/jobs/")),
-        jobs(&dry_runs, admin),
-    );
-    out
+        ),
+        jobs_api: format!("{base}api/jobs/"),
+        jobs: jobs(
+            jobs_now.iter().filter(|j| j.kind == Kind::ReconcileDryRun),
+            admin,
+        ),
+    }
+}
+
+/// A template as the response's HTML; a 500 when it could not be rendered.
+pub(crate) fn respond(template: &impl Template) -> Response {
+    match template.render() {
+        Ok(html) => Html(html).into_response(),
+        Err(error) => {
+            tracing::error!(%error, "console: a page could not be rendered");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
 }
 
 #[cfg(test)]
@@ -756,7 +700,7 @@ mod tests {
             params: &params,
             jobs: &[],
         };
-        let html = dead_letters("/", &admin(), &view);
+        let html = dead_letters("/", &admin(), &view).render().unwrap();
         assert!(!html.contains("<script"), "{html}");
         assert!(!html.contains("<img") && !html.contains("<b>") && !html.contains("<o>"));
         assert!(!html.contains('\u{202e}') && !html.contains('\u{200b}') && !html.contains('\0'));
@@ -778,13 +722,16 @@ mod tests {
         ] {
             assert!(html.contains(admin_only), "an admin sees {admin_only}");
         }
-        let page = page("/", "Dead letters", &admin(), Nav::DeadLetters, &html);
+        let body = dead_letters("/", &admin(), &view);
+        let page = page("/", "Dead letters", &admin(), Nav::DeadLetters, body)
+            .render()
+            .unwrap();
         assert!(page.contains("ops&lt;b&gt; (admin)"), "{page}");
         let read_only = Principal {
             role: Role::ReadOnly,
             ..admin()
         };
-        let html = dead_letters("/", &read_only, &view);
+        let html = dead_letters("/", &read_only, &view).render().unwrap();
         for admin_only in [
             "id=\"release\"",
             "replay-group",
@@ -812,13 +759,10 @@ mod tests {
             headers: vec![("x-error".into(), "<svg onload=alert(1)>\u{2066}".into())],
             body: crate::api::Body::of(body),
         };
-        let html = letter(
-            "/",
-            "d1",
-            &Ok(Some(detail(
-                "<script>window.__pwned=1</script>\u{202e}\u{200b}".as_bytes(),
-            ))),
-        );
+        let hostile = Ok(Some(detail(
+            "<script>window.__pwned=1</script>\u{202e}\u{200b}".as_bytes(),
+        )));
+        let html = letter("/", "d1", &hostile).render().unwrap();
         assert!(
             !html.contains("<script") && !html.contains("<svg"),
             "{html}"
@@ -833,15 +777,22 @@ mod tests {
         );
         assert!(html.contains("<code id=\"trace-id\">0af7651916cd43dd8448eb211c80319c</code>"));
         assert!(html.contains("<td id=\"attempts\">3</td>"));
-        let html = letter("/", "d1", &Ok(Some(detail(b"<a>\xff\xfe"))));
+        let hex = Ok(Some(detail(b"<a>\xff\xfe")));
+        let html = letter("/", "d1", &hex).render().unwrap();
         assert!(
             html.contains("<pre id=\"body\" class=\"hex\">3c 61 3e ff fe</pre>"),
             "{html}"
         );
         let big = vec![b'a'; crate::api::BODY_CAP + 1];
-        let html = letter("/", "d1", &Ok(Some(detail(&big))));
+        let big = Ok(Some(detail(&big)));
+        let html = letter("/", "d1", &big).render().unwrap();
         assert!(html.contains("id=\"body-note\""));
-        assert!(letter("/", "x<", &Ok(None)).contains("No dead letter <code>x&lt;</code>"));
+        assert!(
+            letter("/", "x<", &Ok(None))
+                .render()
+                .unwrap()
+                .contains("No dead letter <code>x&lt;</code>")
+        );
     }
 
     #[test]
@@ -850,21 +801,40 @@ mod tests {
         view.done = 2;
         view.total = Some(5);
         view.lines = vec!["replayed <d1>".into()];
-        let html = jobs(std::slice::from_ref(&view), true);
+        let html = jobs([&view], true).render().unwrap();
         assert!(
             html.contains("data-job=\"7\" data-state=\"running\""),
             "{html}"
         );
         assert!(html.contains("replayed 2 of 5") && html.contains("class=\"cancel\""));
         assert!(html.contains("group &lt;g&gt;") && html.contains("replayed &lt;d1&gt;"));
-        assert!(!jobs(std::slice::from_ref(&view), false).contains("class=\"cancel\""));
+        let html = jobs([&view], false).render().unwrap();
+        assert!(!html.contains("class=\"cancel\""));
         view.state = JobState::Done;
-        assert!(!jobs(&[view], true).contains("class=\"cancel\""));
+        assert!(
+            !jobs([&view], true)
+                .render()
+                .unwrap()
+                .contains("class=\"cancel\"")
+        );
+    }
+
+    #[test]
+    fn untrusted_text_is_escaped_once_with_its_control_characters_shown() {
+        let view = JobView::new(1, Kind::Replay, "a&b<c\u{0007}", "a&b<c\u{0007}".into());
+        let html = jobs([&view], false).render().unwrap();
+        assert!(
+            html.contains("of a&amp;b&lt;c\\u{7} by a&amp;b&lt;c\\u{7}, started"),
+            "{html}"
+        );
     }
 
     #[test]
     fn an_unreadable_fleet_says_why() {
-        let html = fleet(&Err("connection refused <x>".into()), "");
+        let status = Err("connection refused <x>".into());
+        let html = fleet(&status, crate::history::chart(&[], &Default::default()))
+            .render()
+            .unwrap();
         assert!(html.contains("connection refused &lt;x&gt;"), "{html}");
     }
 }

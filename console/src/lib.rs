@@ -11,7 +11,8 @@
 //!   constant-time lookup.
 //! - `session`: login sessions in memory (cookie id → name, role, CSRF token).
 //! - `pages`, `html`: login, the fleet page, the dead-letters page and a
-//!   letter's detail, the audit and reconcile pages.
+//!   letter's detail, the audit and reconcile pages; `html` holds the
+//!   templates' structs (the templates are in `console/templates/`).
 //! - `api`: the JSON API under `api/` (reads: fleet, its history, the
 //!   dead-letter index and one letter, the audit log, reconcile runs).
 //! - `actions`: the POSTs (replay, purge, release, reconcile dry run,
@@ -31,6 +32,8 @@ mod assets;
 pub mod config;
 pub mod error;
 pub mod escape;
+#[cfg(test)]
+mod every_page;
 mod guard;
 mod history;
 mod html;

@@ -5,7 +5,7 @@
 use axum::Form;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use shardline_ops::{audit, dlq, reconcile};
 
@@ -36,7 +36,7 @@ pub(crate) async fn login_form(
 ) -> Response {
     match query.token {
         Some(token) => log_in(&state, &headers, &token),
-        None => Html(html::login(&state.base, false)).into_response(),
+        None => html::respond(&html::login(&state.base, false)),
     }
 }
 
@@ -55,7 +55,7 @@ fn log_in(state: &Shared, headers: &HeaderMap, token: &str) -> Response {
         tracing::info!("console: a login was refused");
         return (
             StatusCode::UNAUTHORIZED,
-            Html(html::login(&state.base, true)),
+            html::respond(&html::login(&state.base, true)),
         )
             .into_response();
     };
@@ -108,9 +108,9 @@ fn over_tls(headers: &HeaderMap) -> bool {
 }
 
 /// The fleet section with its chart.
-fn fleet_section(state: &Shared, status: &Status) -> String {
+fn fleet_section<'a>(state: &Shared, status: &'a Status) -> html::Fleet<'a> {
     let chart = history::chart(&state.history.samples(), &state.status.thresholds);
-    html::fleet(status, &chart)
+    html::fleet(status, chart)
 }
 
 /// `GET {base}`: the fleet page.
@@ -118,17 +118,14 @@ pub(crate) async fn fleet(
     State(state): State<Shared>,
     Extension(who): Extension<Principal>,
 ) -> Response {
-    let section = fleet_section(&state, &state.status().await);
-    let body = format!(
-        "<h1>Fleet</h1><div id=\"fleet\" data-src=\"{}\">{section}</div>",
-        crate::escape::text(&format!("{}fragment/fleet", state.base), 500),
-    );
-    Html(html::page(&state.base, "Fleet", &who, Nav::Fleet, &body)).into_response()
+    let status = state.status().await;
+    let body = html::fleet_page(&state.base, fleet_section(&state, &status));
+    html::respond(&html::page(&state.base, "Fleet", &who, Nav::Fleet, body))
 }
 
 /// `GET fragment/fleet`: the fleet section alone, for the page's refresh.
 pub(crate) async fn fleet_fragment(State(state): State<Shared>) -> Response {
-    Html(fleet_section(&state, &state.status().await)).into_response()
+    html::respond(&fleet_section(&state, &state.status().await))
 }
 
 /// `GET dead-letters?group=&reason=&order=&shard=&from=&to=&q=`: the
@@ -145,6 +142,7 @@ pub(crate) async fn dead_letters(
             .map_err(|e| format!("The dead-letter index could not be read: {}", chain(&e))),
         Err(e) => Err(format!("Filters: {e}")),
     };
+    let jobs = state.jobs.views();
     let body = html::dead_letters(
         &state.base,
         &who,
@@ -152,17 +150,16 @@ pub(crate) async fn dead_letters(
             groups: &groups,
             letters: &letters,
             params: &params,
-            jobs: &state.jobs.views(),
+            jobs: &jobs,
         },
     );
-    Html(html::page(
+    html::respond(&html::page(
         &state.base,
         "Dead letters",
         &who,
         Nav::DeadLetters,
-        &body,
+        body,
     ))
-    .into_response()
 }
 
 /// `GET dead-letters/letter/{id}`: one letter, read from the DLQ.
@@ -173,14 +170,13 @@ pub(crate) async fn letter(
 ) -> Response {
     let detail = read_letter(&state, &id).await;
     let body = html::letter(&state.base, &id, &detail);
-    Html(html::page(
+    html::respond(&html::page(
         &state.base,
         "Dead letter",
         &who,
         Nav::DeadLetters,
-        &body,
+        body,
     ))
-    .into_response()
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -200,7 +196,7 @@ pub(crate) async fn jobs_fragment(
         .into_iter()
         .filter(|j| query.kind.as_deref().is_none_or(|k| k == j.kind.as_str()))
         .collect();
-    Html(html::jobs(&jobs, who.role == Role::Admin)).into_response()
+    html::respond(&html::jobs(&jobs, who.role == Role::Admin))
 }
 
 /// `GET audit`: the latest actions.
@@ -211,8 +207,13 @@ pub(crate) async fn audit(
     let entries = audit::recent(&state.fleet, AUDIT_SHOWN)
         .await
         .map_err(|e| chain(&e));
-    let body = html::audit(&entries);
-    Html(html::page(&state.base, "Audit", &who, Nav::Audit, &body)).into_response()
+    html::respond(&html::page(
+        &state.base,
+        "Audit",
+        &who,
+        Nav::Audit,
+        html::audit(&entries),
+    ))
 }
 
 /// `GET reconcile`: the latest reconcile runs, the dry-run button.
@@ -223,21 +224,21 @@ pub(crate) async fn reconcile(
     let runs = reconcile::runs(&state.fleet, RUNS_SHOWN)
         .await
         .map_err(|e| chain(&e));
+    let jobs = state.jobs.views();
     let body = html::reconcile(
         &state.base,
         who.role == Role::Admin,
         state.reconcile.is_some(),
         &runs,
-        &state.jobs.views(),
+        &jobs,
     );
-    Html(html::page(
+    html::respond(&html::page(
         &state.base,
         "Reconcile",
         &who,
         Nav::Reconcile,
-        &body,
+        body,
     ))
-    .into_response()
 }
 
 #[cfg(test)]
