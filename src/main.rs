@@ -8,6 +8,8 @@ mod dlq;
 mod progress;
 mod publish;
 mod reconcile;
+#[cfg(test)]
+mod reference;
 mod scratch;
 mod telemetry;
 mod topology;

@@ -1,7 +1,7 @@
 //! Logging and tracing set-up. (The stop signal is the worker library's
 //! `shardline_worker::cancel_on_signal`.)
 //!
-//! Tracing (SPEC §5) is OpenTelemetry, configured by the standard `OTEL_*`
+//! Tracing (docs/semantics.md §5) is OpenTelemetry, configured by the standard `OTEL_*`
 //! variables and off unless an OTLP endpoint is set: then spans are batched
 //! and exported over OTLP/HTTP (protobuf) from a one-thread runtime of their
 //! own, so that exporting never competes with shard tasks and still runs

@@ -512,8 +512,16 @@ mod tests {
     fn documented_worker_commands() -> Vec<Vec<String>> {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let mut pages = vec![root.join("README.md")];
-        if let Ok(docs) = std::fs::read_dir(root.join("docs")) {
-            pages.extend(docs.flatten().map(|e| e.path()));
+        let mut folders = vec![root.join("docs")];
+        while let Some(folder) = folders.pop() {
+            for entry in std::fs::read_dir(folder).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    folders.push(path);
+                } else {
+                    pages.push(path);
+                }
+            }
         }
         let mut commands = Vec::new();
         for page in pages

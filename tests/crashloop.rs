@@ -1,4 +1,4 @@
-//! Crash-loop protection (SPEC §3): an event whose handler kills the worker
+//! Crash-loop protection (docs/semantics.md §3): an event whose handler kills the worker
 //! process is counted across restarts and, after `--max-deliveries` handler
 //! starts that never finished, dead-lettered `crash-loop`, so the shard moves on.
 //!

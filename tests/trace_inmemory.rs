@@ -1,5 +1,5 @@
 //! One trace from publish to the downstream call, seen by an in-memory span
-//! exporter: the publisher and worker libraries run in this process (SPEC §5).
+//! exporter: the publisher and worker libraries run in this process (docs/semantics.md §5).
 //!
 //! The tracer provider is the process's global one, installed once for this
 //! test binary (its own: an in-process worker of another test would export

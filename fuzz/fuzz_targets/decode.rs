@@ -1,6 +1,6 @@
 //! `cargo +nightly fuzz run decode`: the envelope decoder on arbitrary bytes.
 //! It must never panic; whatever it accepts must obey the envelope rules
-//! (SPEC §2), and its dedup key must be computable.
+//! (docs/semantics.md §2), and its dedup key must be computable.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

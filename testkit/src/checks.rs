@@ -189,7 +189,7 @@ pub fn repeats_per_shard(calls: &[Call], env: &TestEnv) -> BTreeMap<u16, usize> 
 }
 
 /// The request of every call: POST to the handler path, the original body, and
-/// the headers SPEC §3 names, consistent with the envelope.
+/// the headers docs/semantics.md §3 names, consistent with the envelope.
 pub fn assert_request_shape(calls: &[Call], events: &[Event], env: &TestEnv) {
     let by_key: HashMap<String, &Event> = events.iter().map(|e| (e.key(), e)).collect();
     for c in calls {

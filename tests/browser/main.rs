@@ -27,7 +27,7 @@
 //! - [`hostile_bodies_render_as_text`]: `<script>`, bidi, zero-width, invalid UTF-8 on the letter's page.
 //!
 //! [`screenshots`] is no test: `scripts/screenshots` runs it to draw the
-//! README's pictures.
+//! console page's pictures (docs/operating/console.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod driver;
@@ -92,12 +92,12 @@ async fn hostile_bodies_render_as_text() {
         .await;
 }
 
-/// The README's pictures, `docs/console-fleet.png` and
+/// The console page's pictures, `docs/console-fleet.png` and
 /// `docs/console-dead-letters.png` (1280x800), of a busy fleet with two
 /// failure groups. Only `scripts/screenshots` runs it (it sets
 /// `SHARDLINE_SCREENSHOTS_DIR`); `scripts/test` skips it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "draws the README's pictures: scripts/screenshots"]
+#[ignore = "draws the console page's pictures: scripts/screenshots"]
 async fn screenshots() {
     assert!(
         std::env::var_os("SHARDLINE_SCREENSHOTS_DIR").is_some(),

@@ -1,5 +1,5 @@
 //! The dead-letter index that reconcile, `dlq list` and the console read
-//! instead of browsing the DLQ (issue 14, "Tests"): reconcile every second
+//! instead of browsing the DLQ: reconcile every second
 //! while another task keeps reading the index (the console's refresh) and a
 //! replay of another order holds the DLQ's letters never compensates the
 //! event that is in the DLQ; after a Redis loss (`FLUSHDB` of a private

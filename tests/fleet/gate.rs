@@ -1,4 +1,4 @@
-//! The sequence gate (SPEC §3): events ahead of their order's sequence are held
+//! The sequence gate (docs/semantics.md §3): events ahead of their order's sequence are held
 //! (unacked) while the shard's other orders keep flowing, gaps that never fill
 //! are dead-lettered `seq-gap` (or applied), late events are dead-lettered
 //! `late`, a new order waits a short start grace, and held events are bounded.

@@ -1,4 +1,4 @@
-//! Hostile input (SPEC §3, "Bad input never crashes the worker and never blocks a
+//! Hostile input (docs/semantics.md §3, "Bad input never crashes the worker and never blocks a
 //! shard"): a corpus of malformed bodies and odd AMQP headers, each published to a
 //! known shard and followed by a good event on the same shard. Each bad body ends
 //! up in the DLQ with its reason, each odd-but-valid message is processed, the
@@ -353,7 +353,7 @@ async fn hostile_input_is_dead_lettered_or_processed_and_never_blocks_a_shard() 
     check_corpus("hostile", corpus()).await;
 }
 
-/// SPEC §3: `decode` is "not UTF-8 JSON". The decoder checks UTF-8 only in the
+/// docs/semantics.md §3: `decode` is "not UTF-8 JSON". The decoder checks UTF-8 only in the
 /// strings it reads, so invalid UTF-8 in `data` or an unknown field passes and
 /// the downstream gets a body that is not UTF-8. Ignored until that is fixed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -118,7 +118,7 @@ async fn wait_every_shard_owned(env: &TestEnv, owner: &str) {
     .await;
 }
 
-/// What the issue saw as "Connection reset by peer": a connection name over
+/// What a user saw as "Connection reset by peer": a connection name over
 /// the 4 KiB RabbitMQ takes before the handshake's tune. The error now says
 /// the broker closed the connection during the handshake, and why it may have.
 #[tokio::test]

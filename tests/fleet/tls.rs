@@ -1,4 +1,4 @@
-//! SPEC §6: TLS works. The real binary reaches RabbitMQ over `amqps://` (through a
+//! docs/semantics.md §6: TLS works. The real binary reaches RabbitMQ over `amqps://` (through a
 //! socat TLS terminator in front of the local broker) and Redis over `rediss://`
 //! (a private `redis-server` listening on TLS only), both with a certificate
 //! issued by a throwaway CA that is trusted only through `SSL_CERT_FILE`.

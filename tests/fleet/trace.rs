@@ -1,5 +1,5 @@
 //! The publisher's trace reaches the downstream: one trace from publish to the
-//! HTTP call (SPEC §5, Tracing).
+//! HTTP call (docs/semantics.md §5, Tracing).
 
 use shardline_testkit::{
     Downstream, PROCESSING, Publisher, TestEnv, all_ok, interleaved, order_ids,

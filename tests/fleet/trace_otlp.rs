@@ -1,7 +1,7 @@
 //! OTLP/HTTP export from the binaries: `shardline publish` and `shardline
 //! worker`, pointed at a small OTLP receiver in the test by
 //! `OTEL_EXPORTER_OTLP_ENDPOINT`, export their spans (flushed on exit, the
-//! worker's after a SIGTERM drain) under `OTEL_SERVICE_NAME` (SPEC §5).
+//! worker's after a SIGTERM drain) under `OTEL_SERVICE_NAME` (docs/semantics.md §5).
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};

@@ -1,5 +1,5 @@
 //! The worker across broker outages: its connection force-closed, and the
-//! broker application stopped and started, each mid-stream. SPEC §3 "Outages":
+//! broker application stopped and started, each mid-stream. docs/semantics.md §3 "Outages":
 //! abort the in-flight handler call, reconnect with backoff, resubscribe,
 //! nothing lost.
 

@@ -29,7 +29,7 @@
 //!   failover pause the shards until the new primary answers; a connection a
 //!   replica refused is never pooled again; `topology status` through Sentinels.
 //! - [`sac_failover`]: classic-queue single-active-consumer failover on this
-//!   3.10.8 (rabbitmq-server#5460): the cancel-then-close crashes the
+//!   3.10.8 (rabbitmq-server#5460): the bug report's cancel-then-close crashes the
 //!   queue; the worker's graceful stop and a lost connection hand over.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

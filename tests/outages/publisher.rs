@@ -1,5 +1,5 @@
 //! The publisher library across broker outages, mid-stream: its connection
-//! force-closed, and the broker application stopped and started. SPEC §4:
+//! force-closed, and the broker application stopped and started. docs/semantics.md §4:
 //! per-order publish order holds across reconnects, unconfirmed events are
 //! re-sent in their original order, nothing is lost.
 

@@ -1,5 +1,5 @@
 //! Redis dies mid-stream (SIGKILL of a private, non-persistent server) and comes
-//! back empty on the same port. SPEC §3 "Outages": no processing without
+//! back empty on the same port. docs/semantics.md §3 "Outages": no processing without
 //! dedup, so the shards pause, the outage is counted (and logged) once,
 //! `/readyz` says Redis is unreachable, and processing resumes by itself when
 //! Redis returns.

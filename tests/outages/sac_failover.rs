@@ -24,7 +24,7 @@ const MESSAGES: u64 = 5_000;
 #[derive(Debug, Clone, Copy)]
 enum Leaving {
     /// `basic.cancel`, then channel and connection close, with deliveries
-    /// unacked (the reproduction of #5460; a worker's graceful stop).
+    /// unacked (the reproduction of rabbitmq-server#5460; a worker's graceful stop).
     CancelThenClose,
     /// Channel and connection close without `basic.cancel`, deliveries
     /// unacked: the worker's graceful stop (`shard.rs`, `close`).
@@ -153,7 +153,7 @@ async fn round(env: &TestEnv, node: &BrokerNode, queue: &str, leaving: Leaving) 
 }
 
 /// How many times the node's log tells of a queue process that crashed
-/// with #5460's `{badmatch,false}`.
+/// with rabbitmq-server#5460's `{badmatch,false}`.
 fn queue_crashes(node: &BrokerNode) -> usize {
     let log = node.dir().join("log").join(format!("{}.log", node.name));
     std::fs::read_to_string(log)
@@ -162,7 +162,7 @@ fn queue_crashes(node: &BrokerNode) -> usize {
         .count()
 }
 
-/// The pattern (cancel, then close, with deliveries unacked) can
+/// The bug report's pattern (cancel, then close, with deliveries unacked) can
 /// crash the queue here (3 of 9 rounds in our runs; being a race, it may
 /// miss all 15, which is reported, not failed); the worker's own
 /// ways of leaving — a graceful stop closes the channel without
@@ -195,13 +195,13 @@ async fn the_workers_ways_of_leaving_hand_over_where_the_sac_bug_can_crash_a_can
         }
         rounds += 1;
     }
-    // #5460 is a race: a round that misses it says nothing about the broker
+    // rabbitmq-server#5460 is a race: a round that misses it says nothing about the broker
     // (3 of 9 rounds met it in our runs, none of 15 in one CI run). What
     // this test asserts is ours: the worker's ways of leaving handed over in
     // every round; whether the bug showed beside them is reported.
     match crashed {
         Some((at, outcome)) => eprintln!(
-            "#5460 reproduced in round {at} ({outcome:?}); the worker's ways of leaving took over in all {} rounds",
+            "rabbitmq-server#5460 reproduced in round {at} ({outcome:?}); the worker's ways of leaving took over in all {} rounds",
             2 * rounds
         ),
         None => eprintln!(

@@ -1,4 +1,4 @@
-//! The JSON event envelope (SPEC §2): parsing, validation and the dedup key.
+//! The JSON event envelope (docs/semantics.md §2): parsing, validation and the dedup key.
 //!
 //! ```json
 //! {"order_id": "A1024", "event": "payment.captured", "seq": 3,

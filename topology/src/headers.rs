@@ -1,5 +1,5 @@
 //! AMQP properties and headers: what the publisher sets, what the worker reads,
-//! and what a dead letter carries (SPEC §2, §3).
+//! and what a dead letter carries (docs/semantics.md §2, §3).
 
 use std::fmt;
 use std::str::FromStr;

@@ -104,7 +104,7 @@ impl Keys {
         format!("{}layout", self.prefix)
     }
 
-    /// An event's dedup state, by its dedup key (already escaped, SPEC §2):
+    /// An event's dedup state, by its dedup key (already escaped, docs/semantics.md §2):
     /// unsequenced events, and sequenced ones of the layout before the order
     /// state (read during the dedup TTL after an upgrade).
     pub fn dedup(&self, dedup_key: &str) -> String {

@@ -1,5 +1,5 @@
 //! The status documents workers write to Redis every [`WRITE_EVERY`] with a
-//! [`TTL`] (SPEC §5), so that `topology status` (and anything else on
+//! [`TTL`] (docs/semantics.md §5), so that `topology status` (and anything else on
 //! `shardline-ops`) can tell owner, backlog age and in-flight events without
 //! the broker's management plugin and without depending on the worker; and
 //! the backlog levels both sides compute. Keys are in [`crate::keys`].
@@ -21,7 +21,7 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Backlog age thresholds (SPEC §5).
+/// Backlog age thresholds (docs/semantics.md §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Thresholds {
     /// WARN from this age. Default 30 s.

@@ -1,5 +1,5 @@
 //! Telemetry names, defined once: the tracer's name, span names, attribute keys
-//! and span event names (SPEC §5). The W3C trace context itself is coded in
+//! and span event names (docs/semantics.md §5). The W3C trace context itself is coded in
 //! [`crate::w3c`].
 //!
 //! Spans follow the OpenTelemetry messaging semantic conventions; what is

@@ -1,4 +1,4 @@
-//! The W3C trace context as it travels in AMQP headers (SPEC §2, §5): the
+//! The W3C trace context as it travels in AMQP headers (docs/semantics.md §2, §5): the
 //! `traceparent`/`tracestate` codec, in one place.
 //!
 //! The context is always propagated: when no tracer provider is installed (no

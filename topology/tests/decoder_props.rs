@@ -1,4 +1,4 @@
-//! Properties of the envelope decoder (SPEC §2): it never panics, whatever the
+//! Properties of the envelope decoder (docs/semantics.md §2): it never panics, whatever the
 //! bytes; whatever it accepts obeys the envelope rules; and the dedup key tells
 //! different events apart.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -184,7 +184,7 @@ proptest! {
         parse_and_check(&body, limit)?;
     }
 
-    /// A well-typed object is accepted exactly when the SPEC's rules hold.
+    /// A well-typed object is accepted exactly when the rules of docs/semantics.md §2 hold.
     #[test]
     fn accepts_exactly_the_valid_envelopes(
         order_id in field_string(),
@@ -279,7 +279,7 @@ proptest! {
     }
 }
 
-/// SPEC §3: a body that is not UTF-8 is a `decode` failure. The decoder validates
+/// docs/semantics.md §3: a body that is not UTF-8 is a `decode` failure. The decoder validates
 /// UTF-8 only in the strings it reads, not in the fields it skips, so invalid
 /// UTF-8 in `data` (or any unknown field) is accepted and handed to the handler.
 /// Ignored until the decoder checks the whole body.

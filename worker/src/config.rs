@@ -24,7 +24,7 @@ pub struct Config {
     pub redis: RedisTarget,
     /// Prefix of every Redis key. Default `shardline:`.
     pub redis_prefix: String,
-    /// Exchange and queue names. Default the SPEC's names.
+    /// Exchange and queue names. Default: the names of docs/semantics.md §1.
     pub names: Names,
     /// How many shards the topology has. Default 16.
     pub shards: ShardCount,
@@ -203,7 +203,7 @@ pub enum OnGap {
 }
 
 /// What happens to an order's later events after one of its events is
-/// dead-lettered (SPEC §3).
+/// dead-lettered (docs/semantics.md §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnDeadLetter {
     /// They continue; a replayed event is applied where it lands.

@@ -704,6 +704,77 @@ mod tests {
         ShardCount::new(n).unwrap().ids().collect()
     }
 
+    /// docs/reference/metrics.md: every metric the registry exposes, with its
+    /// type, labels and help, read from a fresh exposition.
+    fn reference_page() -> String {
+        let m = Metrics::new(&shards(1), Thresholds::default(), Duration::from_secs(60));
+        let text = m.encode().unwrap();
+        // name → (type, help, labels), in exposition order.
+        let mut metrics: Vec<(String, String, String, Vec<String>)> = Vec::new();
+        for line in text.lines() {
+            let described = line
+                .strip_prefix("# TYPE ")
+                .map(|rest| (rest, true))
+                .or_else(|| line.strip_prefix("# HELP ").map(|rest| (rest, false)));
+            if let Some((rest, is_type)) = described {
+                let (name, value) = rest.split_once(' ').unwrap_or((rest, ""));
+                if !metrics.iter().any(|m| m.0 == name) {
+                    metrics.push((name.to_owned(), String::new(), String::new(), Vec::new()));
+                }
+                let entry = metrics.iter_mut().find(|m| m.0 == name).unwrap();
+                if is_type {
+                    entry.1 = value.to_owned();
+                } else {
+                    entry.2 = value.to_owned();
+                }
+            } else if let Some((series, labels)) = line.split_once('{') {
+                let Some(entry) = metrics.iter_mut().find(|m| series.starts_with(&m.0)) else {
+                    continue;
+                };
+                for pair in labels.split('}').next().unwrap_or_default().split(',') {
+                    let label = pair.split('=').next().unwrap_or_default().to_owned();
+                    if label != "le" && !label.is_empty() && !entry.3.contains(&label) {
+                        entry.3.push(label);
+                    }
+                }
+            }
+        }
+        let mut page = String::from(
+            "# Metrics\n\n\
+             Generated from the worker's metric registry (`worker/src/metrics.rs`, names in\n\
+             `metrics::names`); do not edit by hand. Served at `/metrics` (OpenMetrics text) with\n\
+             `--metrics-addr`; counters are scraped with `_total` appended. What to alert on, and\n\
+             what each series means in more words: [observability](../operating/observability.md#metrics).\n\n\
+             | metric | type | labels | meaning |\n|---|---|---|---|\n",
+        );
+        for (name, kind, help, labels) in metrics {
+            let scraped = if kind == "counter" {
+                format!("{name}_total")
+            } else {
+                name
+            };
+            let labels: Vec<String> = labels.iter().map(|l| format!("`{l}`")).collect();
+            page.push_str(&format!(
+                "| `{scraped}` | {kind} | {} | {} |\n",
+                labels.join(", "),
+                help.replace('|', "\\|")
+            ));
+        }
+        page
+    }
+
+    #[test]
+    fn the_metrics_reference_is_current() {
+        let page =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference/metrics.md");
+        shardline_docs::generated::check(
+            &page,
+            &reference_page(),
+            "cargo test -p shardline-worker --lib the_metrics_reference_is_current",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+
     #[test]
     fn exposition_names_every_metric_with_shard_labels() {
         let m = Metrics::new(&shards(2), Thresholds::default(), Duration::from_secs(60));

@@ -1,4 +1,4 @@
-//! Per-order quarantine ([`crate::OnDeadLetter::Quarantine`], SPEC §3): once an event
+//! Per-order quarantine ([`crate::OnDeadLetter::Quarantine`], docs/semantics.md §3): once an event
 //! of an order is dead-lettered, the order's later events follow it into the
 //! DLQ (reason `quarantined`) instead of being applied past the hole, until
 //! the order's dead letters are replayed or the order is released.

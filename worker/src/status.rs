@@ -1,4 +1,4 @@
-//! The status documents in Redis (SPEC §5): every [`WRITE_EVERY`], with a
+//! The status documents in Redis (docs/semantics.md §5): every [`WRITE_EVERY`], with a
 //! [`TTL`], each worker writes a [`ShardReport`] per shard it consumes and one
 //! [`WorkerReport`] of itself, so that `topology status` can tell owners,
 //! backlog age and in-flight events without the broker's management plugin and

@@ -807,7 +807,7 @@ async fn start_order_state(pool: &RedisPool, keys: &Keys, era: &RedisEra) {
     }
 }
 
-/// Warns when Redis may evict dedup keys (SPEC §3: anything but `noeviction`).
+/// Warns when Redis may evict dedup keys (docs/semantics.md §3: anything but `noeviction`).
 async fn warn_if_redis_may_evict(pool: &RedisPool) {
     let policy: Result<Vec<String>, String> = async {
         let mut conn = pool.get().await.map_err(|e| e.to_string())?;

@@ -1,5 +1,5 @@
 //! Reconcile: finds orders whose status implies an event the fleet never
-//! processed, and publishes a compensation event for each (SPEC §5).
+//! processed, and publishes a compensation event for each (docs/semantics.md §5).
 //!
 //! One run, in the order it goes:
 //!

@@ -1,4 +1,4 @@
-//! The Redis state of events and orders (SPEC §3, §9), one Lua script per
+//! The Redis state of events and orders (docs/semantics.md §3, §9), one Lua script per
 //! step (the scripts are the `.lua` files next to this one, each prefixed
 //! with `common.lua`).
 //!

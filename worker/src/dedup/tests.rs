@@ -257,7 +257,7 @@ impl Consumer {
     }
 }
 
-/// The per-event model (SPEC §3 before the order state): a `done` mark per
+/// The per-event model (docs/semantics.md §3 before the order state): a `done` mark per
 /// (kind, seq) and the order's last passed seq.
 #[derive(Debug, Default)]
 struct PerEvent {

@@ -6,7 +6,7 @@
 //!
 //! What it costs: a worker that dies after a group's calls and before its
 //! commit repeats those calls — up to a group per shard, where the serial
-//! path repeats at most the one event in its handler (SPEC §3). So it is for
+//! path repeats at most the one event in its handler (docs/semantics.md §3). So it is for
 //! fast handlers whose effects are idempotent downstream.
 //!
 //! Only first deliveries of sequenced events join a group, and only while
