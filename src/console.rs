@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use shardline_console::{Config, Token, Tokens};
+use shardline_contract::status::Thresholds;
 use shardline_ops::Reconciler;
-use shardline_topology::status::Thresholds;
 use tokio_util::sync::CancellationToken;
 
 use crate::reconcile::OrdersArgs;

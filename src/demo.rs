@@ -12,9 +12,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use clap::Args;
+use shardline_connect::{broker, declare};
+use shardline_contract::headers::{self, FailReason};
 use shardline_publisher::Publisher;
-use shardline_topology::headers::{self, FailReason};
-use shardline_topology::{broker, declare};
 use shardline_worker::{Config, Counts, Event, Handler, HandlerError, RetryPolicy, Worker};
 use tokio_util::sync::CancellationToken;
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use indicatif::ProgressBar;
+use shardline_contract::OrderId;
 use shardline_ops::{Event, ReplayConfig, dlq};
-use shardline_topology::OrderId;
 use tokio_util::sync::CancellationToken;
 
 use crate::{EXIT_ATTENTION, Flags as _, GlobalArgs};

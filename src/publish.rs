@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow};
 use clap::{ArgGroup, Args};
+use shardline_contract::envelope::MAX_SEQ;
+use shardline_contract::{Envelope, NewEvent, OrderId, OrderIdError};
 use shardline_publisher::{Config, Publisher};
-use shardline_topology::envelope::MAX_SEQ;
-use shardline_topology::{Envelope, NewEvent, OrderId, OrderIdError};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt as _, BufReader};
 use tokio_util::sync::CancellationToken;
 

@@ -2,8 +2,8 @@
 //! own exchanges, queues and Redis keys on the configured vhost, removed
 //! afterwards, so real queues are never touched.
 
+use shardline_contract::Names;
 use shardline_ops::{Fleet, scratch};
-use shardline_topology::Names;
 
 use crate::{Flags as _, GlobalArgs};
 

@@ -5,10 +5,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use shardline_connect::declare::TopologyOptions;
+use shardline_contract::QueueType;
+use shardline_contract::status::Thresholds;
 use shardline_ops::StatusConfig;
 use shardline_ops::topology;
-use shardline_topology::declare::{QueueType, TopologyOptions};
-use shardline_topology::status::Thresholds;
 
 use crate::{EXIT_ATTENTION, Flags as _, GlobalArgs};
 

@@ -4,7 +4,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use shardline_topology::{QueueType, ShardSet};
+use shardline_contract::QueueType;
+use shardline_contract::ShardSet;
 use shardline_worker::{
     BreakerPolicy, Config, ConfigError, FleetPolicy, GroupCommit, HandlerSpecError, OnDeadLetter,
     OnGap, RetryPolicy, Thresholds, WorkerError,
@@ -173,7 +174,7 @@ pub struct WorkerArgs {
     pub max_deliveries: u32,
     /// Quorum queues: the `x-delivery-limit` they were applied with (at least
     /// --max-deliveries + 2: the worker dead-letters at the limit − 1).
-    #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = shardline_topology::declare::DEFAULT_DELIVERY_LIMIT)]
+    #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = shardline_connect::declare::DEFAULT_DELIVERY_LIMIT)]
     pub delivery_limit: u32,
     /// Backlog age (oldest unprocessed event of a shard) from which the shard
     /// is at WARN (`shardline_backlog_level` 1).
@@ -200,7 +201,7 @@ pub enum AssignArg {
 }
 
 impl std::str::FromStr for AssignArg {
-    type Err = shardline_topology::shard::ShardError;
+    type Err = shardline_contract::shard::ShardError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if s.trim().eq_ignore_ascii_case("auto") {
@@ -260,7 +261,7 @@ impl WorkerArgs {
             settle: self.member_settle,
             max_moves: self.rebalance_max_moves,
         });
-        let exclusive = shardline_topology::TopologyOptions {
+        let exclusive = shardline_connect::TopologyOptions {
             shards: global.shards,
             single_active_consumer: self.single_active_consumer,
             queue_type: self.queue_type,

@@ -5,12 +5,12 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use shardline_contract::letters::IndexEntry;
+use shardline_contract::status::BreakerState;
 use shardline_ops::audit::AuditEntry;
 use shardline_ops::dlq::GroupSummary;
 use shardline_ops::reconcile::RunSummary;
 use shardline_ops::topology::StatusReport;
-use shardline_topology::letters::IndexEntry;
-use shardline_topology::status::BreakerState;
 
 use crate::api::{Detail, LettersParams, rfc3339};
 use crate::escape::{CELL_CHARS, text};
@@ -712,7 +712,7 @@ pub(crate) fn reconcile(
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use shardline_topology::letters::Group;
+    use shardline_contract::letters::Group;
 
     use super::*;
 

@@ -12,7 +12,7 @@ use lapin::BasicProperties;
 use lapin::types::ShortString;
 use opentelemetry::Context;
 use opentelemetry::trace::TraceContextExt as _;
-use shardline_topology::telemetry;
+use shardline_contract::telemetry;
 
 /// An event as it goes on the wire, kept until the broker confirms it.
 #[derive(Debug, Clone)]

@@ -379,7 +379,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_recorder_measures_only_after_the_warm_up() {
-        use shardline_topology::{Envelope, ShardCount};
+        use shardline_contract::{Envelope, ShardCount};
         let Some(shard) = ShardCount::default().ids().next() else {
             panic!("no shard 0");
         };

@@ -8,15 +8,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use shardline_contract::NewEvent;
 use shardline_publisher::{LatencyHistogram, Publisher};
-use shardline_topology::NewEvent;
 use tokio_util::sync::CancellationToken;
 
 use super::cpu;
 use super::schedule::{Schedule, event_id, unix_us};
 use crate::GlobalArgs;
 use crate::publish::{load_order_id, parse_rate, publisher_config};
-use shardline_topology::OrderIdError;
+use shardline_contract::OrderIdError;
 
 #[derive(Debug, Args)]
 pub struct PacedArgs {

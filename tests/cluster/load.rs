@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use shardline_connect::{AddressOrder, AmqpTarget};
 use shardline_publisher::{Counts, PublishError};
 use shardline_testkit::cluster::{CLUSTER_START, NODES};
 use shardline_testkit::wait::check;
@@ -16,7 +17,6 @@ use shardline_testkit::{
     Call, Cluster, Downstream, Event, PROCESSING, QueueType, TestEnv, Worker,
     assert_in_order_and_complete, describe, repeats_per_shard, wait_all_answered, wait_until,
 };
-use shardline_topology::{AddressOrder, AmqpTarget};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 

@@ -4,7 +4,7 @@
 //! order (RabbitMQ marks those letters redelivered).
 
 use lapin::options::{BasicAckOptions, BasicGetOptions};
-use shardline_topology::Names;
+use shardline_contract::Names;
 
 use super::Letter;
 use crate::Error;

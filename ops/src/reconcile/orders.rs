@@ -118,7 +118,7 @@ impl Columns {
 
 /// A connection URL or key=value string with its password blanked out.
 pub(super) fn redact_orders_url(url: &str) -> String {
-    let mut out = shardline_topology::redact_url(url);
+    let mut out = shardline_connect::redact_url(url);
     // key=value strings and URL parameters can carry the password too.
     let mut from = 0;
     while let Some(at) = out[from..].to_ascii_lowercase().find("password=") {

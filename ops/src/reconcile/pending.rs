@@ -6,8 +6,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
-use shardline_topology::status::ShardReport;
-use shardline_topology::{Envelope, Keys, ShardId};
+use shardline_contract::status::ShardReport;
+use shardline_contract::{Envelope, Keys, ShardId};
 
 /// An event an order's status implies.
 #[derive(Debug, Clone, PartialEq, Eq)]
