@@ -23,7 +23,7 @@ use crate::publish::load_events;
 use crate::scratch::Scratch;
 
 #[derive(Debug, Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Orders in the generated stream.
     #[arg(long, default_value_t = 2000)]
     pub orders: u64,
@@ -45,7 +45,7 @@ const TRANSIENT_EVERY: u64 = 97;
 const POISON_ORDER: u64 = 7;
 const POISON_SEQ: u64 = 3;
 
-pub async fn run(
+pub(crate) async fn run(
     global: &GlobalArgs,
     args: DemoArgs,
     shutdown: CancellationToken,

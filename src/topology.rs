@@ -14,7 +14,7 @@ use shardline_ops::topology;
 use crate::{EXIT_ATTENTION, Flags as _, GlobalArgs};
 
 #[derive(Debug, Subcommand)]
-pub enum TopologyCommand {
+pub(crate) enum TopologyCommand {
     /// Declare exchanges, shard queues, bindings and the DLQ (idempotent).
     Apply(ApplyArgs),
     /// Per shard: depth, consumers, owner, backlog age and level; DLQ depth by
@@ -23,7 +23,7 @@ pub enum TopologyCommand {
 }
 
 #[derive(Debug, Args)]
-pub struct ApplyArgs {
+pub(crate) struct ApplyArgs {
     /// Declare the shard queues with `x-single-active-consumer` (greenfield
     /// topologies only: publishers must then declare the queues identically).
     #[arg(
@@ -48,7 +48,7 @@ pub struct ApplyArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -63,7 +63,7 @@ pub struct StatusArgs {
     pub dlq_browse: u32,
 }
 
-pub async fn run(global: &GlobalArgs, cmd: TopologyCommand) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(global: &GlobalArgs, cmd: TopologyCommand) -> anyhow::Result<ExitCode> {
     let fleet = global.fleet();
     match cmd {
         TopologyCommand::Apply(args) => {

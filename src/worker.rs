@@ -20,7 +20,7 @@ fn shown(d: Duration) -> String {
 }
 
 #[derive(Debug, Args)]
-pub struct WorkerArgs {
+pub(crate) struct WorkerArgs {
     /// Shards to consume: `all`, or ids and ranges such as `0-3,7` (shards held
     /// by another worker are waited for: standby); or `auto`: join the elastic
     /// fleet, which balances the shards over its members.
@@ -195,7 +195,7 @@ pub struct WorkerArgs {
 
 /// `--assign`: a fixed shard set, or `auto`.
 #[derive(Debug, Clone)]
-pub enum AssignArg {
+pub(crate) enum AssignArg {
     Auto,
     Fixed(ShardSet),
 }
@@ -213,13 +213,13 @@ impl std::str::FromStr for AssignArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum BreakerArg {
+pub(crate) enum BreakerArg {
     On,
     Off,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum OnGapArg {
+pub(crate) enum OnGapArg {
     DeadLetter,
     Apply,
 }
@@ -242,7 +242,7 @@ impl From<OnDeadLetterArg> for OnDeadLetter {
 impl WorkerArgs {
     /// The library configuration these flags describe, checked by the
     /// library ([`Config::validate`]) and reported in flag names.
-    pub fn config(&self, global: &GlobalArgs) -> anyhow::Result<Config> {
+    pub(crate) fn config(&self, global: &GlobalArgs) -> anyhow::Result<Config> {
         let shards = match &self.assign {
             AssignArg::Auto => &ShardSet::All,
             AssignArg::Fixed(set) => set,
@@ -390,14 +390,14 @@ fn handler_of(
 }
 
 /// `host-pid`, unique per process on a host.
-pub fn default_worker_name() -> String {
+pub(crate) fn default_worker_name() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "worker".into());
     format!("{host}-{}", std::process::id())
 }
 
-pub async fn run(
+pub(crate) async fn run(
     global: &GlobalArgs,
     args: WorkerArgs,
     shutdown: CancellationToken,

@@ -234,7 +234,7 @@ pub(crate) fn published_ms(properties: &BasicProperties, received_ms: u64) -> u6
 }
 
 /// Wall-clock unix milliseconds now.
-pub fn unix_ms() -> u64 {
+pub(crate) fn unix_ms() -> u64 {
     CLOCK.unix_ms()
 }
 
