@@ -24,7 +24,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use shardline_topology::ShardCount;
+use shardline_contract::ShardCount;
 use shardline_worker::{Config, Event, Handler, HandlerError};
 use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;

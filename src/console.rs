@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use shardline_console::{Config, Token, Tokens};
+use shardline_contract::status::Thresholds;
 use shardline_ops::Reconciler;
-use shardline_topology::status::Thresholds;
 use tokio_util::sync::CancellationToken;
 
 use crate::reconcile::OrdersArgs;
@@ -21,7 +21,7 @@ use crate::{Flags as _, GlobalArgs};
 const TOKENS_ENV: &str = "SHARDLINE_CONSOLE_TOKENS";
 
 #[derive(Debug, Args)]
-pub struct ConsoleArgs {
+pub(crate) struct ConsoleArgs {
     /// Address to serve the console on (keep it on loopback unless behind a
     /// proxy that terminates TLS).
     #[arg(
@@ -87,7 +87,7 @@ fn flag(field: &str) -> String {
     }
 }
 
-pub async fn run(
+pub(crate) async fn run(
     global: &GlobalArgs,
     args: ConsoleArgs,
     shutdown: CancellationToken,

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use clap::Args;
+use shardline_connect::{broker, declare};
+use shardline_contract::headers::{self, FailReason};
 use shardline_publisher::Publisher;
-use shardline_topology::headers::{self, FailReason};
-use shardline_topology::{broker, declare};
 use shardline_worker::{Config, Counts, Event, Handler, HandlerError, RetryPolicy, Worker};
 use tokio_util::sync::CancellationToken;
 
@@ -23,7 +23,7 @@ use crate::publish::load_events;
 use crate::scratch::Scratch;
 
 #[derive(Debug, Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Orders in the generated stream.
     #[arg(long, default_value_t = 2000)]
     pub orders: u64,
@@ -45,7 +45,7 @@ const TRANSIENT_EVERY: u64 = 97;
 const POISON_ORDER: u64 = 7;
 const POISON_SEQ: u64 = 3;
 
-pub async fn run(
+pub(crate) async fn run(
     global: &GlobalArgs,
     args: DemoArgs,
     shutdown: CancellationToken,

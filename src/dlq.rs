@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use indicatif::ProgressBar;
+use shardline_contract::OrderId;
 use shardline_ops::{Event, ReplayConfig, dlq};
-use shardline_topology::OrderId;
 use tokio_util::sync::CancellationToken;
 
 use crate::{EXIT_ATTENTION, Flags as _, GlobalArgs};
@@ -16,7 +16,7 @@ use crate::{EXIT_ATTENTION, Flags as _, GlobalArgs};
 const EXIT_REFUSED: u8 = 2;
 
 #[derive(Debug, Subcommand)]
-pub enum DlqCommand {
+pub(crate) enum DlqCommand {
     /// Every dead letter (or the matching ones) and a summary by reason and by
     /// failure group, from the dead-letter index in Redis (the DLQ is not
     /// read; says "reindex needed" when the DLQ holds more letters).
@@ -73,7 +73,7 @@ impl From<Filters> for dlq::Filters {
 }
 
 #[derive(Debug, Args)]
-pub struct ListArgs {
+pub(crate) struct ListArgs {
     #[command(flatten)]
     pub filters: Filters,
     /// Print JSON instead of a table.
@@ -82,13 +82,13 @@ pub struct ListArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct ShowArgs {
+pub(crate) struct ShowArgs {
     /// The letter's `x-dead-letter-id`.
     pub id: String,
 }
 
 #[derive(Debug, Args)]
-pub struct ReplayArgs {
+pub(crate) struct ReplayArgs {
     #[command(flatten)]
     pub filters: Filters,
     /// Only print what would be replayed; the DLQ is left as it was.
@@ -106,14 +106,14 @@ pub struct ReplayArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct ReleaseArgs {
+pub(crate) struct ReleaseArgs {
     /// The quarantined order.
     #[arg(long)]
     pub order_id: OrderId,
 }
 
 #[derive(Debug, Args)]
-pub struct PurgeArgs {
+pub(crate) struct PurgeArgs {
     #[command(flatten)]
     pub filters: Filters,
     /// Really delete them.
@@ -121,7 +121,7 @@ pub struct PurgeArgs {
     pub yes: bool,
 }
 
-pub async fn run(
+pub(crate) async fn run(
     global: &GlobalArgs,
     cmd: DlqCommand,
     shutdown: CancellationToken,

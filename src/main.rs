@@ -19,9 +19,10 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use shardline_connect::management::ManagementTarget;
+use shardline_connect::{AddressOrder, AmqpTarget, RedisTarget};
+use shardline_contract::{Keys, Names, ShardCount};
 use shardline_ops::Fleet;
-use shardline_topology::management::ManagementTarget;
-use shardline_topology::{AddressOrder, AmqpTarget, Keys, Names, RedisTarget, ShardCount};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]

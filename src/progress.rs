@@ -6,7 +6,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// A bar on stderr counting `total` `things`; hidden when stderr is not a
 /// terminal, so logs and CI output stay clean.
-pub fn bar(total: u64, things: &str) -> ProgressBar {
+pub(crate) fn bar(total: u64, things: &str) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }

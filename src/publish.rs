@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow};
 use clap::{ArgGroup, Args};
+use shardline_contract::envelope::MAX_SEQ;
+use shardline_contract::{Envelope, NewEvent, OrderId, OrderIdError};
 use shardline_publisher::{Config, Publisher};
-use shardline_topology::envelope::MAX_SEQ;
-use shardline_topology::{Envelope, NewEvent, OrderId, OrderIdError};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt as _, BufReader};
 use tokio_util::sync::CancellationToken;
 
@@ -19,7 +19,7 @@ use crate::GlobalArgs;
 
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("source").required(true).args(["order_id", "file"])))]
-pub struct PublishArgs {
+pub(crate) struct PublishArgs {
     /// Order the event belongs to (chooses the shard).
     #[arg(long, requires = "event")]
     pub order_id: Option<OrderId>,
@@ -45,7 +45,7 @@ pub struct PublishArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct LoadArgs {
+pub(crate) struct LoadArgs {
     /// Number of orders K.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub orders: u64,
@@ -71,7 +71,7 @@ fn parse_json(s: &str) -> Result<serde_json::Value, String> {
     serde_json::from_str(s).map_err(|e| format!("not valid JSON: {e}"))
 }
 
-pub fn parse_rate(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_rate(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
         _ => Err(format!("expected events per second above 0, got `{s}`")),
@@ -79,7 +79,11 @@ pub fn parse_rate(s: &str) -> Result<f64, String> {
 }
 
 /// Publisher settings from the global flags.
-pub fn publisher_config(global: &GlobalArgs, window: usize, connection_name: &str) -> Config {
+pub(crate) fn publisher_config(
+    global: &GlobalArgs,
+    window: usize,
+    connection_name: &str,
+) -> Config {
     Config {
         amqp: global.amqp_url.clone(),
         names: global.names(),
@@ -91,7 +95,7 @@ pub fn publisher_config(global: &GlobalArgs, window: usize, connection_name: &st
     }
 }
 
-pub async fn publish(
+pub(crate) async fn publish(
     global: &GlobalArgs,
     args: PublishArgs,
     shutdown: CancellationToken,
@@ -246,7 +250,7 @@ fn is_blank(line: &[u8]) -> bool {
     line.iter().all(u8::is_ascii_whitespace)
 }
 
-pub async fn load(
+pub(crate) async fn load(
     global: &GlobalArgs,
     args: LoadArgs,
     shutdown: CancellationToken,
@@ -270,7 +274,7 @@ pub async fn load(
 }
 
 /// Event names by seq; every event after the fifth is an `order.updated`.
-pub const LOAD_EVENT_NAMES: [&str; 5] = [
+pub(crate) const LOAD_EVENT_NAMES: [&str; 5] = [
     "order.created",
     "inventory.reserved",
     "payment.captured",
@@ -280,7 +284,7 @@ pub const LOAD_EVENT_NAMES: [&str; 5] = [
 
 /// The id of the `i`-th generated order (1-based): `{prefix}ORD-000001`;
 /// refused when the prefix makes it no order id (too long, a control character).
-pub fn load_order_id(prefix: &str, i: u64) -> Result<OrderId, OrderIdError> {
+pub(crate) fn load_order_id(prefix: &str, i: u64) -> Result<OrderId, OrderIdError> {
     OrderId::new(format!("{prefix}ORD-{i:06}"))
 }
 
@@ -291,7 +295,7 @@ pub fn load_order_id(prefix: &str, i: u64) -> Result<OrderId, OrderIdError> {
     dead_code,
     reason = "the demo and the bench generate their load with it"
 )]
-pub fn load_events(
+pub(crate) fn load_events(
     orders: u64,
     events_per_order: u64,
     prefix: &str,
@@ -300,7 +304,7 @@ pub fn load_events(
 }
 
 /// [`load_events`] with the `data` payloads drawn from `seed`.
-pub fn load_events_seeded(
+pub(crate) fn load_events_seeded(
     orders: u64,
     events_per_order: u64,
     prefix: &str,
@@ -337,7 +341,7 @@ fn splitmix64(x: u64) -> u64 {
 
 /// What a load run did.
 #[derive(Debug, Clone)]
-pub struct LoadReport {
+pub(crate) struct LoadReport {
     /// Events published by this run.
     pub events: u64,
     /// Of those, confirmed by the broker.
@@ -353,7 +357,7 @@ pub struct LoadReport {
 
 impl LoadReport {
     /// Confirmed events per second.
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         let secs = self.elapsed.as_secs_f64();
         if secs > 0.0 {
             self.confirmed as f64 / secs
@@ -392,7 +396,7 @@ impl fmt::Display for LoadReport {
 /// Publishes `events` (about `total` of them, for the progress bar), at most
 /// `rate` per second, until done or `shutdown`; then flushes. Shows a progress
 /// bar on stderr when it is a terminal.
-pub async fn publish_events(
+pub(crate) async fn publish_events(
     publisher: &mut Publisher,
     events: impl Iterator<Item = Result<NewEvent, OrderIdError>>,
     total: u64,

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{EXIT_ATTENTION, Flags as _, GlobalArgs};
 
 #[derive(Debug, Args)]
-pub struct ReconcileArgs {
+pub(crate) struct ReconcileArgs {
     /// PostgreSQL URL of the order database (`postgres://user:password@host/db`,
     /// or a key=value string). Only read, in a read-only transaction.
     #[arg(long, env = "SHARDLINE_ORDERS_URL", hide_env_values = true)]
@@ -47,7 +47,7 @@ pub struct ReconcileArgs {
 /// How reconcile reads the order database, besides its URL: shared by
 /// `shardline reconcile` and the console's dry run.
 #[derive(Debug, Clone, Args)]
-pub struct OrdersArgs {
+pub(crate) struct OrdersArgs {
     /// Query returning `order_id, status, updated_at` of the orders updated at
     /// or after `$1` (a timestamp: now minus `--window`).
     #[arg(long, env = "SHARDLINE_ORDERS_QUERY", default_value = reconcile::DEFAULT_QUERY)]
@@ -76,7 +76,12 @@ pub struct OrdersArgs {
 
 impl OrdersArgs {
     /// The reconcile config of these flags on the order database at `orders_url`.
-    pub fn config(self, orders_url: String, dry_run: bool, max_emit: usize) -> ReconcileConfig {
+    pub(crate) fn config(
+        self,
+        orders_url: String,
+        dry_run: bool,
+        max_emit: usize,
+    ) -> ReconcileConfig {
         ReconcileConfig {
             orders_url,
             orders_query: self.orders_query,
@@ -97,7 +102,7 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
     }
 }
 
-pub async fn run(
+pub(crate) async fn run(
     global: &GlobalArgs,
     args: ReconcileArgs,
     shutdown: CancellationToken,

@@ -2,13 +2,13 @@
 //! own exchanges, queues and Redis keys on the configured vhost, removed
 //! afterwards, so real queues are never touched.
 
+use shardline_contract::Names;
 use shardline_ops::{Fleet, scratch};
-use shardline_topology::Names;
 
 use crate::{Flags as _, GlobalArgs};
 
 /// One run's names and Redis key prefix.
-pub struct Scratch {
+pub(crate) struct Scratch {
     pub names: Names,
     pub redis_prefix: String,
     fleet: Fleet,
@@ -16,7 +16,7 @@ pub struct Scratch {
 
 impl Scratch {
     /// Declares a fresh topology named after `label` and this process.
-    pub async fn create(global: &GlobalArgs, label: &str) -> anyhow::Result<Self> {
+    pub(crate) async fn create(global: &GlobalArgs, label: &str) -> anyhow::Result<Self> {
         let tag = format!("shardline-{label}-{}", std::process::id());
         let fleet = scratch::fleet(&global.fleet(), &tag);
         scratch::declare(&fleet, &format!("shardline {label} setup"))
@@ -30,7 +30,7 @@ impl Scratch {
     }
 
     /// A worker configuration for every shard of this run's names.
-    pub fn worker_config(&self, worker_name: &str) -> shardline_worker::Config {
+    pub(crate) fn worker_config(&self, worker_name: &str) -> shardline_worker::Config {
         shardline_worker::Config {
             amqp: self.fleet.amqp.clone(),
             redis: self.fleet.redis.clone(),
@@ -44,7 +44,7 @@ impl Scratch {
     }
 
     /// Deletes the queues, exchanges and Redis keys of this run.
-    pub async fn remove(&self) -> anyhow::Result<()> {
+    pub(crate) async fn remove(&self) -> anyhow::Result<()> {
         scratch::remove(&self.fleet).await.flags()
     }
 }

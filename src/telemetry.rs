@@ -23,7 +23,7 @@ use tracing_subscriber::EnvFilter;
 use crate::LogFormat;
 
 /// Service name when `OTEL_SERVICE_NAME` is not set.
-pub const DEFAULT_SERVICE_NAME: &str = "shardline";
+pub(crate) const DEFAULT_SERVICE_NAME: &str = "shardline";
 
 /// Most time spent exporting the last spans on exit.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -32,7 +32,7 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// OTLP trace exporter when the environment asks for one. Log lines inside a
 /// delivery's processing carry its `trace_id` and `span_id` (JSON: in `span`).
 /// Keep the returned guard until exit: dropping it flushes the spans.
-pub fn init(format: LogFormat) -> Telemetry {
+pub(crate) fn init(format: LogFormat) -> Telemetry {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,lapin=off"));
     let builder = tracing_subscriber::fmt()
@@ -85,7 +85,7 @@ fn tracing_disabled() -> bool {
 
 /// Installed telemetry; flushes and shuts the exporter down when dropped.
 #[must_use = "dropping it flushes and stops the trace exporter"]
-pub struct Telemetry {
+pub(crate) struct Telemetry {
     exporter: Option<Exporter>,
 }
 

@@ -5,15 +5,16 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use shardline_connect::declare::TopologyOptions;
+use shardline_contract::QueueType;
+use shardline_contract::status::Thresholds;
 use shardline_ops::StatusConfig;
 use shardline_ops::topology;
-use shardline_topology::declare::{QueueType, TopologyOptions};
-use shardline_topology::status::Thresholds;
 
 use crate::{EXIT_ATTENTION, Flags as _, GlobalArgs};
 
 #[derive(Debug, Subcommand)]
-pub enum TopologyCommand {
+pub(crate) enum TopologyCommand {
     /// Declare exchanges, shard queues, bindings and the DLQ (idempotent).
     Apply(ApplyArgs),
     /// Per shard: depth, consumers, owner, backlog age and level; DLQ depth by
@@ -22,7 +23,7 @@ pub enum TopologyCommand {
 }
 
 #[derive(Debug, Args)]
-pub struct ApplyArgs {
+pub(crate) struct ApplyArgs {
     /// Declare the shard queues with `x-single-active-consumer` (greenfield
     /// topologies only: publishers must then declare the queues identically).
     #[arg(
@@ -47,7 +48,7 @@ pub struct ApplyArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -62,7 +63,7 @@ pub struct StatusArgs {
     pub dlq_browse: u32,
 }
 
-pub async fn run(global: &GlobalArgs, cmd: TopologyCommand) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(global: &GlobalArgs, cmd: TopologyCommand) -> anyhow::Result<ExitCode> {
     let fleet = global.fleet();
     match cmd {
         TopologyCommand::Apply(args) => {

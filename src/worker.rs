@@ -4,7 +4,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use shardline_topology::{QueueType, ShardSet};
+use shardline_contract::QueueType;
+use shardline_contract::ShardSet;
 use shardline_worker::{
     BreakerPolicy, Config, ConfigError, FleetPolicy, GroupCommit, HandlerSpecError, OnDeadLetter,
     OnGap, RetryPolicy, Thresholds, WorkerError,
@@ -19,7 +20,7 @@ fn shown(d: Duration) -> String {
 }
 
 #[derive(Debug, Args)]
-pub struct WorkerArgs {
+pub(crate) struct WorkerArgs {
     /// Shards to consume: `all`, or ids and ranges such as `0-3,7` (shards held
     /// by another worker are waited for: standby); or `auto`: join the elastic
     /// fleet, which balances the shards over its members.
@@ -173,7 +174,7 @@ pub struct WorkerArgs {
     pub max_deliveries: u32,
     /// Quorum queues: the `x-delivery-limit` they were applied with (at least
     /// --max-deliveries + 2: the worker dead-letters at the limit − 1).
-    #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = shardline_topology::declare::DEFAULT_DELIVERY_LIMIT)]
+    #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = shardline_connect::declare::DEFAULT_DELIVERY_LIMIT)]
     pub delivery_limit: u32,
     /// Backlog age (oldest unprocessed event of a shard) from which the shard
     /// is at WARN (`shardline_backlog_level` 1).
@@ -194,13 +195,13 @@ pub struct WorkerArgs {
 
 /// `--assign`: a fixed shard set, or `auto`.
 #[derive(Debug, Clone)]
-pub enum AssignArg {
+pub(crate) enum AssignArg {
     Auto,
     Fixed(ShardSet),
 }
 
 impl std::str::FromStr for AssignArg {
-    type Err = shardline_topology::shard::ShardError;
+    type Err = shardline_contract::shard::ShardError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if s.trim().eq_ignore_ascii_case("auto") {
@@ -212,13 +213,13 @@ impl std::str::FromStr for AssignArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum BreakerArg {
+pub(crate) enum BreakerArg {
     On,
     Off,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum OnGapArg {
+pub(crate) enum OnGapArg {
     DeadLetter,
     Apply,
 }
@@ -241,7 +242,7 @@ impl From<OnDeadLetterArg> for OnDeadLetter {
 impl WorkerArgs {
     /// The library configuration these flags describe, checked by the
     /// library ([`Config::validate`]) and reported in flag names.
-    pub fn config(&self, global: &GlobalArgs) -> anyhow::Result<Config> {
+    pub(crate) fn config(&self, global: &GlobalArgs) -> anyhow::Result<Config> {
         let shards = match &self.assign {
             AssignArg::Auto => &ShardSet::All,
             AssignArg::Fixed(set) => set,
@@ -260,7 +261,7 @@ impl WorkerArgs {
             settle: self.member_settle,
             max_moves: self.rebalance_max_moves,
         });
-        let exclusive = shardline_topology::TopologyOptions {
+        let exclusive = shardline_connect::TopologyOptions {
             shards: global.shards,
             single_active_consumer: self.single_active_consumer,
             queue_type: self.queue_type,
@@ -389,14 +390,14 @@ fn handler_of(
 }
 
 /// `host-pid`, unique per process on a host.
-pub fn default_worker_name() -> String {
+pub(crate) fn default_worker_name() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "worker".into());
     format!("{host}-{}", std::process::id())
 }
 
-pub async fn run(
+pub(crate) async fn run(
     global: &GlobalArgs,
     args: WorkerArgs,
     shutdown: CancellationToken,

@@ -10,7 +10,7 @@
 
 use std::os::unix::process::ExitStatusExt;
 
-use shardline_topology::NewEvent;
+use shardline_contract::NewEvent;
 use tokio::process::Command;
 
 use shardline_testkit::{
@@ -66,7 +66,7 @@ async fn dead_lettered_crash_loop(queue_type: QueueType) {
     let e1 = Event::new(order, 1, env.shards);
     let mut poison = Event::new(order, 2, env.shards);
     poison.body = NewEvent {
-        order_id: shardline_topology::OrderId::new(order).unwrap(),
+        order_id: shardline_contract::OrderId::new(order).unwrap(),
         event: poison.event.clone(),
         seq: Some(2),
         event_id: None,

@@ -12,9 +12,9 @@ use std::time::Duration;
 use opentelemetry::trace::{SpanId, SpanKind, Status, TraceId};
 use opentelemetry::{Key, Value, global};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
-use shardline_topology::NewEvent;
-use shardline_topology::headers::{self, header_str};
-use shardline_topology::telemetry::{self, attr, outcome};
+use shardline_contract::NewEvent;
+use shardline_contract::headers::{self, header_str};
+use shardline_contract::telemetry::{self, attr, outcome};
 use shardline_worker::{Config, RetryPolicy};
 
 use shardline_testkit::{Downstream, PROCESSING, Reply, TestEnv, Worker, dlq, order_ids};
@@ -96,7 +96,7 @@ async fn publish_process_and_downstream_call_share_one_trace() {
     for order in &orders {
         publisher
             .publish_event(&NewEvent {
-                order_id: shardline_topology::OrderId::new(order.clone()).unwrap(),
+                order_id: shardline_contract::OrderId::new(order.clone()).unwrap(),
                 event: "order.created".into(),
                 seq: Some(1),
                 event_id: None,

@@ -10,10 +10,10 @@ use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
+use shardline_contract::OrderId;
+use shardline_contract::letters::{IndexEntry, hex};
 use shardline_ops::dlq::{self, GroupSummary};
 use shardline_ops::{Filters, Letter, LetterQuery, audit, reconcile};
-use shardline_topology::OrderId;
-use shardline_topology::letters::{IndexEntry, hex};
 
 use crate::server::{Shared, chain, json_error};
 use crate::session::Principal;

@@ -1,8 +1,8 @@
 //! The console's settings: who may log in, where it is mounted, which Host
 //! names it answers to, the backlog thresholds of its fleet page.
 
+use shardline_contract::status::Thresholds;
 use shardline_ops::ReconcileConfig;
-use shardline_topology::status::Thresholds;
 
 use crate::Error;
 use crate::token::Tokens;

@@ -10,13 +10,13 @@ use std::time::Duration;
 use askama::Template;
 
 use serde_json::json;
+use shardline_connect::declare::ShardStatus;
+use shardline_contract::letters::{Group, IndexEntry};
+use shardline_contract::status::{Thresholds, WorkerReport};
 use shardline_ops::audit::AuditEntry;
 use shardline_ops::dlq::GroupSummary;
 use shardline_ops::reconcile::RunSummary;
 use shardline_ops::topology::{DlqLine, FleetView, ShardLine, StatusReport};
-use shardline_topology::declare::ShardStatus;
-use shardline_topology::letters::{Group, IndexEntry};
-use shardline_topology::status::{Thresholds, WorkerReport};
 
 use crate::api::{Body, Detail, LettersParams};
 use crate::history::{self, Sample};

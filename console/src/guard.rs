@@ -22,7 +22,7 @@ pub const CSP: &str =
 /// The header that carries the session's CSRF token on a POST (or the form
 /// field `csrf`).
 pub const CSRF_HEADER: &str = "x-csrf-token";
-pub const CSRF_FIELD: &str = "csrf";
+pub(crate) const CSRF_FIELD: &str = "csrf";
 
 /// Largest form body read for its CSRF field.
 const FORM_LIMIT: usize = 64 * 1024;

@@ -10,8 +10,8 @@ use std::time::Duration;
 use askama::Template;
 use askama::filters::HtmlSafe;
 use serde::Serialize;
+use shardline_contract::status::Thresholds;
 use shardline_ops::topology::StatusReport;
-use shardline_topology::status::Thresholds;
 
 /// How often the console samples the fleet.
 pub(crate) const EVERY: Duration = Duration::from_secs(5);

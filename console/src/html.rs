@@ -24,13 +24,13 @@ use askama::Template;
 use askama::filters::HtmlSafe;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
+use shardline_contract::fleet::MemberRecord;
+use shardline_contract::letters::IndexEntry;
+use shardline_contract::status::{BreakerState, Level, WorkerReport};
 use shardline_ops::audit::AuditEntry;
 use shardline_ops::dlq::GroupSummary;
 use shardline_ops::reconcile::RunSummary;
 use shardline_ops::topology::StatusReport;
-use shardline_topology::fleet::MemberRecord;
-use shardline_topology::letters::IndexEntry;
-use shardline_topology::status::{BreakerState, Level, WorkerReport};
 
 use crate::api::{Detail, LettersParams, rfc3339};
 use crate::guard::CSRF_FIELD;
@@ -40,7 +40,9 @@ use crate::session::Principal;
 use crate::token::Role;
 
 /// The templates' filters: the one escaping function, as `shown` (capped
-/// to a table cell) and `shown_up_to(n)`.
+/// to a table cell) and `shown_up_to(n)`. (askama's `filter_fn` expands each
+/// into a `pub` type, which `unreachable_pub` would flag.)
+#[allow(unreachable_pub)]
 mod filters {
     use std::fmt::Display;
 
@@ -656,7 +658,7 @@ pub(crate) fn respond(template: &impl Template) -> Response {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use shardline_topology::letters::Group;
+    use shardline_contract::letters::Group;
 
     use super::*;
 

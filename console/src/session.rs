@@ -18,7 +18,7 @@ pub const COOKIE: &str = "shardline_session";
 /// Who a request is from: a session's (with its CSRF token) or a bearer
 /// token's (no CSRF token: a browser never sends the header by itself).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Principal {
+pub(crate) struct Principal {
     /// The token's name.
     pub name: String,
     pub role: Role,

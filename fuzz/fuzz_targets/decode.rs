@@ -4,8 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use shardline_topology::Envelope;
-use shardline_topology::envelope::{MAX_FIELD_BYTES, MAX_SEQ};
+use shardline_contract::Envelope;
+use shardline_contract::envelope::{MAX_FIELD_BYTES, MAX_SEQ};
 
 /// The worker's default body limit.
 const LIMIT: usize = 1 << 20;

@@ -1,10 +1,10 @@
 //! The audit log: every operator action the console performs, who did it
 //! (a token's name) and what, newest first in one capped Redis list
-//! ([`shardline_topology::Keys::audit`]). The console records; any front end
+//! ([`shardline_contract::Keys::audit`]). The console records; any front end
 //! may read.
 
 use serde::{Deserialize, Serialize};
-use shardline_topology::status::unix_ms;
+use shardline_contract::status::unix_ms;
 
 use crate::{Error, Fleet, capped};
 

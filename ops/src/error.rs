@@ -2,8 +2,8 @@
 //! what failed, with passwords blanked out; a front end renames the fields
 //! (the CLI: to its flags) with [`Error::rename_fields`].
 
+use shardline_connect::{BrokerError, DeclareError, RedisError};
 use shardline_publisher::PublishError;
-use shardline_topology::{BrokerError, DeclareError, RedisError};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -1,8 +1,9 @@
 //! Where the fleet is: the broker, Redis and its key prefix, the names and
 //! the shard count. Every operation takes one.
 
-use shardline_topology::management::ManagementTarget;
-use shardline_topology::{AmqpTarget, Keys, Names, RedisTarget, ShardCount};
+use shardline_connect::management::ManagementTarget;
+use shardline_connect::{AmqpTarget, RedisTarget};
+use shardline_contract::{Keys, Names, ShardCount};
 
 /// The fleet an operation works on. `Default` is the local default fleet
 /// (`amqp://guest:guest@127.0.0.1:5672/%2f`, `redis://127.0.0.1:6379`,
@@ -43,8 +44,8 @@ impl Fleet {
 
     /// What the broker probe reads: every address's server properties and,
     /// with a management API, the policies on the shard queues and the DLQ.
-    pub(crate) async fn probe(&self) -> shardline_topology::probe::Facts {
-        shardline_topology::probe::read_all(
+    pub(crate) async fn probe(&self) -> shardline_connect::probe::Facts {
+        shardline_connect::probe::read_all(
             &self.amqp,
             self.management.as_ref(),
             &self.names,
@@ -55,7 +56,7 @@ impl Fleet {
 
     /// A broker connection named `name`.
     pub(crate) async fn connect(&self, name: &str) -> Result<lapin::Connection, crate::Error> {
-        Ok(shardline_topology::connect(&self.amqp, name).await?)
+        Ok(shardline_connect::connect(&self.amqp, name).await?)
     }
 }
 

@@ -2,7 +2,8 @@
 //! Redis key prefix on the configured vhost and database, declared for one
 //! run and removed afterwards, so that real queues are never touched.
 
-use shardline_topology::{Keys, Names, TopologyOptions, declare};
+use shardline_connect::{TopologyOptions, declare};
+use shardline_contract::{Keys, Names};
 
 use crate::fleet::close;
 use crate::{Error, Fleet};

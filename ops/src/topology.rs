@@ -11,13 +11,16 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use shardline_topology::declare::{self, DlqKind, QueueType, TopologyOptions};
-use shardline_topology::fleet::{FleetAssignment, MemberRecord};
-use shardline_topology::probe::{self, Finding, Version};
-use shardline_topology::status::{
+use shardline_connect::declare::{self, DlqKind, TopologyOptions};
+use shardline_connect::probe::{self, Finding};
+use shardline_connect::{ApplyReport, ShardStatus};
+use shardline_contract::QueueType;
+use shardline_contract::Version;
+use shardline_contract::fleet::{FleetAssignment, MemberRecord};
+use shardline_contract::status::{
     BreakerState, Level, PauseCause, ShardReport, Thresholds, WorkerReport, unix_ms,
 };
-use shardline_topology::{ApplyReport, Keys, Names, ShardId, ShardStatus};
+use shardline_contract::{Keys, Names, ShardId};
 
 use crate::fleet::close;
 use crate::{Error, Fleet};
@@ -54,7 +57,7 @@ pub async fn apply(fleet: &Fleet, options: &TopologyOptions) -> Result<Applied, 
     };
     // One connection per node given: each declares its share of the shard
     // queues, so that a cluster's queue leaders spread.
-    let conns = shardline_topology::connect_each(&fleet.amqp, "shardline topology apply").await?;
+    let conns = shardline_connect::connect_each(&fleet.amqp, "shardline topology apply").await?;
     let report = declare::apply(&conns, &fleet.names, options)
         .await
         .map_err(Error::queue(format!("topology apply on {url}")));
@@ -743,7 +746,7 @@ impl StatusReport {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use shardline_topology::status::BreakerReport;
+    use shardline_contract::status::BreakerReport;
 
     fn st(queue: &str, messages: u32, consumers: u32) -> ShardStatus {
         ShardStatus {
@@ -871,7 +874,7 @@ mod tests {
         let assigned = |decided_at_ms| FleetView {
             members: vec![member("m-a", "worker-a"), member("m-b", "worker-b")],
             assignment: FleetAssignment {
-                assignment: shardline_topology::assignment::Assignment {
+                assignment: shardline_contract::assignment::Assignment {
                     generation: 4,
                     owners: [(0, "m-a".to_owned()), (1, "m-b".to_owned())].into(),
                 },

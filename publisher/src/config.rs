@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use shardline_topology::{AmqpTarget, Names, ShardCount};
+use shardline_connect::AmqpTarget;
+use shardline_contract::{Names, ShardCount};
 
 /// How a [`Publisher`](crate::Publisher) connects and how hard it pushes.
 #[derive(Debug, Clone)]

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use shardline_topology::{BrokerError, EnvelopeError};
+use shardline_connect::BrokerError;
+use shardline_contract::EnvelopeError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -59,7 +60,7 @@ pub enum PublishError {
     },
     /// The topology does not have the configured shard count.
     #[error(transparent)]
-    Topology(#[from] shardline_topology::DeclareError),
+    Topology(#[from] shardline_connect::DeclareError),
     /// A broker operation failed while opening the publishing channel.
     #[error("broker error: {0}")]
     Broker(#[from] lapin::Error),

@@ -20,10 +20,10 @@ use lapin::{BasicProperties, Confirmation, Connection, ErrorKind, ExchangeKind, 
 use opentelemetry::global::{self, BoxedTracer};
 use opentelemetry::trace::{SpanContext, SpanKind, Status, TraceContextExt as _, Tracer as _};
 use opentelemetry::{Context, KeyValue};
-use shardline_topology::broker::{BlockedWatch, soft_error};
-use shardline_topology::probe;
-use shardline_topology::telemetry::{self, attr, op};
-use shardline_topology::{Envelope, NewEvent, OrderId, ShardId, headers, w3c};
+use shardline_connect::broker::{BlockedWatch, soft_error};
+use shardline_connect::probe;
+use shardline_contract::telemetry::{self, attr, op};
+use shardline_contract::{Envelope, NewEvent, OrderId, ShardId, headers, w3c};
 
 use crate::config::Config;
 use crate::confirm::{self, ConfirmChannel, Refusal};
@@ -102,10 +102,10 @@ impl Publisher {
     /// Fails at once (no retry) when the broker cannot be reached.
     pub async fn connect(config: Config) -> Result<Self, PublishError> {
         let exchange = short("exchange", &config.names.exchange)?;
-        let conn = shardline_topology::connect(&config.amqp, &config.connection_name).await?;
+        let conn = shardline_connect::connect(&config.amqp, &config.connection_name).await?;
         let channel = open_channel(&conn, &exchange, &config.names.exchange).await?;
         if config.check_shard_count {
-            shardline_topology::declare::check_shard_count(&conn, &config.names, config.shards)
+            shardline_connect::declare::check_shard_count(&conn, &config.names, config.shards)
                 .await?;
         }
         // Nothing a publisher does depends on the broker's version: it is
@@ -255,7 +255,7 @@ impl Publisher {
             ),
             KeyValue::new(
                 attr::MESSAGING_ROUTING_KEY,
-                shardline_topology::Names::routing_key(shard),
+                shardline_contract::Names::routing_key(shard),
             ),
             KeyValue::new(attr::MESSAGING_MESSAGE_ID, message_id.to_owned()),
             KeyValue::new(
@@ -294,7 +294,7 @@ impl Publisher {
     ) -> Result<(), PublishError> {
         let routing_key = short(
             "routing key",
-            &shardline_topology::Names::routing_key(shard),
+            &shardline_contract::Names::routing_key(shard),
         )?;
         self.settle_ready()?;
         while self.unconfirmed.is_full() {
@@ -626,8 +626,8 @@ impl Publisher {
         let alive = self.conn.as_ref().is_some_and(|c| c.status().connected());
         if !alive {
             self.conn = None;
-            let conn = shardline_topology::connect(&self.config.amqp, &self.config.connection_name)
-                .await?;
+            let conn =
+                shardline_connect::connect(&self.config.amqp, &self.config.connection_name).await?;
             self.blocked = Some(BlockedWatch::new(&conn, "publishing"));
             self.conn = Some(conn);
         }

@@ -12,7 +12,7 @@ use lapin::BasicProperties;
 use lapin::types::ShortString;
 use opentelemetry::Context;
 use opentelemetry::trace::TraceContextExt as _;
-use shardline_topology::telemetry;
+use shardline_contract::telemetry;
 
 /// An event as it goes on the wire, kept until the broker confirms it.
 #[derive(Debug, Clone)]
@@ -44,7 +44,7 @@ pub(crate) struct Unconfirmed<C> {
 }
 
 impl<C> Unconfirmed<C> {
-    pub fn new(window: usize) -> Self {
+    pub(crate) fn new(window: usize) -> Self {
         let window = window.max(1);
         Self {
             entries: VecDeque::with_capacity(window.min(4096)),
@@ -53,20 +53,20 @@ impl<C> Unconfirmed<C> {
     }
 
     /// Whether a new event must wait for the oldest confirm first.
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.entries.len() >= self.window
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     /// Appends an event, not yet sent.
-    pub fn push(&mut self, event: Outgoing) {
+    pub(crate) fn push(&mut self, event: Outgoing) {
         self.entries.push_back(Entry {
             event,
             first_sent: None,
@@ -75,17 +75,17 @@ impl<C> Unconfirmed<C> {
     }
 
     /// Index of the first event not sent on the current channel.
-    pub fn first_unsent(&self) -> usize {
+    pub(crate) fn first_unsent(&self) -> usize {
         self.entries.partition_point(|e| e.confirm.is_some())
     }
 
     /// The first unsent event, if any, to send next.
-    pub fn next_unsent(&self) -> Option<&Outgoing> {
+    pub(crate) fn next_unsent(&self) -> Option<&Outgoing> {
         self.entries.get(self.first_unsent()).map(|e| &e.event)
     }
 
     /// Records that the first unsent event went out with `confirm`.
-    pub fn mark_sent(&mut self, confirm: C, now: Instant) {
+    pub(crate) fn mark_sent(&mut self, confirm: C, now: Instant) {
         let i = self.first_unsent();
         if let Some(entry) = self.entries.get_mut(i) {
             entry.first_sent.get_or_insert(now);
@@ -94,18 +94,18 @@ impl<C> Unconfirmed<C> {
     }
 
     /// The oldest event and its confirm, when it was sent on the current channel.
-    pub fn oldest_confirm(&mut self) -> Option<&mut C> {
+    pub(crate) fn oldest_confirm(&mut self) -> Option<&mut C> {
         self.entries.front_mut()?.confirm.as_mut()
     }
 
     /// Removes the oldest event once its confirm has resolved.
-    pub fn pop_oldest(&mut self) -> Option<Entry<C>> {
+    pub(crate) fn pop_oldest(&mut self) -> Option<Entry<C>> {
         self.entries.pop_front()
     }
 
     /// The channel is gone: every event is unsent again, in its original order.
     /// Returns how many of them had been sent before (and will be re-sent).
-    pub fn forget_confirms(&mut self) -> usize {
+    pub(crate) fn forget_confirms(&mut self) -> usize {
         let mut resend = 0;
         for entry in &mut self.entries {
             if entry.first_sent.is_some() {

@@ -14,8 +14,8 @@ use hyper::body::Bytes;
 use hyper::{Response, StatusCode};
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
+use shardline_connect::broker;
 use shardline_publisher::Publisher;
-use shardline_topology::broker;
 use shardline_worker::handler::{Http, Noop};
 use shardline_worker::{Config, Handler, Worker};
 use tokio::task::JoinSet;
@@ -28,7 +28,7 @@ use crate::publish::load_events;
 use crate::scratch::Scratch;
 
 /// The worker's configuration for `setting` on `scratch`'s names.
-pub fn worker_config(scratch: &Scratch, args: &BenchArgs, setting: Setting) -> Config {
+pub(super) fn worker_config(scratch: &Scratch, args: &BenchArgs, setting: Setting) -> Config {
     Config {
         prefetch: setting.prefetch,
         concurrency: setting.concurrency,
@@ -41,7 +41,7 @@ pub fn worker_config(scratch: &Scratch, args: &BenchArgs, setting: Setting) -> C
 
 /// Pre-publishes the load into fresh names, drains it with `kind`, cleans up;
 /// returns events/s.
-pub async fn measure(
+pub(super) async fn measure(
     global: &GlobalArgs,
     args: &BenchArgs,
     kind: Kind,
@@ -87,7 +87,7 @@ pub async fn measure(
 
 /// A downstream on a free local port that answers every request 200 after
 /// `latency`, until `stop`.
-pub async fn start_downstream(
+pub(super) async fn start_downstream(
     latency: Duration,
     stop: CancellationToken,
 ) -> anyhow::Result<SocketAddr> {
@@ -146,7 +146,7 @@ async fn prepublish(
 }
 
 /// The `pad` field that brings a generated event to about `event_bytes`.
-pub fn padding(event_bytes: usize) -> String {
+pub(super) fn padding(event_bytes: usize) -> String {
     "x".repeat(event_bytes.saturating_sub(130))
 }
 

@@ -57,7 +57,7 @@ impl Handler for Recorder {
 
 /// One setting's latency run.
 #[derive(Debug, Clone)]
-pub struct LatencyRow {
+pub(super) struct LatencyRow {
     pub setting: Setting,
     /// Events per second the schedule asked for.
     pub rate: f64,
@@ -74,7 +74,7 @@ pub struct LatencyRow {
     pub publisher_behind_max: Option<Duration>,
 }
 
-pub async fn measure(
+pub(super) async fn measure(
     global: &GlobalArgs,
     args: &BenchArgs,
     setting: Setting,
@@ -262,7 +262,7 @@ fn us(d: Option<Duration>) -> String {
 }
 
 /// The latency table: one row per setting.
-pub fn table(rows: &[LatencyRow]) -> String {
+pub(super) fn table(rows: &[LatencyRow]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -379,7 +379,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_recorder_measures_only_after_the_warm_up() {
-        use shardline_topology::{Envelope, ShardCount};
+        use shardline_contract::{Envelope, ShardCount};
         let Some(shard) = ShardCount::default().ids().next() else {
             panic!("no shard 0");
         };

@@ -17,7 +17,7 @@
 mod cpu;
 mod drain;
 mod latency;
-pub mod paced;
+pub(crate) mod paced;
 mod rounds;
 mod schedule;
 
@@ -34,7 +34,7 @@ use crate::worker::OnDeadLetterArg;
 use rounds::{Baseline, Kind, Round, Summary};
 
 #[derive(Debug, Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Events pre-published for each measurement.
     #[arg(long, default_value_t = 50_000)]
     pub events: u64,
@@ -102,7 +102,7 @@ pub struct BenchArgs {
 
 /// One measured setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Setting {
+pub(crate) struct Setting {
     prefetch: u16,
     concurrency: u16,
 }
@@ -129,7 +129,7 @@ fn kind_label(kind: Kind, downstream: bool) -> &'static str {
     }
 }
 
-pub async fn run(
+pub(crate) async fn run(
     global: &GlobalArgs,
     args: BenchArgs,
     shutdown: CancellationToken,

@@ -8,18 +8,18 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use shardline_contract::NewEvent;
 use shardline_publisher::{LatencyHistogram, Publisher};
-use shardline_topology::NewEvent;
 use tokio_util::sync::CancellationToken;
 
 use super::cpu;
 use super::schedule::{Schedule, event_id, unix_us};
 use crate::GlobalArgs;
 use crate::publish::{load_order_id, parse_rate, publisher_config};
-use shardline_topology::OrderIdError;
+use shardline_contract::OrderIdError;
 
 #[derive(Debug, Args)]
-pub struct PacedArgs {
+pub(crate) struct PacedArgs {
     /// Events per second.
     #[arg(long, value_parser = parse_rate)]
     pub rate: f64,
@@ -39,7 +39,7 @@ pub struct PacedArgs {
 
 /// What the child reports on stdout, one JSON object.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PacedReport {
+pub(crate) struct PacedReport {
     pub sent: u64,
     pub cpu: Option<Duration>,
     /// How late sends were against their due time.
@@ -58,7 +58,7 @@ impl PacedReport {
         })
     }
 
-    pub fn from_json(line: &str) -> Option<Self> {
+    pub(crate) fn from_json(line: &str) -> Option<Self> {
         let v: serde_json::Value = serde_json::from_str(line).ok()?;
         let us = |k: &str| v.get(k)?.as_u64().map(Duration::from_micros);
         Some(Self {
@@ -86,7 +86,7 @@ fn event(i: u64, due_us: u64, events_per_order: u64, pad: &str) -> Result<NewEve
     })
 }
 
-pub async fn run(
+pub(crate) async fn run(
     global: &GlobalArgs,
     args: PacedArgs,
     shutdown: CancellationToken,

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use shardline_topology::headers::is_valid_traceparent;
+use shardline_contract::headers::is_valid_traceparent;
 
 use crate::downstream::{Call, Downstream, describe};
 use crate::env::TestEnv;

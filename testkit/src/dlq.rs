@@ -9,9 +9,9 @@ use std::time::Duration;
 use lapin::Connection;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicGetOptions};
-use shardline_topology::declare::queue_status;
-use shardline_topology::headers::{self, header_i64, header_str};
-use shardline_topology::letters::IndexEntry;
+use shardline_connect::declare::queue_status;
+use shardline_contract::headers::{self, header_i64, header_str};
+use shardline_contract::letters::IndexEntry;
 
 use crate::env::TestEnv;
 use crate::wait::wait_until;
@@ -232,7 +232,7 @@ pub async fn broker_dead_letter(env: &TestEnv, conn: &Connection, body: &[u8]) {
     death.insert("time".into(), AMQPValue::Timestamp(1_700_000_000));
     let mut headers = FieldTable::default();
     headers.insert(
-        shardline_topology::letters::X_DEATH.into(),
+        shardline_contract::letters::X_DEATH.into(),
         AMQPValue::FieldArray(vec![AMQPValue::FieldTable(death)].into()),
     );
     let props = lapin::BasicProperties::default()

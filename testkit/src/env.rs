@@ -9,9 +9,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lapin::Connection;
-use shardline_topology::declare::{self, ShardStatus};
-use shardline_topology::{Keys, Names, QueueType, ShardCount, ShardId, TopologyOptions};
-use shardline_worker::{Config, Handler, RetryPolicy};
+use shardline_connect::TopologyOptions;
+use shardline_connect::declare::{self, ShardStatus};
+use shardline_contract::QueueType;
+use shardline_contract::{Keys, Names, ShardCount, ShardId};
+use shardline_worker::{Config, RetryPolicy};
 
 use crate::broker::{BrokerNode, Ctl};
 use crate::cluster::Cluster;
@@ -25,7 +27,7 @@ pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
 /// The machine's RabbitMQ, shared by the tests (each in its own vhost).
 pub const AMQP_BASE: &str = "amqp://guest:guest@127.0.0.1:5672";
 /// The quorum queues' `x-delivery-limit` that `topology apply` sets by default.
-const DELIVERY_LIMIT: u32 = shardline_topology::declare::DEFAULT_DELIVERY_LIMIT;
+const DELIVERY_LIMIT: u32 = shardline_connect::declare::DEFAULT_DELIVERY_LIMIT;
 
 pub struct TestEnv {
     /// Unique slug of this test run: names the vhost, the Redis prefix, the
@@ -204,33 +206,6 @@ impl TestEnv {
         }
     }
 
-    /// Starts an in-process worker `name` calling `downstream`, with
-    /// [`Self::worker_config`] changed by `configure`, and waits until it
-    /// consumes every shard it was given.
-    pub async fn start_worker(
-        &self,
-        name: &str,
-        downstream: &crate::Downstream,
-        configure: impl FnOnce(&mut Config),
-    ) -> crate::Worker {
-        let mut config = self.worker_config(name);
-        configure(&mut config);
-        let mut worker = crate::Worker::spawn(config, downstream.handler());
-        worker.wait_consuming(self).await;
-        worker
-    }
-
-    /// [`Self::start_worker`] with any handler.
-    pub async fn start_worker_with(
-        &self,
-        config: Config,
-        handler: Arc<dyn Handler>,
-    ) -> crate::Worker {
-        let mut worker = crate::Worker::spawn(config, handler);
-        worker.wait_consuming(self).await;
-        worker
-    }
-
     /// Runs the `shardline` binary against this environment with `args`
     /// (global flags `--amqp-url`, `--redis-url`, `--redis-prefix`, `--shards` added).
     pub async fn cli(&self, args: &[&str]) -> Output {
@@ -278,12 +253,12 @@ impl TestEnv {
     }
 
     /// This environment's broker address, parsed.
-    pub fn amqp_target(&self) -> shardline_topology::AmqpTarget {
+    pub fn amqp_target(&self) -> shardline_connect::AmqpTarget {
         self.amqp_url.parse().unwrap()
     }
 
     pub async fn connect(&self) -> Connection {
-        shardline_topology::connect(&self.amqp_target(), &format!("fleet-test {}", self.id))
+        shardline_connect::connect(&self.amqp_target(), &format!("fleet-test {}", self.id))
             .await
             .unwrap()
     }

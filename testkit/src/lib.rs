@@ -70,7 +70,7 @@ pub use downstream::{Call, Downstream, Reply, describe};
 pub use env::{SHARDS, TestEnv};
 pub use pg::OrdersDb;
 pub use publish::{Event, Publisher, interleaved, order_ids};
-pub use shardline_topology::QueueType;
+pub use shardline_contract::QueueType;
 pub use wait::wait_until;
 pub use worker::Worker;
 

@@ -5,8 +5,8 @@ use std::time::SystemTime;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Connection};
-use shardline_topology::headers::{event_properties, new_traceparent};
-use shardline_topology::{NewEvent, ShardCount};
+use shardline_contract::headers::{event_properties, new_traceparent};
+use shardline_contract::{NewEvent, ShardCount};
 
 use crate::env::TestEnv;
 
@@ -34,7 +34,7 @@ impl Event {
     pub fn new(order_id: &str, seq: u64, shards: ShardCount) -> Self {
         let event = EVENT_NAMES[usize::try_from((seq - 1) % 5).unwrap()].to_owned();
         let body = NewEvent {
-            order_id: shardline_topology::OrderId::new(order_id).unwrap(),
+            order_id: shardline_contract::OrderId::new(order_id).unwrap(),
             event: event.clone(),
             seq: Some(seq),
             event_id: None,

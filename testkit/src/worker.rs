@@ -291,3 +291,29 @@ fn init_logging() {
             .try_init();
     });
 }
+
+/// Starting in-process workers, from the environment they run in.
+impl TestEnv {
+    /// Starts an in-process worker `name` calling `downstream`, with
+    /// [`Self::worker_config`] changed by `configure`, and waits until it
+    /// consumes every shard it was given.
+    pub async fn start_worker(
+        &self,
+        name: &str,
+        downstream: &crate::Downstream,
+        configure: impl FnOnce(&mut Config),
+    ) -> Worker {
+        let mut config = self.worker_config(name);
+        configure(&mut config);
+        let mut worker = Worker::spawn(config, downstream.handler());
+        worker.wait_consuming(self).await;
+        worker
+    }
+
+    /// [`Self::start_worker`] with any handler.
+    pub async fn start_worker_with(&self, config: Config, handler: Arc<dyn Handler>) -> Worker {
+        let mut worker = Worker::spawn(config, handler);
+        worker.wait_consuming(self).await;
+        worker
+    }
+}

@@ -16,7 +16,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 /// (20 s for the page, 60 s for a replay job), so this only catches a hang.
 const NEXT_LINE: Duration = Duration::from_secs(180);
 
-pub struct Driver {
+pub(crate) struct Driver {
     scenario: String,
     child: Child,
     stdin: ChildStdin,
@@ -26,7 +26,7 @@ pub struct Driver {
 
 impl Driver {
     /// Starts `scenario` with `vars` in its environment.
-    pub fn spawn(scenario: &str, vars: &[(&str, String)], log: PathBuf) -> Self {
+    pub(crate) fn spawn(scenario: &str, vars: &[(&str, String)], log: PathBuf) -> Self {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/console.mjs");
         let stderr = std::fs::File::create(&log).unwrap();
         let mut child = Command::new("node")
@@ -54,7 +54,7 @@ impl Driver {
 
     /// The next step the script asks for; `None` once it passed. Fails the
     /// test with the script's reason when it fails or stops talking.
-    pub async fn step(&mut self) -> Option<String> {
+    pub(crate) async fn step(&mut self) -> Option<String> {
         loop {
             let line = match tokio::time::timeout(NEXT_LINE, self.lines.next_line()).await {
                 Ok(Ok(Some(line))) => line,
@@ -83,7 +83,7 @@ impl Driver {
     }
 
     /// Tells the script its step is done, with `value` when not empty.
-    pub async fn ok(&mut self, value: &str) {
+    pub(crate) async fn ok(&mut self, value: &str) {
         let line = if value.is_empty() {
             "OK\n".to_owned()
         } else {

@@ -24,13 +24,13 @@ const ORDER: &str = "bx";
 
 /// A malformed body that is not UTF-8: markup, a bidi override, a
 /// zero-width space and bytes no UTF-8 text has.
-pub const HOSTILE_BYTES: &[u8] =
+pub(crate) const HOSTILE_BYTES: &[u8] =
     b"<script>window.__pwned=1</script> \xe2\x80\xaegnp.exe \xe2\x80\x8b \xff\xfe end";
 /// A malformed body that is UTF-8 (not JSON): markup and invisible characters.
-pub const HOSTILE_TEXT: &str =
+pub(crate) const HOSTILE_TEXT: &str =
     "<script>window.__pwned=1</script><img src=x onerror=alert(1)> \u{202e}gnp.exe \u{200b} end";
 
-pub struct Rig {
+pub(crate) struct Rig {
     env: TestEnv,
     downstream: Downstream,
     fixed: Arc<AtomicBool>,
@@ -40,12 +40,12 @@ pub struct Rig {
 }
 
 impl Rig {
-    pub async fn start(name: &str) -> Self {
+    pub(crate) async fn start(name: &str) -> Self {
         Self::start_with(name, Duration::ZERO).await
     }
 
     /// [`Self::start`] with a downstream that takes `latency` per call.
-    pub async fn start_with(name: &str, latency: Duration) -> Self {
+    pub(crate) async fn start_with(name: &str, latency: Duration) -> Self {
         let env = TestEnv::new(name).await;
         env.apply_topology().await;
         let fixed = Arc::new(AtomicBool::new(false));
@@ -77,7 +77,7 @@ impl Rig {
 
     /// Plays `scenario` in the browser, answering each step, until it passes;
     /// then checks that the worker and the console still run and stops them.
-    pub async fn run(mut self, scenario: &str) {
+    pub(crate) async fn run(mut self, scenario: &str) {
         let vars = [
             (
                 "SHARDLINE_CONSOLE_URL",

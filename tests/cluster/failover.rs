@@ -9,10 +9,10 @@
 use std::time::Instant;
 
 use lapin::Connection;
+use shardline_connect::declare::queue_status;
 use shardline_testkit::cluster::NODES;
 use shardline_testkit::wait::check;
 use shardline_testkit::{Downstream, Reply, STARTUP, orders_covering_shards, wait_until};
-use shardline_topology::declare::queue_status;
 
 use crate::load::{
     LOAD_CONNECTION, Load, ORDERS_PER_SHARD, RESUME_BOUND, answered, assert_guarantees, busiest,
@@ -61,7 +61,7 @@ async fn a_killed_node_under_load_loses_nothing_and_publishing_resumes_within_se
     .await;
     let dlq = {
         let target = cluster.amqp_url(survivor, &env.vhost).parse().unwrap();
-        let conn = shardline_topology::connect(&target, "failover-check")
+        let conn = shardline_connect::connect(&target, "failover-check")
             .await
             .unwrap();
         let status = queue_status(&conn, &env.names.dead_letter_queue).await;

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use shardline_connect::{AddressOrder, AmqpTarget};
 use shardline_publisher::{Counts, PublishError};
 use shardline_testkit::cluster::{CLUSTER_START, NODES};
 use shardline_testkit::wait::check;
@@ -16,27 +17,26 @@ use shardline_testkit::{
     Call, Cluster, Downstream, Event, PROCESSING, QueueType, TestEnv, Worker,
     assert_in_order_and_complete, describe, repeats_per_shard, wait_all_answered, wait_until,
 };
-use shardline_topology::{AddressOrder, AmqpTarget};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// Events per publish batch; every batch is confirmed before the next.
-pub const BATCH: usize = 16;
+pub(crate) const BATCH: usize = 16;
 /// One batch per this long: 160 events a second, well within what a worker
 /// drains on two busy cores, so a backlog means an outage.
-pub const PACE: Duration = Duration::from_millis(100);
+pub(crate) const PACE: Duration = Duration::from_millis(100);
 /// Orders of the load per shard (48 orders on 8 shards).
-pub const ORDERS_PER_SHARD: usize = 6;
+pub(crate) const ORDERS_PER_SHARD: usize = 6;
 /// The load's connection name (before ` @ host:port`).
-pub const LOAD_CONNECTION: &str = "cluster-load";
+pub(crate) const LOAD_CONNECTION: &str = "cluster-load";
 /// Generous bound on the time between the last confirm before a fault and
 /// the first after it: a node's loss costs a reconnect and a queue leader
 /// election, seconds.
-pub const RESUME_BOUND: Duration = Duration::from_secs(30);
+pub(crate) const RESUME_BOUND: Duration = Duration::from_secs(30);
 
 /// A cluster, an environment on all three nodes and `topology apply
 /// --queue-type quorum` through them (leaders spread, the DLQ a quorum queue).
-pub async fn quorum_cluster(name: &str) -> (Cluster, TestEnv) {
+pub(crate) async fn quorum_cluster(name: &str) -> (Cluster, TestEnv) {
     let cluster = Cluster::start().await;
     let env = TestEnv::on_all_nodes(name, QueueType::Quorum, &cluster).await;
     env.apply_topology().await;
@@ -44,7 +44,7 @@ pub async fn quorum_cluster(name: &str) -> (Cluster, TestEnv) {
 }
 
 /// The shard queues each node leads (by node index), as node `via` sees them.
-pub async fn leaders(cluster: &Cluster, env: &TestEnv, via: usize) -> [Vec<String>; NODES] {
+pub(crate) async fn leaders(cluster: &Cluster, env: &TestEnv, via: usize) -> [Vec<String>; NODES] {
     let listed = env.list_queues_via(cluster.ctl(via), &["leader"]).await;
     let mut led: [Vec<String>; NODES] = Default::default();
     for (queue, fields) in &listed {
@@ -59,7 +59,7 @@ pub async fn leaders(cluster: &Cluster, env: &TestEnv, via: usize) -> [Vec<Strin
 }
 
 /// The node leading the most shard queues (the first of equals).
-pub fn busiest(led: &[Vec<String>; NODES]) -> usize {
+pub(crate) fn busiest(led: &[Vec<String>; NODES]) -> usize {
     (0..NODES)
         .max_by_key(|&i| (led[i].len(), NODES - i))
         .unwrap_or(0)
@@ -68,7 +68,7 @@ pub fn busiest(led: &[Vec<String>; NODES]) -> usize {
 /// The three addresses of `env`'s vhost with node `first`'s first, then the
 /// others in node order, each with `query` (`""` or `"?heartbeat=60"`), tried
 /// in the order given.
-pub fn pinned(cluster: &Cluster, env: &TestEnv, first: usize, query: &str) -> AmqpTarget {
+pub(crate) fn pinned(cluster: &Cluster, env: &TestEnv, first: usize, query: &str) -> AmqpTarget {
     let urls: Vec<String> = (0..NODES)
         .map(|k| (first + k) % NODES)
         .map(|i| format!("{}{query}", cluster.amqp_url(i, &env.vhost)))
@@ -79,7 +79,11 @@ pub fn pinned(cluster: &Cluster, env: &TestEnv, first: usize, query: &str) -> Am
 
 /// The client connections of `env`'s vhost, as node `via` lists them: the
 /// node each is on (from its pid, `<node.x.y.z>`) and its name.
-pub async fn connections(cluster: &Cluster, env: &TestEnv, via: usize) -> Vec<(usize, String)> {
+pub(crate) async fn connections(
+    cluster: &Cluster,
+    env: &TestEnv,
+    via: usize,
+) -> Vec<(usize, String)> {
     cluster
         .ctl(via)
         .connections(&env.vhost)
@@ -98,7 +102,12 @@ pub async fn connections(cluster: &Cluster, env: &TestEnv, via: usize) -> Vec<(u
 /// Waits until each of `prefixes` names at least one connection of `env`'s
 /// vhost and every such connection is on node `node`, its name ending in that
 /// node's address; fails loudly otherwise.
-pub async fn wait_connected_to(cluster: &Cluster, env: &TestEnv, node: usize, prefixes: &[&str]) {
+pub(crate) async fn wait_connected_to(
+    cluster: &Cluster,
+    env: &TestEnv,
+    node: usize,
+    prefixes: &[&str],
+) {
     let via = (node + 1) % NODES;
     let suffix = format!(" @ 127.0.0.1:{}", cluster.amqp_ports[node]);
     wait_until(
@@ -126,7 +135,7 @@ pub async fn wait_connected_to(cluster: &Cluster, env: &TestEnv, node: usize, pr
 /// `shardline_publisher::Publisher`, which reconnects and re-sends what was
 /// unconfirmed by itself; a batch with a nacked event is sent again. A stop
 /// ends it between batches, so every event it returns was confirmed.
-pub struct Load {
+pub(crate) struct Load {
     stop: CancellationToken,
     /// When each batch was confirmed.
     confirmed: Arc<Mutex<Vec<Instant>>>,
@@ -135,7 +144,7 @@ pub struct Load {
 
 /// What a [`Load`] published.
 #[derive(Debug, Default)]
-pub struct Published {
+pub(crate) struct Published {
     /// Every event, each confirmed (acked) at least once.
     pub events: Vec<Event>,
     /// Summed over the publisher's connections.
@@ -187,12 +196,12 @@ async fn publish_batch(
 impl Load {
     /// Connects through `target` (failing the test if it cannot) and starts
     /// publishing `orders`' events.
-    pub async fn start(env: &TestEnv, target: AmqpTarget, orders: Vec<String>) -> Self {
+    pub(crate) async fn start(env: &TestEnv, target: AmqpTarget, orders: Vec<String>) -> Self {
         Self::start_with(env, target, orders, |_| {}).await
     }
 
     /// [`Self::start`] with the publisher's config changed by `configure`.
-    pub async fn start_with(
+    pub(crate) async fn start_with(
         env: &TestEnv,
         target: AmqpTarget,
         orders: Vec<String>,
@@ -250,20 +259,20 @@ impl Load {
     }
 
     /// Batches confirmed so far.
-    pub fn batches(&self) -> usize {
+    pub(crate) fn batches(&self) -> usize {
         self.confirmed.lock().unwrap().len()
     }
 
     /// Waits until `n` batches in all are confirmed; fails at once, with the
     /// publisher's error, if the load ended.
-    pub async fn wait_batches(&mut self, what: &str, n: usize) {
+    pub(crate) async fn wait_batches(&mut self, what: &str, n: usize) {
         self.wait(what, |stamps| stamps.len() >= n).await;
     }
 
     /// Waits for the first batch confirmed after `fault`, and returns the
     /// time since the last one confirmed before it: how long publishing
     /// stalled.
-    pub async fn wait_resumed(&mut self, fault: Instant) -> Duration {
+    pub(crate) async fn wait_resumed(&mut self, fault: Instant) -> Duration {
         self.wait("publishing to resume (a batch confirmed)", |stamps| {
             stamps.last().is_some_and(|t| *t > fault)
         })
@@ -299,7 +308,7 @@ impl Load {
     }
 
     /// Stops between two batches; what it published.
-    pub async fn stop(mut self) -> Published {
+    pub(crate) async fn stop(mut self) -> Published {
         self.stop.cancel();
         let task = self.task.take().unwrap();
         tokio::time::timeout(PROCESSING, task)
@@ -319,13 +328,13 @@ impl Drop for Load {
 }
 
 /// Keys answered 2xx so far (cheap enough to check on every call).
-pub fn answered(calls: &[Call]) -> usize {
+pub(crate) fn answered(calls: &[Call]) -> usize {
     calls.iter().filter(|c| c.ok() && c.completed).count()
 }
 
 /// Waits until the downstream answered more than `than` calls 2xx: the
 /// workers process again.
-pub async fn wait_processing(downstream: &Downstream, what: &str, than: usize) {
+pub(crate) async fn wait_processing(downstream: &Downstream, what: &str, than: usize) {
     downstream
         .wait_for(what, PROCESSING, |calls| answered(calls) > than)
         .await;
@@ -338,7 +347,7 @@ pub async fn wait_processing(downstream: &Downstream, what: &str, than: usize) {
 /// dead-lettered and no gap given up on; and every order's state in Redis
 /// says its last seq was processed, with nothing skipped and no claim left.
 /// Returns the calls.
-pub async fn assert_guarantees(
+pub(crate) async fn assert_guarantees(
     env: &TestEnv,
     downstream: &Downstream,
     events: &[Event],
@@ -365,7 +374,7 @@ pub async fn assert_guarantees(
 /// Every order's state (`{prefix}order:{order}`): the gate `l` at the order's
 /// last published seq, no seq marked never-processed (`u`), no claim left
 /// (`c`), and its epoch `f` not above its shard's fence counter.
-pub async fn assert_order_state(env: &TestEnv, events: &[Event]) {
+pub(crate) async fn assert_order_state(env: &TestEnv, events: &[Event]) {
     let mut last: BTreeMap<&str, u64> = BTreeMap::new();
     for e in events {
         let seq = last.entry(e.order_id.as_str()).or_default();
@@ -405,7 +414,11 @@ pub async fn assert_order_state(env: &TestEnv, events: &[Event]) {
 /// that was paused — done once the others report the partition, or once the
 /// node has not rejoined within [`REJOIN_GRACE`]. Returns how long healing
 /// took when it had to be healed.
-pub async fn heal_after_pause(cluster: &Cluster, paused: usize, via: usize) -> Option<Duration> {
+pub(crate) async fn heal_after_pause(
+    cluster: &Cluster,
+    paused: usize,
+    via: usize,
+) -> Option<Duration> {
     let mut all = cluster.names.to_vec();
     all.sort();
     let partitions = || async {
@@ -452,4 +465,4 @@ pub async fn heal_after_pause(cluster: &Cluster, paused: usize, via: usize) -> O
 }
 
 /// How long a thawed node gets to rejoin by itself before it is restarted.
-pub const REJOIN_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const REJOIN_GRACE: Duration = Duration::from_secs(30);

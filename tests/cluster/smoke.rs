@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::{BasicProperties, Connection};
+use shardline_connect::TopologyOptions;
+use shardline_connect::declare::queue_status;
 use shardline_testkit::cluster::{CLUSTER_START, NODES};
 use shardline_testkit::wait::check;
 use shardline_testkit::{Cluster, QueueType, STARTUP, TestEnv, wait_until};
-use shardline_topology::TopologyOptions;
-use shardline_topology::declare::queue_status;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "starts a three-node RabbitMQ cluster: scripts/test runs it alone"]
@@ -220,7 +220,7 @@ async fn connect(url: &str) -> Connection {
     let target = url.parse().unwrap();
     tokio::time::timeout(
         Duration::from_secs(10),
-        shardline_topology::connect(&target, "cluster-smoke"),
+        shardline_connect::connect(&target, "cluster-smoke"),
     )
     .await
     .unwrap_or_else(|_| panic!("connecting to {url}: no answer within 10 s"))

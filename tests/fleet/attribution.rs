@@ -10,12 +10,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use lapin::types::{AMQPValue, LongString};
+use shardline_contract::headers::{self, event_properties, header_str, new_traceparent};
 use shardline_testkit::dlq::{peek_all, reason};
 use shardline_testkit::{
     Downstream, Event, Publisher, Reply, STARTUP, TestEnv, Worker,
     assert_all_answered_once_in_order, interleaved, order_ids, wait_until,
 };
-use shardline_topology::headers::{self, event_properties, header_str, new_traceparent};
 use shardline_worker::handler::Fault;
 
 /// A downstream that answers `down` while `broken` is set, 200 otherwise.

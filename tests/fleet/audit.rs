@@ -3,10 +3,10 @@
 //! parse read as `unreadable` without hiding the others.
 
 use serde_json::json;
+use shardline_contract::Keys;
 use shardline_ops::Fleet;
 use shardline_ops::audit::{self, AuditEntry, CAP, UNREADABLE};
 use shardline_testkit::TestEnv;
-use shardline_topology::Keys;
 
 async fn len(env: &TestEnv, fleet: &Fleet) -> usize {
     redis::cmd("LLEN")

@@ -91,7 +91,7 @@ async fn reconcile_every_second_during_reads_and_a_replay_never_compensates_a_de
         &fleet,
         &LetterQuery {
             filters: Filters {
-                order_id: Some(shardline_topology::OrderId::new("ix-dlq").unwrap()),
+                order_id: Some(shardline_contract::OrderId::new("ix-dlq").unwrap()),
                 ..Filters::default()
             },
             ..LetterQuery::default()
@@ -164,7 +164,7 @@ async fn reconcile_every_second_during_reads_and_a_replay_never_compensates_a_de
             &fleet,
             &ReplayConfig {
                 filters: Filters {
-                    order_id: Some(shardline_topology::OrderId::new("ix-replay").unwrap()),
+                    order_id: Some(shardline_contract::OrderId::new("ix-replay").unwrap()),
                     ..Filters::default()
                 },
                 rate: Some(2.0),

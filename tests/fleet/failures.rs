@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use lapin::message::Delivery;
 use lapin::options::BasicAckOptions;
-use shardline_topology::declare::queue_status;
-use shardline_topology::headers::{self, FailReason, header_i64, header_str};
+use shardline_connect::declare::queue_status;
+use shardline_contract::headers::{self, FailReason, header_i64, header_str};
 
 use shardline_testkit::{
     Call, Downstream, Event, PROCESSING, Publisher, Reply, TestEnv, all_ok, describe,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use lapin::Connection;
 use lapin::message::Delivery;
-use shardline_topology::NewEvent;
+use shardline_contract::NewEvent;
 
 use shardline_testkit::wait::check;
 use shardline_testkit::{
@@ -410,7 +410,7 @@ async fn events_without_seq_bypass_the_gate() {
     let started = Instant::now();
     for id in ids {
         let body = NewEvent {
-            order_id: shardline_topology::OrderId::new(h).unwrap(),
+            order_id: shardline_contract::OrderId::new(h).unwrap(),
             event: "note.added".into(),
             seq: None,
             event_id: Some(id.to_owned()),

@@ -11,7 +11,7 @@ use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::options::BasicAckOptions;
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString};
-use shardline_topology::headers::{
+use shardline_contract::headers::{
     self, event_properties, header_i64, header_str, is_valid_traceparent, new_traceparent,
 };
 
@@ -334,7 +334,7 @@ fn corpus() -> Vec<Case> {
 
 /// The dedup key of a processed case (every processed envelope has seq 1).
 fn processed_key(body: &[u8]) -> String {
-    let env = shardline_topology::Envelope::parse(body, LIMIT).unwrap();
+    let env = shardline_contract::Envelope::parse(body, LIMIT).unwrap();
     env.dedup_key(body)
 }
 
@@ -395,7 +395,7 @@ async fn check_corpus(name: &str, cases: Vec<Case>) {
         // A processed envelope must be on the shard its order hashes to.
         let shard = match case.expect {
             Expect::Processed => env.shard_of(
-                &shardline_topology::Envelope::parse(&case.body, LIMIT)
+                &shardline_contract::Envelope::parse(&case.body, LIMIT)
                     .unwrap()
                     .order_id,
             ),

@@ -8,9 +8,9 @@ use lapin::options::{
     BasicAckOptions, BasicGetOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
+use shardline_contract::{Names, ShardId};
 use shardline_publisher::{Config, PublishError, Publisher};
 use shardline_testkit::{Event, TestEnv, wait_until};
-use shardline_topology::{Names, ShardId};
 
 /// The queue that gets a copy of every publish the capped shard queue refused.
 const REFUSED: &str = "nack.refused";

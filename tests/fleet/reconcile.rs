@@ -12,7 +12,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use serde_json::json;
-use shardline_topology::NewEvent;
+use shardline_contract::NewEvent;
 
 use shardline_testkit::dlq::{delete_index, depth, run_ok, text, wait_depth, wait_indexed};
 use shardline_testkit::{
@@ -69,7 +69,7 @@ fn payment(order_id: &str) -> Vec<u8> {
 /// A `payment.captured` without seq, with its event id.
 pub(crate) fn payment_with_id(order_id: &str, event_id: &str) -> Vec<u8> {
     NewEvent {
-        order_id: shardline_topology::OrderId::new(order_id).unwrap(),
+        order_id: shardline_contract::OrderId::new(order_id).unwrap(),
         event: PAID.into(),
         seq: None,
         event_id: Some(event_id.into()),

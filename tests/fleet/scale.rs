@@ -8,12 +8,12 @@
 
 use std::time::{Duration, Instant};
 
+use shardline_connect::broker::HANDSHAKE_CLOSED;
 use shardline_ops::StatusConfig;
 use shardline_testkit::{
     Downstream, Publisher, STARTUP, TestEnv, Worker, assert_all_delivered_once_in_order,
     interleaved, orders_covering_shards, wait_until,
 };
-use shardline_topology::broker::HANDSHAKE_CLOSED;
 
 const SHARDS: u16 = 1024;
 /// Events per order; one order per shard.
@@ -126,14 +126,14 @@ async fn a_connection_name_over_4_kib_fails_with_the_reason() {
     let env = TestEnv::new("scale-name").await;
     let name = format!("shardline worker w1 shards {}", "0,".repeat(2200));
     assert!(name.len() > 4096);
-    let error = shardline_topology::connect(&env.amqp_target(), &name)
+    let error = shardline_connect::connect(&env.amqp_target(), &name)
         .await
         .expect_err("the broker takes no 4 KiB client properties before the tune")
         .to_string();
     assert!(error.contains(HANDSHAKE_CLOSED), "{error}");
     assert!(error.contains("guest:***@127.0.0.1:5672"), "{error}");
     // The name a worker of 1,024 shards gives its connection is accepted.
-    let fine = shardline_topology::connect(&env.amqp_target(), "shardline worker w1 shards 0-1023")
+    let fine = shardline_connect::connect(&env.amqp_target(), "shardline worker w1 shards 0-1023")
         .await
         .unwrap();
     let _ = fine.close(200, "done".into()).await;

@@ -17,7 +17,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
-use shardline_topology::telemetry::{attr, span};
+use shardline_contract::telemetry::{attr, span};
 use tokio::net::TcpListener;
 use tokio::process::Command;
 

@@ -18,6 +18,7 @@
 
 use std::time::{Duration, Instant};
 
+use shardline_connect::RedisTarget;
 use shardline_testkit::sentinel::{FAILOVER, SentinelSet};
 use shardline_testkit::tls::Pki;
 use shardline_testkit::wait::check;
@@ -26,7 +27,6 @@ use shardline_testkit::{
     assert_in_order_and_complete, interleaved, ok_keys, orders_covering_shards, wait_all_answered,
     wait_until,
 };
-use shardline_topology::RedisTarget;
 
 use crate::assert_nothing_dead_lettered;
 
@@ -206,7 +206,7 @@ async fn after_a_manual_failover_the_worker_leaves_the_old_primary_and_resumes()
         .await
         .unwrap_err();
     assert!(
-        shardline_topology::redis_target::is_not_primary(&refused),
+        shardline_connect::redis_target::is_not_primary(&refused),
         "{refused}"
     );
 
@@ -290,7 +290,7 @@ async fn a_connection_refused_as_not_the_primary_is_not_pooled_again() {
             .query_async::<()>(&mut conn)
             .await
             .unwrap_err();
-        assert!(shardline_topology::redis_target::is_not_primary(&e), "{e}");
+        assert!(shardline_connect::redis_target::is_not_primary(&e), "{e}");
     }
     let next = client_id().await;
     assert_ne!(next, first, "the refused connection was handed out again");

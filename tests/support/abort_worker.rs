@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use clap::Parser;
-use shardline_topology::{Names, QueueType, ShardCount, TopologyOptions};
+use shardline_connect::TopologyOptions;
+use shardline_contract::QueueType;
+use shardline_contract::{Names, ShardCount};
 use shardline_worker::handler::Http;
 use shardline_worker::{Config, Event, Handler, HandlerError, RetryPolicy};
 use tokio_util::sync::CancellationToken;
@@ -31,13 +33,13 @@ struct Args {
         env = "SHARDLINE_AMQP_URL",
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
-    amqp_url: shardline_topology::AmqpTarget,
+    amqp_url: shardline_connect::AmqpTarget,
     #[arg(
         long,
         env = "SHARDLINE_REDIS_URL",
         default_value = "redis://127.0.0.1:6379"
     )]
-    redis_url: shardline_topology::RedisTarget,
+    redis_url: shardline_connect::RedisTarget,
     #[arg(long, env = "SHARDLINE_REDIS_PREFIX", default_value = "shardline:")]
     redis_prefix: String,
     #[arg(long, env = "SHARDLINE_SHARDS", default_value_t = ShardCount::default())]
@@ -55,7 +57,7 @@ struct Args {
     #[arg(long, env = "SHARDLINE_QUEUE_TYPE", default_value = "classic")]
     queue_type: QueueType,
     /// Quorum queues: the `x-delivery-limit` they were applied with.
-    #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = shardline_topology::declare::DEFAULT_DELIVERY_LIMIT)]
+    #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = shardline_connect::declare::DEFAULT_DELIVERY_LIMIT)]
     delivery_limit: u32,
 }
 

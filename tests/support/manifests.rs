@@ -7,21 +7,21 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Subcommands a container may run (the long-running and one-shot ones).
-pub const SUBCOMMANDS: &[&str] = &["topology", "worker", "load", "publish"];
+pub(crate) const SUBCOMMANDS: &[&str] = &["topology", "worker", "load", "publish"];
 /// The image's entrypoint (`Dockerfile`).
-pub const ENTRYPOINT: &str = "/usr/local/bin/shardline";
+pub(crate) const ENTRYPOINT: &str = "/usr/local/bin/shardline";
 
-pub fn repo_file(name: &str) -> PathBuf {
+pub(crate) fn repo_file(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(name)
 }
 
-pub fn read(name: &str) -> String {
+pub(crate) fn read(name: &str) -> String {
     let path = repo_file(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
 /// The value of `--flag V` or `--flag=V`.
-pub fn flag_value(args: &[String], flag: &str) -> Option<String> {
+pub(crate) fn flag_value(args: &[String], flag: &str) -> Option<String> {
     let prefix = format!("{flag}=");
     args.iter().enumerate().find_map(|(i, arg)| {
         if arg == flag {
@@ -41,7 +41,11 @@ fn flag_of(var: &str) -> Option<String> {
 
 /// What shardline takes for `flag`: the flag in ARGS, else its `SHARDLINE_*`
 /// variable in ENV (the flag wins, as in clap).
-pub fn setting(args: &[String], env: &BTreeMap<String, String>, flag: &str) -> Option<String> {
+pub(crate) fn setting(
+    args: &[String],
+    env: &BTreeMap<String, String>,
+    flag: &str,
+) -> Option<String> {
     flag_value(args, flag).or_else(|| {
         env.iter()
             .find(|(var, _)| flag_of(var).as_deref() == Some(flag))
@@ -56,7 +60,7 @@ pub fn setting(args: &[String], env: &BTreeMap<String, String>, flag: &str) -> O
 /// one the command lists (a misspelt one would be ignored in a container), and runs
 /// once more as its flag (`--drain-timeout 10s`) so that its value is parsed too,
 /// unless ARGS give that flag already.
-pub fn cli_accepts(args: &[String], env: &BTreeMap<String, String>) -> Result<(), String> {
+pub(crate) fn cli_accepts(args: &[String], env: &BTreeMap<String, String>) -> Result<(), String> {
     let help = run_help(args, env)?;
     let mut with_flags = args.to_vec();
     for (var, value) in env {

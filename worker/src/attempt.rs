@@ -15,10 +15,10 @@ use opentelemetry::context::FutureExt as _;
 use opentelemetry::global::{self, BoxedTracer};
 use opentelemetry::trace::{Span as _, SpanKind, TraceContextExt as _, Tracer as _};
 use opentelemetry::{Context, KeyValue};
-use shardline_topology::headers::{self, FailReason};
-use shardline_topology::letters::IndexEntry;
-use shardline_topology::telemetry::{self, attr, op};
-use shardline_topology::{ShardId, w3c};
+use shardline_contract::headers::{self, FailReason};
+use shardline_contract::letters::IndexEntry;
+use shardline_contract::telemetry::{self, attr, op};
+use shardline_contract::{ShardId, w3c};
 
 use crate::breaker::{self, Breaker, Permit};
 use crate::config::{Config, OnDeadLetter, RetryPolicy};
@@ -488,7 +488,7 @@ pub(crate) fn test_processor() -> Processor {
 /// breaker or rate limit.
 #[cfg(test)]
 pub(crate) fn test_processor_with(config: &Config, handler: Arc<dyn Handler>) -> Processor {
-    let shard = ShardId::new(3, shardline_topology::ShardCount::default()).expect("shard 3 of 16");
+    let shard = ShardId::new(3, shardline_contract::ShardCount::default()).expect("shard 3 of 16");
     let metrics = crate::metrics::Metrics::new(&[shard], config.backlog, config.stuck_after);
     Processor::new(
         config,

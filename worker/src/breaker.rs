@@ -45,7 +45,7 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use shardline_topology::status::{BreakerReport, BreakerState, PauseCause};
+use shardline_contract::status::{BreakerReport, BreakerState, PauseCause};
 use tokio::sync::watch;
 use tokio::time::Instant;
 

@@ -5,12 +5,12 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use shardline_topology::management::ManagementTarget;
-use shardline_topology::probe::Plan;
-use shardline_topology::status::Thresholds;
-use shardline_topology::{
-    AmqpTarget, Keys, Names, QueueType, RedisTarget, ShardCount, ShardId, TopologyOptions,
-};
+use shardline_connect::management::ManagementTarget;
+use shardline_connect::probe::Plan;
+use shardline_connect::{AmqpTarget, RedisTarget, TopologyOptions};
+use shardline_contract::QueueType;
+use shardline_contract::status::Thresholds;
+use shardline_contract::{Keys, Names, ShardCount, ShardId};
 
 use crate::limits::{BROKER_CHANNEL_MAX, MAX_SHARDS_PER_WORKER, WORKER_NAME_MAX};
 
@@ -649,7 +649,7 @@ pub struct RetryPolicy {
 
 /// Membership of an elastic fleet (`--assign auto`): every member renews a
 /// lease in Redis each heartbeat and runs one rebalance step
-/// (`shardline_topology::assignment::rebalance`) against the shared
+/// (`shardline_contract::assignment::rebalance`) against the shared
 /// assignment; the exclusive consumer keeps the broker the judge of who may
 /// consume a shard. Defaults: a 5 s lease renewed every second, 3 s of
 /// settling before a new member gets shards, 2 shards moved per step.
@@ -808,7 +808,7 @@ mod tests {
         );
         assert_eq!(quorum(7).validate(), Ok(()));
         assert_eq!(
-            quorum(shardline_topology::declare::DEFAULT_DELIVERY_LIMIT).validate(),
+            quorum(shardline_connect::declare::DEFAULT_DELIVERY_LIMIT).validate(),
             Ok(())
         );
         let retry = |retry: RetryPolicy| Config {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use shardline_topology::{Names, ShardId};
+use shardline_contract::{Names, ShardId};
 use tokio::sync::Notify;
 
 use crate::attempt::Processor;

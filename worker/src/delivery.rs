@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use lapin::BasicProperties;
 use lapin::message::Delivery;
-use shardline_topology::headers::FailReason;
-use shardline_topology::{Envelope, OrderKey};
+use shardline_contract::headers::FailReason;
+use shardline_contract::{Envelope, OrderKey};
 use tokio::time::Instant;
 
 use crate::dedup::{Admission, Claim, Verdict};

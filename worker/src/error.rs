@@ -5,8 +5,8 @@
 
 use std::net::SocketAddr;
 
-use shardline_topology::broker::BrokerError;
-use shardline_topology::declare::DeclareError;
+use shardline_connect::broker::BrokerError;
+use shardline_connect::declare::DeclareError;
 
 use crate::config::ConfigError;
 use crate::limits::LimitError;
@@ -26,7 +26,7 @@ pub enum WorkerError {
     Topology(#[from] DeclareError),
     /// The Redis pool could not be built.
     #[error(transparent)]
-    Redis(#[from] shardline_topology::RedisError),
+    Redis(#[from] shardline_connect::RedisError),
     /// The broker or the process allows fewer channels or file descriptors
     /// than the worker's shards need.
     #[error(transparent)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use opentelemetry::Context;
-use shardline_topology::{Envelope, ShardId};
+use shardline_contract::{Envelope, ShardId};
 
 mod http;
 

@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lapin::BasicProperties;
-use shardline_topology::ShardId;
-use shardline_topology::headers;
-use shardline_topology::status::HeldRef;
+use shardline_contract::ShardId;
+use shardline_contract::headers;
+use shardline_contract::status::HeldRef;
 
 /// Where a shard's consumer is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,7 +234,7 @@ pub(crate) fn published_ms(properties: &BasicProperties, received_ms: u64) -> u6
 }
 
 /// Wall-clock unix milliseconds now.
-pub fn unix_ms() -> u64 {
+pub(crate) fn unix_ms() -> u64 {
     CLOCK.unix_ms()
 }
 
@@ -272,7 +272,7 @@ impl Clock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shardline_topology::ShardCount;
+    use shardline_contract::ShardCount;
 
     #[test]
     fn backlog_is_the_oldest_of_in_flight_and_held() {

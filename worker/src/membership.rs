@@ -2,7 +2,7 @@
 //!
 //! Every heartbeat the member renews its lease in Redis and reads the fleet
 //! in the same round trip (one Lua script: `REGISTER`), then runs one
-//! rebalance step ([`shardline_topology::assignment::rebalance`]) against the
+//! rebalance step ([`shardline_contract::assignment::rebalance`]) against the
 //! shared assignment and writes it back if it changed, compare-and-set on the
 //! generation (`CAS`). Each shard's consumer follows what the assignment gives
 //! this member (a `watch` per shard): it takes a shard it was given (standing
@@ -27,9 +27,10 @@ use std::sync::Arc;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use redis::Script;
-use shardline_topology::assignment::{self, Assignment, Members, Rules};
-use shardline_topology::fleet::{FleetAssignment, MemberRecord, StaticRecord};
-use shardline_topology::{Keys, RedisPool, ShardId};
+use shardline_connect::RedisPool;
+use shardline_contract::assignment::{self, Assignment, Members, Rules};
+use shardline_contract::fleet::{FleetAssignment, MemberRecord, StaticRecord};
+use shardline_contract::{Keys, ShardId};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

@@ -19,9 +19,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use shardline_topology::ShardId;
-use shardline_topology::headers::FailReason;
-use shardline_topology::status::{Level, Thresholds};
+use shardline_contract::ShardId;
+use shardline_contract::headers::FailReason;
+use shardline_contract::status::{Level, Thresholds};
 
 use crate::breaker::BreakerMetrics;
 use crate::handler::Fault;
@@ -698,7 +698,7 @@ impl Counts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shardline_topology::ShardCount;
+    use shardline_contract::ShardCount;
 
     fn shards(n: u32) -> Vec<ShardId> {
         ShardCount::new(n).unwrap().ids().collect()

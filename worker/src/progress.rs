@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use shardline_topology::ShardId;
+use shardline_contract::ShardId;
 
 use crate::live::ShardState;
 use crate::metrics::{Counts, Metrics};

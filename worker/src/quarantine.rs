@@ -15,7 +15,7 @@
 //! stays the blocker and the successors replayed behind it are quarantined
 //! again rather than applied out of order.
 
-use shardline_topology::{Keys, OrderKey};
+use shardline_contract::{Keys, OrderKey};
 
 use crate::store::RedisSlot;
 

@@ -18,10 +18,10 @@ use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::protocol::AMQPSoftError;
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
+use shardline_connect::broker::soft_error;
+use shardline_connect::declare;
+use shardline_contract::status::HeldRef;
 use shardline_publisher::ConfirmChannel;
-use shardline_topology::broker::soft_error;
-use shardline_topology::declare;
-use shardline_topology::status::HeldRef;
 use std::time::Duration;
 
 use tokio::sync::watch;

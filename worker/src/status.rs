@@ -2,7 +2,7 @@
 //! [`TTL`], each worker writes a [`ShardReport`] per shard it consumes and one
 //! [`WorkerReport`] of itself, so that `topology status` can tell owners,
 //! backlog age and in-flight events without the broker's management plugin and
-//! without depending on the worker. Documents and keys are `shardline-topology`'s.
+//! without depending on the worker. Documents and keys are `shardline-contract`'s.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use redis::Pipeline;
 use redis::aio::ConnectionLike;
-use shardline_topology::fleet::StaticRecord;
-use shardline_topology::status::{
+use shardline_connect::RedisPool;
+use shardline_contract::Keys;
+use shardline_contract::fleet::StaticRecord;
+use shardline_contract::status::{
     BreakerState, FleetBreaker, ShardReport as Document, TTL, WRITE_EVERY, WorkerReport,
 };
-use shardline_topology::{Keys, RedisPool};
 use tokio_util::sync::CancellationToken;
 
 use crate::breaker::Breaker;
@@ -224,8 +225,8 @@ fn json(document: &impl serde::Serialize) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shardline_topology::ShardCount;
-    use shardline_topology::status::Thresholds;
+    use shardline_contract::ShardCount;
+    use shardline_contract::status::Thresholds;
 
     #[test]
     fn consuming_shards_are_reported_and_the_worker_lists_them_all() {

@@ -39,7 +39,7 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use redis::aio::MultiplexedConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, Script, ServerErrorKind};
-use shardline_topology::redis_target::{PooledConnection, RedisPool, is_not_primary};
+use shardline_connect::redis_target::{PooledConnection, RedisPool, is_not_primary};
 use tokio::time::Instant;
 
 /// The most Redis connections a worker's shards share, whatever their number.
@@ -450,7 +450,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use futures_util::future::join_all;
-    use shardline_topology::RedisTarget;
+    use shardline_connect::RedisTarget;
 
     use super::*;
 

@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::Connection;
-use shardline_topology::broker::{self, BrokerError};
-use shardline_topology::{Keys, RedisPool, ShardId, declare, probe};
+use shardline_connect::broker::{self, BrokerError};
+use shardline_connect::{RedisPool, declare, probe};
+use shardline_contract::{Keys, ShardId};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -837,7 +838,7 @@ async fn warn_if_redis_may_evict(pool: &RedisPool) {
 
 #[cfg(test)]
 mod tests {
-    use shardline_topology::ShardCount;
+    use shardline_contract::ShardCount;
 
     use super::*;
 

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use lapin::message::Delivery;
+use shardline_contract::{ShardCount, ShardId};
 use shardline_publisher::ConfirmError;
-use shardline_topology::{ShardCount, ShardId};
 use tokio::sync::Notify;
 
 use crate::attempt::Processor;

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use opentelemetry::trace::{SpanContext, Status, TraceContextExt as _};
 use opentelemetry::{Context, KeyValue};
-use shardline_topology::headers::FailReason;
-use shardline_topology::telemetry::{self, attr, outcome};
+use shardline_contract::headers::FailReason;
+use shardline_contract::telemetry::{self, attr, outcome};
 
 use crate::handler::HandlerError;
 

@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use redis::aio::MultiplexedConnection;
-use shardline_topology::letters::{Group, INDEX_LUA, IndexEntry};
-use shardline_topology::{Keys, OrderId, envelope::order_key_of};
+use shardline_contract::letters::{Group, INDEX_LUA, IndexEntry};
+use shardline_contract::{Keys, OrderId, envelope::order_key_of};
 
 use super::{Filters, redis_error};
 use crate::{Error, Fleet};

@@ -7,8 +7,8 @@ use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
 use serde::Serialize;
-use shardline_topology::Envelope;
-use shardline_topology::headers::{self, header_i64, header_str};
+use shardline_contract::Envelope;
+use shardline_contract::headers::{self, header_i64, header_str};
 
 /// What identifies a letter in reports and events.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -105,14 +105,14 @@ impl Letter {
     /// the broker dead-lettered itself the id derived from its content.
     pub fn index_id(&self) -> String {
         self.info.id.clone().unwrap_or_else(|| {
-            shardline_topology::letters::derived_id(self.properties(), self.body())
+            shardline_contract::letters::derived_id(self.properties(), self.body())
         })
     }
 
     /// Its entry in the dead-letter index, as the worker (or `dlq reindex`)
     /// wrote it.
-    pub fn entry(&self) -> shardline_topology::letters::IndexEntry {
-        shardline_topology::letters::entry_of(self.properties(), self.body())
+    pub fn entry(&self) -> shardline_contract::letters::IndexEntry {
+        shardline_contract::letters::entry_of(self.properties(), self.body())
     }
 
     pub fn body(&self) -> &[u8] {

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use shardline_topology::OrderId;
-use shardline_topology::envelope::order_key_of;
+use shardline_contract::OrderId;
+use shardline_contract::envelope::order_key_of;
 use tokio::task::JoinHandle;
 
 use super::redis_error;
@@ -199,7 +199,8 @@ pub(crate) async fn locked(
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use shardline_topology::{Keys, RedisTarget};
+    use shardline_connect::RedisTarget;
+    use shardline_contract::Keys;
     use tokio_util::sync::CancellationToken;
 
     use super::*;

@@ -25,8 +25,8 @@ use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
-use shardline_topology::OrderId;
-use shardline_topology::letters::IndexEntry;
+use shardline_contract::OrderId;
+use shardline_contract::letters::IndexEntry;
 
 pub(crate) use index::Index;
 pub use index::{GroupCount, GroupSummary, LetterQuery};
@@ -152,7 +152,7 @@ pub async fn letters(fleet: &Fleet, query: &LetterQuery) -> Result<Vec<IndexEntr
 pub(crate) async fn dlq_depth(fleet: &Fleet) -> Result<u64, Error> {
     let queue = &fleet.names.dead_letter_queue;
     let conn = fleet.connect("shardline dlq").await?;
-    let status = shardline_topology::declare::queue_status(&conn, queue)
+    let status = shardline_connect::declare::queue_status(&conn, queue)
         .await
         .map_err(Error::queue(format!("reading {queue} on {}", fleet.amqp)));
     close(&conn).await;
@@ -511,7 +511,7 @@ mod tests {
             .unwrap()
             .as_nanos();
         let keys =
-            shardline_topology::Keys::new(&format!("test:lift:{}:{nanos}:", std::process::id()));
+            shardline_contract::Keys::new(&format!("test:lift:{}:{nanos}:", std::process::id()));
         let (quarantine, order, fence) = (keys.quarantine("A"), keys.order("A"), keys.fence(3));
         let lift = async |redis: &mut redis::aio::MultiplexedConnection| {
             redis::Script::new(LIFT)

@@ -4,7 +4,7 @@
 //! order (RabbitMQ marks those letters redelivered).
 
 use lapin::options::{BasicAckOptions, BasicGetOptions};
-use shardline_topology::Names;
+use shardline_contract::Names;
 
 use super::Letter;
 use crate::Error;
@@ -23,7 +23,10 @@ pub(crate) struct Selection {
 }
 
 impl Reader {
-    pub async fn open(conn: &lapin::Connection, names: &Names) -> Result<Self, lapin::Error> {
+    pub(super) async fn open(
+        conn: &lapin::Connection,
+        names: &Names,
+    ) -> Result<Self, lapin::Error> {
         Ok(Self {
             channel: conn.create_channel().await?,
             queue: names.dead_letter_queue.clone(),
@@ -31,7 +34,7 @@ impl Reader {
     }
 
     /// The next letter, `None` when the queue has nothing left to hand out.
-    pub async fn next(&self) -> Result<Option<Letter>, Error> {
+    pub(super) async fn next(&self) -> Result<Option<Letter>, Error> {
         let got = self
             .channel
             .basic_get(
@@ -45,7 +48,7 @@ impl Reader {
     /// Reads until the queue is empty or `limit` letters matched; the others
     /// stay read (unacked) until [`Self::release`], so that they are not
     /// handed out twice.
-    pub async fn select(
+    pub(super) async fn select(
         &self,
         matches: impl Fn(&Letter) -> bool,
         limit: Option<usize>,
@@ -65,7 +68,7 @@ impl Reader {
     }
 
     /// Removes a letter read on this reader's channel from the DLQ.
-    pub async fn remove(letter: &Letter) -> Result<(), Error> {
+    pub(super) async fn remove(letter: &Letter) -> Result<(), Error> {
         letter
             .delivery
             .ack(BasicAckOptions::default())
@@ -76,7 +79,7 @@ impl Reader {
 
     /// Closes the channel: every letter read and not acked returns to the
     /// queue, in its order.
-    pub async fn release(self) {
+    pub(super) async fn release(self) {
         if let Err(e) = self.channel.close(200, "browsed".into()).await {
             tracing::debug!(error = %e, "closing the DLQ channel");
         }

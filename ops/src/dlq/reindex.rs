@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 
 use serde::Serialize;
-use shardline_topology::letters::{self, IndexEntry};
+use shardline_contract::letters::{self, IndexEntry};
 use tokio_util::sync::CancellationToken;
 
 use super::{Index, with_reader};

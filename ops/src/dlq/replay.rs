@@ -17,11 +17,11 @@ use opentelemetry::trace::{Span as _, SpanKind, Status, TraceId, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use redis::aio::MultiplexedConnection;
 use serde::Serialize;
+use shardline_contract::envelope::order_key_of;
+use shardline_contract::headers::{self, FailReason, header_str};
+use shardline_contract::telemetry::{self, attr, op};
+use shardline_contract::{Names, OrderId, ShardId};
 use shardline_publisher::Publisher;
-use shardline_topology::envelope::order_key_of;
-use shardline_topology::headers::{self, FailReason, header_str};
-use shardline_topology::telemetry::{self, attr, op};
-use shardline_topology::{Names, OrderId, ShardId};
 use tokio_util::sync::CancellationToken;
 
 use super::lock::ReplayLocks;

@@ -1,12 +1,12 @@
 //! The runs of reconcile at an interval, kept in Redis for the console: a
 //! summary per run, ok or failed, newest first in one capped list
-//! ([`shardline_topology::Keys::reconcile_runs`]). A single run (no
+//! ([`shardline_contract::Keys::reconcile_runs`]). A single run (no
 //! interval) leaves none: its caller has its report.
 
 use std::time::{Duration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use shardline_topology::status::unix_ms;
+use shardline_contract::status::unix_ms;
 
 use super::ReconcileReport;
 use crate::{Error, Fleet, capped};
@@ -124,8 +124,8 @@ pub async fn runs(fleet: &Fleet, limit: usize) -> Result<Vec<RunSummary>, Error>
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use shardline_topology::ShardCount;
-    use shardline_topology::envelope::order_key_of;
+    use shardline_contract::ShardCount;
+    use shardline_contract::envelope::order_key_of;
 
     use super::*;
     use crate::reconcile::{Compensation, Drift, Expected, OnItsWay, Pending};

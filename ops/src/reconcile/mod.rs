@@ -7,7 +7,7 @@
 //!    a read-only transaction (the order database is never written; `orders`);
 //! 2. skip orders updated within the grace, and statuses that imply no event;
 //! 3. look up whether the workers processed each expected kind (the `kind`
-//!    key of [`shardline_topology::Keys`], written with each dedup commit);
+//!    key of [`shardline_contract::Keys`], written with each dedup commit);
 //! 4. look for each missing event on its way (`pending`): a compensation
 //!    emitted before, an event held by the sequence gate, a dead letter, a
 //!    shard backlog older than the grace, or a shard with messages and no
@@ -31,10 +31,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::TryStreamExt as _;
 use redis::aio::MultiplexedConnection;
+use shardline_connect::declare;
+use shardline_contract::envelope::{MAX_FIELD_BYTES, order_key_of};
+use shardline_contract::status::{ShardReport, unix_ms};
+use shardline_contract::{Keys, ShardId};
 use shardline_publisher::Publisher;
-use shardline_topology::envelope::{MAX_FIELD_BYTES, order_key_of};
-use shardline_topology::status::{ShardReport, unix_ms};
-use shardline_topology::{Keys, ShardId, declare};
 use tokio_postgres::types::ToSql;
 use tokio_util::sync::CancellationToken;
 
@@ -198,7 +199,7 @@ impl Reconciler {
                 &["orders_url"],
                 format!(
                     "orders_url {orders_url}: {}",
-                    one_line(&shardline_topology::broker::scrub(
+                    one_line(&shardline_connect::broker::scrub(
                         &chain(&e),
                         &config.orders_url
                     ))
@@ -935,7 +936,7 @@ impl Run<'_> {
 
 /// One Redis round trip under [`REDIS_TIMEOUT`], its error naming what it did.
 async fn redis_op<T>(
-    redis: &shardline_topology::RedisTarget,
+    redis: &shardline_connect::RedisTarget,
     what: &'static str,
     op: impl Future<Output = redis::RedisResult<T>>,
 ) -> Result<T, Error> {

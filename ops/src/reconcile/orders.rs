@@ -35,7 +35,7 @@ fn query_error(message: String) -> Error {
 }
 
 impl Columns {
-    pub fn of(statement: &tokio_postgres::Statement) -> Result<Self, Error> {
+    pub(super) fn of(statement: &tokio_postgres::Statement) -> Result<Self, Error> {
         let params = statement.params();
         if params.len() != 1 {
             return Err(query_error(format!(
@@ -88,7 +88,7 @@ impl Columns {
     }
 
     /// The row's snapshot; `None` when it has no order id or no `updated_at`.
-    pub fn read(
+    pub(super) fn read(
         &self,
         row: &tokio_postgres::Row,
     ) -> Result<Option<Snapshot>, tokio_postgres::Error> {
@@ -118,7 +118,7 @@ impl Columns {
 
 /// A connection URL or key=value string with its password blanked out.
 pub(super) fn redact_orders_url(url: &str) -> String {
-    let mut out = shardline_topology::redact_url(url);
+    let mut out = shardline_connect::redact_url(url);
     // key=value strings and URL parameters can carry the password too.
     let mut from = 0;
     while let Some(at) = out[from..].to_ascii_lowercase().find("password=") {

@@ -6,8 +6,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
-use shardline_topology::status::ShardReport;
-use shardline_topology::{Envelope, Keys, ShardId};
+use shardline_contract::status::ShardReport;
+use shardline_contract::{Envelope, Keys, ShardId};
 
 /// An event an order's status implies.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,7 +146,7 @@ pub(super) struct Whereabouts {
 impl Whereabouts {
     /// Why `e` may still arrive (the first reason found), `None` when nothing
     /// suggests it will. `compensated`: reconcile emitted it before.
-    pub fn on_its_way(&self, e: &Expected, compensated: bool) -> Option<OnItsWay> {
+    pub(super) fn on_its_way(&self, e: &Expected, compensated: bool) -> Option<OnItsWay> {
         let report = self.reports.get(&e.shard);
         if compensated {
             return Some(OnItsWay::Compensated);

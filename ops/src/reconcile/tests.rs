@@ -3,8 +3,8 @@
 use std::collections::HashSet;
 
 use super::*;
-use shardline_topology::status::HeldRef;
-use shardline_topology::{Envelope, Keys, ShardCount};
+use shardline_contract::status::HeldRef;
+use shardline_contract::{Envelope, Keys, ShardCount};
 
 fn expected(order_id: &str, kind: &str) -> Expected {
     Expected {

@@ -7,14 +7,14 @@ use std::collections::HashMap;
 
 /// A link target as written, with the 1-based line it is on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Link {
+pub(crate) struct Link {
     pub line: usize,
     pub target: String,
 }
 
 /// A test a page names as `path/to/file.rs::fn_name` (or `file.rs::module::fn_name`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NamedTest {
+pub(crate) struct NamedTest {
     pub line: usize,
     pub file: String,
     pub name: String,
@@ -62,7 +62,7 @@ fn without_code(line: &str) -> String {
 
 /// Every link target of the page: inline links and images `[text](target)`,
 /// reference definitions `[label]: target`, and HTML `href="…"` / `src="…"`.
-pub fn links(text: &str) -> Vec<Link> {
+pub(crate) fn links(text: &str) -> Vec<Link> {
     let mut found = Vec::new();
     for (line, raw) in prose(text) {
         let code_free = without_code(raw);
@@ -128,7 +128,7 @@ pub fn links(text: &str) -> Vec<Link> {
 /// GitHub's slug of a heading's text: inline markup dropped, lowercased,
 /// every character but letters, digits, `-`, `_` and spaces removed, spaces
 /// turned into `-`.
-pub fn slug(heading: &str) -> String {
+pub(crate) fn slug(heading: &str) -> String {
     let mut text = String::with_capacity(heading.len());
     let mut rest = heading;
     // `[text](url)` reads as its text.
@@ -157,7 +157,7 @@ pub fn slug(heading: &str) -> String {
 
 /// Every anchor of the page: its headings' slugs (a repeated slug gets `-1`,
 /// `-2`, … as on GitHub) and HTML `id="…"` / `name="…"` attributes.
-pub fn anchors(text: &str) -> Vec<String> {
+pub(crate) fn anchors(text: &str) -> Vec<String> {
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut found = Vec::new();
     for (_, line) in prose(text) {
@@ -191,7 +191,7 @@ pub fn anchors(text: &str) -> Vec<String> {
 /// Every `path.rs::name` the page mentions, code spans and code blocks
 /// included: the last `::` segment is the function, the path is from the
 /// repository's root.
-pub fn named_tests(text: &str) -> Vec<NamedTest> {
+pub(crate) fn named_tests(text: &str) -> Vec<NamedTest> {
     let path_char = |c: char| c.is_alphanumeric() || matches!(c, '/' | '_' | '-' | '.');
     let ident_char = |c: char| c.is_alphanumeric() || c == '_';
     let mut found = Vec::new();

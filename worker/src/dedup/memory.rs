@@ -20,12 +20,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use shardline_topology::ShardId;
-use shardline_topology::envelope::order_key_of;
-use shardline_topology::letters::IndexEntry;
+use shardline_contract::ShardId;
+use shardline_contract::envelope::order_key_of;
+use shardline_contract::letters::IndexEntry;
 use tokio::time::Instant;
 
-use shardline_topology::OrderKey;
+use shardline_contract::OrderKey;
 
 use super::{
     Admission, Claim, DeadLettered, Done, FenceScope, FenceToken, GroupAdmit, GroupReply,

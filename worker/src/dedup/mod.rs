@@ -43,8 +43,8 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::{Cmd, Pipeline, Script};
-use shardline_topology::letters::{INDEX_LUA, IndexEntry};
-use shardline_topology::{Keys, OrderKey, ShardId};
+use shardline_contract::letters::{INDEX_LUA, IndexEntry};
+use shardline_contract::{Keys, OrderKey, ShardId};
 
 use crate::config::{Config, OnDeadLetter};
 use crate::era::RedisEra;

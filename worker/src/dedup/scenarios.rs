@@ -14,8 +14,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::time::Duration;
 
-use shardline_topology::letters::IndexEntry;
-use shardline_topology::{Keys, OrderKey, ShardCount, ShardId};
+use shardline_contract::letters::IndexEntry;
+use shardline_contract::{Keys, OrderKey, ShardCount, ShardId};
 
 use super::memory::{ClaimView, EventView, MemoryOrderState, MemoryStore, OrderView};
 use super::tests::{Consumer, Store};
@@ -378,7 +378,7 @@ impl<W: World> Run<W> {
             self.events.insert(key.clone());
         }
         Ev {
-            order: shardline_topology::OrderId::new(order)
+            order: shardline_contract::OrderId::new(order)
                 .expect("a scenario's order id")
                 .key(),
             kind: kind.to_owned(),

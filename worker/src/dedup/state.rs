@@ -8,12 +8,12 @@
 
 use std::future::Future;
 
-use shardline_topology::letters::IndexEntry;
+use shardline_contract::letters::IndexEntry;
 
 use super::{
     Admission, Claim, DeadLettered, Dedup, Done, GroupAdmit, GroupReply, Start, Verdict, Written,
 };
-use shardline_topology::OrderKey;
+use shardline_contract::OrderKey;
 
 use crate::quarantine;
 use crate::store::RedisSlot;

@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use shardline_topology::{OrderKey, RedisTarget, ShardCount, ShardId};
+use shardline_connect::RedisTarget;
+use shardline_contract::{OrderKey, ShardCount, ShardId};
 
 use super::*;
 use crate::store::{Lanes, RedisHealth};
@@ -115,7 +116,7 @@ struct Ev {
 impl Ev {
     fn new(kind: &str, seq: u64) -> Self {
         Self {
-            order: shardline_topology::OrderId::new("A").unwrap().key(),
+            order: shardline_contract::OrderId::new("A").unwrap().key(),
             kind: kind.to_owned(),
             seq,
             key: format!("A:{kind}:{seq}"),

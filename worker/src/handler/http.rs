@@ -21,9 +21,9 @@ use opentelemetry::KeyValue;
 use opentelemetry::trace::TraceContextExt as _;
 use reqwest::Url;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION, RETRY_AFTER};
-use shardline_topology::broker::redact_url;
-use shardline_topology::headers::{BAGGAGE, TRACEPARENT, TRACESTATE};
-use shardline_topology::telemetry::{attr, event as span_event};
+use shardline_connect::broker::redact_url;
+use shardline_contract::headers::{BAGGAGE, TRACEPARENT, TRACESTATE};
+use shardline_contract::telemetry::{attr, event as span_event};
 
 use super::{Event, Handler, HandlerError, HandlerSpecError};
 

@@ -10,7 +10,7 @@
 //! (a control message anyone could publish must not move anything).
 
 use lapin::BasicProperties;
-use shardline_topology::headers::{self, FailReason};
+use shardline_contract::headers::{self, FailReason};
 
 /// A control message, as its header names it.
 #[derive(Debug, Clone, PartialEq, Eq)]

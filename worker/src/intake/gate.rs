@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
-use shardline_topology::OrderKey;
-use shardline_topology::headers::FailReason;
+use shardline_contract::OrderKey;
+use shardline_contract::headers::FailReason;
 use tokio::time::Instant;
 
 use crate::config::{Config, OnGap};
@@ -293,7 +293,7 @@ mod tests {
     }
 
     fn key(order: &str) -> OrderKey {
-        shardline_topology::OrderId::new(order).unwrap().key()
+        shardline_contract::OrderId::new(order).unwrap().key()
     }
 
     fn item(seq: u64) -> Box<Item> {

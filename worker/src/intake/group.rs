@@ -21,8 +21,8 @@
 
 use std::collections::HashMap;
 
-use shardline_topology::OrderKey;
-use shardline_topology::telemetry::outcome;
+use shardline_contract::OrderKey;
+use shardline_contract::telemetry::outcome;
 use tokio_util::sync::CancellationToken;
 
 use crate::attempt::Processor;

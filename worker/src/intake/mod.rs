@@ -12,8 +12,8 @@ pub(crate) mod group;
 pub(crate) mod lookahead;
 pub(crate) mod schedule;
 
-use shardline_topology::headers::{self, FailReason};
-use shardline_topology::{Envelope, EnvelopeError, Keys};
+use shardline_contract::headers::{self, FailReason};
+use shardline_contract::{Envelope, EnvelopeError, Keys};
 
 use crate::delivery::{Decoded, Message, Outcome};
 

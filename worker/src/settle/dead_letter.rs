@@ -9,9 +9,9 @@ use std::time::{Duration, SystemTime};
 
 use lapin::BasicProperties;
 
+use shardline_contract::headers::{DeadLetter, FailReason};
+use shardline_contract::{Names, letters};
 use shardline_publisher::{ConfirmChannel, ConfirmError};
-use shardline_topology::headers::{DeadLetter, FailReason};
-use shardline_topology::{Names, letters};
 
 use super::{Delivery, Upcoming, acks};
 use crate::context::ShardContext;

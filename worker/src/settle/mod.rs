@@ -15,10 +15,10 @@ pub(crate) mod retry;
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use shardline_topology::telemetry::outcome;
+use shardline_contract::telemetry::outcome;
 use tokio::time::Instant;
 
-use shardline_topology::OrderKey;
+use shardline_contract::OrderKey;
 
 use crate::attempt::Processor;
 use crate::breaker::Judgement;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use shardline_topology::headers::FailReason;
+use shardline_contract::headers::FailReason;
 use tokio::time::Instant;
 
 use crate::breaker::Breaker;

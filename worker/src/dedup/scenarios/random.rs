@@ -130,7 +130,7 @@ impl<W: World> Run<W> {
             .filter(|_| !letters.is_empty())
             .map(|n| letters[n % letters.len()].clone());
         Ev {
-            order: shardline_topology::OrderId::new(order)
+            order: shardline_contract::OrderId::new(order)
                 .expect("a generated order id")
                 .key(),
             kind: kind.to_owned(),

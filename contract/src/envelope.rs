@@ -13,13 +13,10 @@ use std::time::SystemTime;
 
 use md5::{Digest, Md5};
 
-use crate::order_id::OrderId;
+pub use crate::order_id::{MAX_FIELD_BYTES, key_field};
+use crate::order_id::{OrderId, escape_into};
 use serde::Deserialize;
 use serde_json::Number;
-
-/// Longest `order_id`, `event` or `event_id`, in bytes: they travel in Redis keys
-/// and HTTP headers.
-pub const MAX_FIELD_BYTES: usize = 256;
 
 /// Largest accepted `seq`: 2^63 − 1, so it fits every signed 64-bit store.
 pub const MAX_SEQ: u64 = i64::MAX as u64;
@@ -167,24 +164,6 @@ fn checked_field(name: &str, value: Cow<'_, str>) -> Result<String, EnvelopeErro
 /// that read ids of orders from elsewhere (`shardline reconcile`'s database).
 pub fn order_key_of(order_id: &str) -> String {
     key_field(order_id)
-}
-
-/// Any field with `%` and `:` escaped, so that it cannot split a `:`-separated
-/// Redis key.
-pub fn key_field(field: &str) -> String {
-    let mut key = String::with_capacity(field.len());
-    escape_into(&mut key, field);
-    key
-}
-
-fn escape_into(out: &mut String, field: &str) {
-    for c in field.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            ':' => out.push_str("%3A"),
-            c => out.push(c),
-        }
-    }
 }
 
 /// An event to publish, built from command-line flags or by the load generator.

@@ -27,7 +27,7 @@
 
 use md5::{Digest, Md5};
 
-use crate::envelope::key_field;
+use crate::order_id::key_field;
 use crate::shard::ShardId;
 
 /// Builds the keys under one prefix.

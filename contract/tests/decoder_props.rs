@@ -5,8 +5,8 @@
 
 use proptest::prelude::*;
 use serde_json::{Map, Value};
-use shardline_topology::envelope::{MAX_FIELD_BYTES, MAX_SEQ};
-use shardline_topology::{Envelope, EnvelopeError, OrderId};
+use shardline_contract::envelope::{MAX_FIELD_BYTES, MAX_SEQ};
+use shardline_contract::{Envelope, EnvelopeError, OrderId};
 
 /// The worker's default body limit.
 const LIMIT: usize = 1 << 20;

@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::time::UNIX_EPOCH;
 
-use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldTable};
+use amq_protocol::protocol::BasicProperties;
+use amq_protocol::types::{AMQPValue, FieldTable};
 use md5::{Digest, Md5};
 
 use crate::headers::{self, header, header_i64, header_str};

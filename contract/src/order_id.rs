@@ -10,7 +10,27 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::envelope::{MAX_FIELD_BYTES, key_field};
+/// Longest `order_id`, `event` or `event_id`, in bytes: they travel in Redis keys
+/// and HTTP headers.
+pub const MAX_FIELD_BYTES: usize = 256;
+
+/// Any field with `%` and `:` escaped, so that it cannot split a `:`-separated
+/// Redis key.
+pub fn key_field(field: &str) -> String {
+    let mut key = String::with_capacity(field.len());
+    escape_into(&mut key, field);
+    key
+}
+
+pub(crate) fn escape_into(out: &mut String, field: &str) {
+    for c in field.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            ':' => out.push_str("%3A"),
+            c => out.push(c),
+        }
+    }
+}
 
 /// An order id: 1 to [`MAX_FIELD_BYTES`] bytes of text without control
 /// characters (it travels in Redis keys and HTTP headers). Reads as a `&str`.

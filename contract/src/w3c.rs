@@ -7,7 +7,7 @@
 //! correlation holds without any exporter. Reading the headers of a delivery
 //! is [`crate::headers::extract`].
 
-use lapin::types::{AMQPValue, FieldTable, LongString};
+use amq_protocol::types::{AMQPValue, FieldTable, LongString};
 use opentelemetry::Context;
 use opentelemetry::trace::{
     SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,

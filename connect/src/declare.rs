@@ -13,30 +13,10 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{Channel, Connection, ExchangeKind};
 
 use crate::broker::soft_error;
-use crate::names::Names;
-use crate::probe::{Plan, Version};
-use crate::shard::ShardCount;
-
-/// Queue type of the shard queues (the dead-letter queue is quorum when they are).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum QueueType {
-    #[default]
-    Classic,
-    /// Implies single-active-consumer: quorum queues ignore exclusive consumers.
-    Quorum,
-}
-
-impl std::str::FromStr for QueueType {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "classic" => Ok(Self::Classic),
-            "quorum" => Ok(Self::Quorum),
-            other => Err(format!("expected `classic` or `quorum`, got `{other}`")),
-        }
-    }
-}
+use crate::probe::Plan;
+use shardline_contract::Names;
+use shardline_contract::ShardCount;
+use shardline_contract::rabbitmq::{QueueType, Version};
 
 /// The default `x-delivery-limit` of quorum shard queues, from the budget
 /// in ARCHITECTURE.md ("Delivery-count budget"): every return of an

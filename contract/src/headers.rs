@@ -5,8 +5,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use amq_protocol::protocol::BasicProperties;
+use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 use opentelemetry::Context;
 use opentelemetry::trace::{SpanContext, TraceContextExt as _};
 

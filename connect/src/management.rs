@@ -164,7 +164,7 @@ impl ManagementTarget {
             .collect();
         Ok(ManagementFacts {
             address: self.to_string(),
-            version: crate::probe::Version::parse(&version_text),
+            version: shardline_contract::rabbitmq::Version::parse(&version_text),
             version_text,
             cluster_name: text(&overview, "cluster_name"),
             queues: found,
@@ -215,7 +215,7 @@ pub struct ManagementFacts {
     /// The API's URL, password redacted.
     pub address: String,
     pub version_text: String,
-    pub version: Option<crate::probe::Version>,
+    pub version: Option<shardline_contract::rabbitmq::Version>,
     pub cluster_name: Option<String>,
     /// The queues asked for that exist.
     pub queues: Vec<QueueFacts>,

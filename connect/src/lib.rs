@@ -1,0 +1,19 @@
+//! shardline's connections: everything that talks to RabbitMQ or Redis on
+//! behalf of the contract (`shardline-contract`, which does no I/O).
+//! Modules, from the address to what is declared:
+//!
+//! - [`broker`]: broker addresses and connecting to RabbitMQ, with redacted URLs in every error.
+//! - [`redis_target`]: Redis addresses (direct or through Sentinels), connections and pools.
+//! - [`management`]: the management HTTP API, for the policies AMQP cannot show.
+//! - [`probe`]: what the broker can do (its server properties) and the decision table built on it.
+//! - [`declare`]: declaring the topology (`topology apply`) and reading it back (`status`).
+
+pub mod broker;
+pub mod declare;
+pub mod management;
+pub mod probe;
+pub mod redis_target;
+
+pub use broker::{AddressOrder, AmqpTarget, BrokerError, connect, connect_each, redact_url};
+pub use declare::{ApplyReport, DeclareError, DlqKind, ShardStatus, TopologyOptions};
+pub use redis_target::{PooledConnection, RedisError, RedisPool, RedisTarget};
