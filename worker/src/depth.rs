@@ -8,7 +8,7 @@
 //! information, not an alert. Paced, a worker spends at most `per_second`
 //! shard declares a second (plus the DLQ's one per period), and each shard's
 //! gauge is refreshed every max(period, N / `per_second` s): every 5 s up to
-//! 250 shards, every 20.5 s at 1,024 (the defaults: 5 s, 50 a second).
+//! 125 shards, every 41 s at 1,024 (the defaults: 5 s, 25 a second).
 
 use std::time::Duration;
 

@@ -45,12 +45,12 @@ const RECONNECT_MIN: Duration = Duration::from_millis(200);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
 /// How often queue depths are read (passive declare), for the depth gauges:
 /// the DLQ's, and each shard's while there are at most
-/// `DEPTH_POLL × DEPTH_DECLARES_PER_SECOND` (250) shards.
+/// `DEPTH_POLL × DEPTH_DECLARES_PER_SECOND` (125) shards.
 const DEPTH_POLL: Duration = Duration::from_secs(5);
 /// The most shard-queue declares a second the depth poll spends: a worker of
 /// many shards refreshes each gauge less often instead of sending the broker
 /// a burst of one declare per shard every [`DEPTH_POLL`].
-const DEPTH_DECLARES_PER_SECOND: u32 = 50;
+const DEPTH_DECLARES_PER_SECOND: u32 = 25;
 /// The breaker (`Config::breaker` on), open from the start when the fleet's
 /// is (another worker's status document says so): a worker restarted during
 /// an outage does not rediscover it with its events' budgets.
@@ -324,7 +324,7 @@ async fn close_connection(conn: &Connection) {
 /// with passive declares on one channel, for the gauges, until `stop`. Paced
 /// (`crate::depth`): at most [`DEPTH_DECLARES_PER_SECOND`] shard declares a
 /// second, so each shard's gauge is refreshed every max([`DEPTH_POLL`],
-/// N / 50 s) (20.5 s at 1,024 shards), and the DLQ's every [`DEPTH_POLL`].
+/// N / 25 s) (41 s at 1,024 shards), and the DLQ's every [`DEPTH_POLL`].
 ///
 /// On a connection of its own (named `… queue depths`), made again after a
 /// loss: lapin looks at every channel of a connection each time its I/O loop
