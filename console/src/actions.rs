@@ -21,8 +21,8 @@ use shardline_ops::audit::{self, AuditEntry};
 use shardline_ops::{Event, Filters, LetterQuery, ReconcileConfig, Reconciler, ReplayConfig, dlq};
 
 use crate::jobs::{JobState, JobView, Kind, Progress};
-use crate::server::{Shared, chain, json_error};
 use crate::session::Principal;
+use crate::state::{Shared, chain, json_error};
 
 /// A replay's rate when the request gives none, events per second: a
 /// group replayed from the page should not flood a downstream that was

@@ -15,8 +15,8 @@ use shardline_contract::letters::{IndexEntry, hex};
 use shardline_ops::dlq::{self, GroupSummary};
 use shardline_ops::{Filters, Letter, LetterQuery, audit, reconcile};
 
-use crate::server::{Shared, chain, json_error};
 use crate::session::Principal;
+use crate::state::{Shared, chain, json_error};
 
 /// Letters returned when the query gives no `limit`, and the most it may ask.
 const DEFAULT_LETTERS: usize = 500;

@@ -10,8 +10,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
 use subtle::ConstantTimeEq as _;
 
-use crate::server::{Shared, json_error};
 use crate::session::{COOKIE, Principal};
+use crate::state::{Shared, json_error};
 use crate::token::Role;
 
 /// The Content-Security-Policy of every response: nothing from elsewhere,

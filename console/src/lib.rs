@@ -41,6 +41,7 @@ mod jobs;
 mod pages;
 mod server;
 mod session;
+mod state;
 pub mod token;
 
 pub use config::Config;

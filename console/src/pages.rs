@@ -13,8 +13,8 @@ use crate::api::{AUDIT_SHOWN, LettersParams, RUNS_SHOWN, read_letter};
 use crate::guard::{see_other, session_id};
 use crate::history;
 use crate::html::{self, Nav};
-use crate::server::{Shared, Status, chain};
 use crate::session::{COOKIE, Principal, SESSION_TTL};
+use crate::state::{Shared, Status, chain};
 use crate::token::Role;
 
 #[derive(Debug, Deserialize)]

@@ -3,73 +3,21 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::http::StatusCode;
 use axum::middleware;
-use axum::response::{IntoResponse as _, Response};
 use axum::routing::{get, post};
-use shardline_ops::topology::{self, StatusConfig, StatusReport};
-use shardline_ops::{Fleet, ReconcileConfig};
+use shardline_ops::Fleet;
+use shardline_ops::topology::StatusConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::history::{self, History, Sample};
+use crate::history::{self, History};
 use crate::jobs::Jobs;
 use crate::session::Sessions;
-use crate::token::Tokens;
+use crate::state::{Shared, State, json_error};
 use crate::{Config, Error, actions, api, assets, config, guard, pages};
-
-/// How long one fleet status serves every page and poll: tabs refreshing
-/// every 2 s share one read of the broker and Redis.
-const STATUS_REUSE: Duration = Duration::from_secs(1);
-
-/// What every handler shares.
-pub(crate) struct State {
-    pub(crate) fleet: Fleet,
-    pub(crate) tokens: Tokens,
-    pub(crate) sessions: Sessions,
-    /// The base path, with its trailing `/`.
-    pub(crate) base: String,
-    /// Host headers answered to, lower case.
-    pub(crate) hosts: Vec<String>,
-    pub(crate) jobs: Jobs,
-    pub(crate) history: History,
-    /// The order database, for the reconcile dry run; `None`: no dry run.
-    pub(crate) reconcile: Option<ReconcileConfig>,
-    pub(crate) status: StatusConfig,
-    last_status: tokio::sync::Mutex<Option<(Instant, Status)>>,
-}
-
-pub(crate) type Shared = Arc<State>;
-
-/// A fleet status as read (its error as text), shared by the requests of
-/// [`STATUS_REUSE`].
-pub(crate) type Status = Arc<Result<StatusReport, String>>;
-
-impl State {
-    /// The fleet status (cheap form: the DLQ is not browsed), at most
-    /// [`STATUS_REUSE`] old; its error as text fit to show.
-    pub(crate) async fn status(&self) -> Status {
-        let mut last = self.last_status.lock().await;
-        if let Some((at, status)) = &*last
-            && at.elapsed() < STATUS_REUSE
-        {
-            return Arc::clone(status);
-        }
-        let status = Arc::new(
-            topology::status(&self.fleet, &self.status)
-                .await
-                .map_err(|e| chain(&e)),
-        );
-        if let Ok(report) = &*status {
-            self.history.push(Sample::of(report));
-        }
-        *last = Some((Instant::now(), Arc::clone(&status)));
-        status
-    }
-}
 
 /// Reads the fleet every [`history::EVERY`] (the chart's samples) until
 /// `stop`; a read within that time by a page counts too.
@@ -84,13 +32,6 @@ async fn sample(state: Shared, stop: CancellationToken) {
             }
         }
     }
-}
-
-pub(crate) use shardline_ops::error::chain;
-
-/// A JSON `{"error": …}` with `status`.
-pub(crate) fn json_error(status: StatusCode, message: &str) -> Response {
-    (status, axum::Json(serde_json::json!({ "error": message }))).into_response()
 }
 
 /// The Host headers the console answers to: its listen address,
