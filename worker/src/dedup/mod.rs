@@ -330,7 +330,6 @@ pub(crate) struct Dedup {
     quarantine: bool,
     fence: Arc<Fence>,
     era: Arc<RedisEra>,
-    scripts: &'static Scripts,
 }
 
 /// The worker's clock, for claim leases (a claim's deadline is compared with
@@ -368,13 +367,12 @@ impl Dedup {
                 taking: tokio::sync::Mutex::new(()),
             }),
             era,
-            scripts: &SCRIPTS,
         }
     }
 
     /// Every script's source, for loading after a Redis restart.
     pub(crate) fn scripts(&self) -> Arc<[Script]> {
-        self.scripts.all.clone()
+        SCRIPTS.all.clone()
     }
 
     /// A new consumer of the shard: it takes a new fence token with its first write.
@@ -460,10 +458,10 @@ impl Dedup {
         match claim.seq {
             Some(seq) => {
                 let (keys, args) = self.admit_order_parts(a, seq, fence);
-                Self::evalsha(&self.scripts.admit_order, &keys, &args)
+                Self::evalsha(&SCRIPTS.admit_order, &keys, &args)
             }
             None => Self::evalsha(
-                &self.scripts.admit_event,
+                &SCRIPTS.admit_event,
                 &[self.keys.dedup(claim.dedup_key)],
                 &[
                     self.lease_ms.to_string(),
@@ -504,7 +502,7 @@ impl Dedup {
 
     fn commit_cmd(&self, done: &Done<'_>, fence: FenceToken) -> Cmd {
         let (keys, args) = self.commit_parts(done, fence);
-        Self::evalsha(&self.scripts.commit, &keys, &args)
+        Self::evalsha(&SCRIPTS.commit, &keys, &args)
     }
 
     /// One `step.lua` call: commit `done`, admit the sequenced `next`.
@@ -516,7 +514,7 @@ impl Dedup {
         let (next_keys, next_args) = self.admit_order_parts(next, seq, fence);
         keys.extend(next_keys);
         args.extend(next_args);
-        Self::evalsha(&self.scripts.step, &keys, &args)
+        Self::evalsha(&SCRIPTS.step, &keys, &args)
     }
 
     /// Decides whether an event may run now and, if so, claims it: one round
@@ -650,7 +648,7 @@ impl Dedup {
             args.extend(admit_args);
         }
         let (committed, fenced, verdicts): (usize, i64, Vec<(String, i64)>) = redis
-            .query(&Self::evalsha(&self.scripts.group, &keys, &args))
+            .query(&Self::evalsha(&SCRIPTS.group, &keys, &args))
             .await;
         GroupReply {
             committed,
@@ -678,7 +676,7 @@ impl Dedup {
         };
         let fence = self.fence_token(redis).await;
         let cmd = Self::evalsha(
-            &self.scripts.renew,
+            &SCRIPTS.renew,
             &self.claim_keys(claim)[..2],
             &[
                 seq_arg(claim.seq),
@@ -698,7 +696,7 @@ impl Dedup {
     /// suppressed and the next copy need not wait for the lease.
     pub(crate) async fn release(&self, redis: &mut RedisSlot, claim: &Claim<'_>) {
         let cmd = Self::evalsha(
-            &self.scripts.release,
+            &SCRIPTS.release,
             &self.claim_keys(claim)[..2],
             &[seq_arg(claim.seq), claim.token.to_string()],
         );
@@ -734,7 +732,7 @@ impl Dedup {
         args.extend(dead.entry.script_args());
         Written::of(
             redis
-                .query(&Self::evalsha(&self.scripts.dead, &keys, &args))
+                .query(&Self::evalsha(&SCRIPTS.dead, &keys, &args))
                 .await,
         )
     }
@@ -743,7 +741,7 @@ impl Dedup {
     /// body was not an envelope): one script, after the confirm, before the ack.
     pub(crate) async fn index_letter(&self, redis: &mut RedisSlot, entry: &IndexEntry) {
         let cmd = Self::evalsha(
-            &self.scripts.index,
+            &SCRIPTS.index,
             &entry.script_keys(&self.keys),
             &entry.script_args(),
         );
