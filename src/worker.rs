@@ -529,7 +529,7 @@ mod tests {
             .iter()
             .filter(|p| p.extension().is_some_and(|e| e == "md"))
         {
-            let text = std::fs::read_to_string(page).unwrap();
+            let text = std::fs::read_to_string(page).unwrap().replace(" \\\n", " ");
             let mut fenced = false;
             for line in text.lines() {
                 if line.trim_start().starts_with("```") {
