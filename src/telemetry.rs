@@ -9,6 +9,7 @@
 //! spans are no-ops and only the W3C context is propagated.
 
 use std::env;
+use std::io::IsTerminal as _;
 use std::time::Duration;
 
 use opentelemetry::global;
@@ -28,15 +29,39 @@ pub(crate) const DEFAULT_SERVICE_NAME: &str = "shardline";
 /// Most time spent exporting the last spans on exit.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`), and installs the
+/// The log filter: `RUST_LOG` (default `info`), with lapin's own logs off
+/// unless `RUST_LOG` names lapin. Every broker failure reaches us as an error
+/// we log or report with its context; lapin's line about it would say it a
+/// second time, and about what we expect too (the 404 of a passive declare
+/// that finds no queue is how the shard-count check asks).
+fn directives(rust_log: Option<&str>) -> String {
+    match rust_log.map(str::trim).filter(|s| !s.is_empty()) {
+        None => "info,lapin=off".to_owned(),
+        Some(given) if given.contains("lapin") => given.to_owned(),
+        Some(given) => format!("{given},lapin=off"),
+    }
+}
+
+/// Whether log lines are coloured: only on a terminal, and not when
+/// `NO_COLOR` is set to anything but the empty string (no-color.org). Files,
+/// pipes and CI logs get plain text.
+fn colours(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (see [`directives`]), and installs the
 /// OTLP trace exporter when the environment asks for one. Log lines inside a
 /// delivery's processing carry its `trace_id` and `span_id` (JSON: in `span`).
 /// Keep the returned guard until exit: dropping it flushes the spans.
 pub(crate) fn init(format: LogFormat) -> Telemetry {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,lapin=off"));
+    let filter = EnvFilter::try_new(directives(env::var("RUST_LOG").ok().as_deref()))
+        .unwrap_or_else(|_| EnvFilter::new(directives(None)));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colours(
+            std::io::stderr().is_terminal(),
+            env::var_os("NO_COLOR").as_deref(),
+        ))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -145,5 +170,29 @@ impl Exporter {
             tracing::warn!(error = %e, "flushing the last spans failed");
         }
         self.runtime.shutdown_timeout(Duration::from_secs(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use super::{colours, directives};
+
+    #[test]
+    fn lapin_is_quiet_unless_named() {
+        assert_eq!(directives(None), "info,lapin=off");
+        assert_eq!(directives(Some(" ")), "info,lapin=off");
+        assert_eq!(directives(Some("error")), "error,lapin=off");
+        assert_eq!(directives(Some("warn,lapin=debug")), "warn,lapin=debug");
+    }
+
+    #[test]
+    fn colours_only_on_a_terminal_without_no_color() {
+        assert!(colours(true, None));
+        assert!(colours(true, Some(OsStr::new(""))));
+        assert!(!colours(true, Some(OsStr::new("1"))));
+        assert!(!colours(false, None));
+        assert!(!colours(false, Some(OsStr::new(""))));
     }
 }

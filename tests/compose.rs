@@ -228,6 +228,11 @@ fn shardline_services_run_a_real_subcommand_of_one_image() {
             Some("redis://redis:6379"),
             "{name}"
         );
+        assert_eq!(
+            env.get("SHARDLINE_LOG_FORMAT").map(String::as_str),
+            Some("json"),
+            "{name}: one JSON object per log line, for a log collector"
+        );
     }
     assert_eq!(
         service(&compose, "topology").command(),

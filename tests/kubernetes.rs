@@ -436,6 +436,12 @@ fn every_container_runs_a_real_subcommand_the_cli_accepts() {
                     ));
                 }
                 shard_counts.insert(name.clone(), setting(&args, &env, "--shards"));
+                let log_format = setting(&args, &env, "--log-format");
+                if log_format.as_deref() != Some("json") {
+                    return Err(format!(
+                        "logs {log_format:?}, not JSON for the log collector"
+                    ));
+                }
                 cli_accepts(&args, &env)
             });
             if let Err(e) = checked {

@@ -14,6 +14,7 @@
 //! made with [`shardline_testkit::TestEnv::with_queue_type`]. Tests, in the order
 //! of the pipeline:
 //!
+//! - [`cli`]: the command line as a newcomer meets it: plain-text logs in files, exit codes.
 //! - [`topology`]: `topology apply` is idempotent, pika-compatible and loud on conflicts.
 //! - [`ordering`]: per-order sequence and exactly-once delivery across shards.
 //! - [`duplicates`]: redelivered copies never reach the downstream twice.
@@ -51,6 +52,7 @@
 mod attribution;
 mod audit;
 mod breaker;
+mod cli;
 mod concurrency;
 mod console;
 mod crash;
