@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::dlq::redis_error;
+use crate::fleet::redis_error;
 use crate::{Error, Fleet};
 
 /// Bound on one round trip (the connection has its own, 5 s).

@@ -5,6 +5,8 @@ use shardline_connect::management::ManagementTarget;
 use shardline_connect::{AmqpTarget, RedisTarget};
 use shardline_contract::{Keys, Names, ShardCount};
 
+use crate::Error;
+
 /// The fleet an operation works on. `Default` is the local default fleet
 /// (`amqp://guest:guest@127.0.0.1:5672/%2f`, `redis://127.0.0.1:6379`,
 /// prefix `shardline:`, the default names, 16 shards).
@@ -55,7 +57,7 @@ impl Fleet {
     }
 
     /// A broker connection named `name`.
-    pub(crate) async fn connect(&self, name: &str) -> Result<lapin::Connection, crate::Error> {
+    pub(crate) async fn connect(&self, name: &str) -> Result<lapin::Connection, Error> {
         Ok(shardline_connect::connect(&self.amqp, name).await?)
     }
 }
@@ -64,6 +66,18 @@ impl Fleet {
 pub(crate) async fn close(conn: &lapin::Connection) {
     if let Err(e) = conn.close(200, "done".into()).await {
         tracing::debug!(error = %e, "closing a connection");
+    }
+}
+
+/// A Redis command's error, its password blanked out.
+pub(crate) fn redis_error<'a>(
+    fleet: &'a Fleet,
+    what: &'static str,
+) -> impl FnOnce(redis::RedisError) -> Error + 'a {
+    move |e| Error::RedisCommand {
+        what,
+        url: fleet.redis.to_string(),
+        cause: fleet.redis.scrub(&e.to_string()),
     }
 }
 

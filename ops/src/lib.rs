@@ -24,12 +24,19 @@
 //!   their topology and Redis keys.
 //! - [`progress`]: the events long operations report as they go.
 //! - [`error`]: what went wrong, naming config fields, never flags.
+//!
+//! What progress events carry sits below [`progress`] in private modules,
+//! so that `dlq` and `reconcile`, which emit the events, stay above it:
+//! `letter` ([`LetterRef`], re-exported from [`dlq`]) and `findings`
+//! ([`ReconcileReport`] and its parts, re-exported from [`reconcile`]).
 
 pub mod audit;
 mod capped;
 pub mod dlq;
 pub mod error;
+mod findings;
 pub mod fleet;
+mod letter;
 pub mod progress;
 pub mod reconcile;
 pub mod scratch;

@@ -7,8 +7,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::dlq::LetterRef;
-use crate::reconcile::ReconcileReport;
+use crate::findings::ReconcileReport;
+use crate::letter::LetterRef;
 
 /// One step of a long operation.
 #[derive(Debug, Clone)]

@@ -9,7 +9,8 @@ use redis::aio::MultiplexedConnection;
 use shardline_contract::letters::{Group, INDEX_LUA, IndexEntry};
 use shardline_contract::{Keys, OrderId, envelope::order_key_of};
 
-use super::{Filters, redis_error};
+use super::Filters;
+use crate::fleet::redis_error;
 use crate::{Error, Fleet};
 
 /// Entries read (or removed) per round trip.

@@ -1,50 +1,13 @@
 //! One dead letter as read from the DLQ: its dead-letter headers and, when
 //! its body is an envelope, the order and seq.
 
-use std::fmt;
-
 use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
-use serde::Serialize;
 use shardline_contract::Envelope;
 use shardline_contract::headers::{self, header_i64, header_str};
 
-/// What identifies a letter in reports and events.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct LetterRef {
-    /// `x-dead-letter-id`.
-    pub id: Option<String>,
-    /// `x-fail-reason`, `unknown` without one.
-    pub reason: String,
-    /// The envelope's order (or the `order_id` of a JSON body that is not one).
-    pub order_id: Option<String>,
-    pub seq: Option<u64>,
-    /// `x-shard`.
-    pub shard: Option<i64>,
-}
-
-impl LetterRef {
-    /// The id, `-` without one.
-    pub fn id(&self) -> &str {
-        self.id.as_deref().unwrap_or("-")
-    }
-}
-
-/// `{id} reason=… order=… seq=… shard=…`.
-impl fmt::Display for LetterRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} reason={} order={} seq={} shard={}",
-            self.id(),
-            self.reason,
-            self.order_id.as_deref().unwrap_or("-"),
-            opt(self.seq),
-            opt(self.shard)
-        )
-    }
-}
+use crate::letter::{LetterRef, opt};
 
 /// A dead letter, not acked yet while its reader is open.
 #[derive(Debug)]
@@ -186,9 +149,4 @@ fn value_text(v: &AMQPValue) -> String {
             None => format!("{other:?}"),
         },
     }
-}
-
-/// `v`, or `-` for none.
-pub(crate) fn opt<T: ToString>(v: Option<T>) -> String {
-    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }

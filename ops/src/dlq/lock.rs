@@ -18,7 +18,7 @@ use shardline_contract::OrderId;
 use shardline_contract::envelope::order_key_of;
 use tokio::task::JoinHandle;
 
-use super::redis_error;
+use crate::fleet::redis_error;
 use crate::{Error, Fleet};
 
 /// A held lock's lease; renewed every third of it.

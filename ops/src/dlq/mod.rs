@@ -1,7 +1,8 @@
 //! The dead-letter queue: list, show, replay, purge and release, each on one
 //! connection and one reading channel (`reader`).
 //!
-//! - `letter`: one dead letter and what identifies it.
+//! - `letter`: one dead letter as read (what identifies it, [`LetterRef`], is
+//!   in `crate::letter`, below `progress`).
 //! - `reader`: reading without removing; what is not removed returns in order.
 //! - `index`: the dead-letter index in Redis, which [`list`] and reconcile read.
 //! - [`list`], [`show`]: what is in the DLQ (from the index), with a summary
@@ -30,14 +31,17 @@ use shardline_contract::letters::IndexEntry;
 
 pub(crate) use index::Index;
 pub use index::{GroupCount, GroupSummary, LetterQuery};
-pub use letter::{Letter, LetterRef};
+pub use letter::Letter;
 pub(crate) use lock::locked;
 use reader::Reader;
 pub(crate) use reader::browse;
 pub use reindex::{ReindexReport, reindex};
 pub use replay::{ReplayConfig, ReplayReport, replay};
 
-use crate::fleet::close;
+pub use crate::letter::LetterRef;
+
+use crate::fleet::{close, redis_error};
+use crate::letter::opt;
 use crate::{Error, Fleet};
 
 /// Longest error text in the `list` table (JSON carries it whole).
@@ -261,18 +265,6 @@ pub async fn release(fleet: &Fleet, order_id: &OrderId) -> Result<ReleaseReport,
     .await
 }
 
-/// A Redis command's error, its password blanked out.
-pub(crate) fn redis_error<'a>(
-    fleet: &'a Fleet,
-    what: &'static str,
-) -> impl FnOnce(redis::RedisError) -> Error + 'a {
-    move |e| Error::RedisCommand {
-        what,
-        url: fleet.redis.to_string(),
-        cause: fleet.redis.scrub(&e.to_string()),
-    }
-}
-
 /// Counts and oldest age per reason and per failure group.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Summary {
@@ -428,10 +420,10 @@ impl ListReport {
                 "{:<id_w$}  {:<11}  {:>8}  {:<order_w$}  {:>5}  {:>5}  {:<24}  {:>10}  {}",
                 l.id,
                 l.reason,
-                letter::opt(l.attempts),
+                opt(l.attempts),
                 l.order_id.as_deref().unwrap_or("-"),
-                letter::opt(l.seq),
-                letter::opt(l.shard),
+                opt(l.seq),
+                opt(l.shard),
                 failed_at(l).as_deref().unwrap_or("-"),
                 age_text(age(l, self.at)),
                 cut(if l.error.is_empty() { "-" } else { &l.error }, ERROR_CHARS),
@@ -481,21 +473,6 @@ fn cut(s: &str, max: usize) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    pub(crate) fn letter(
-        id: &str,
-        reason: &str,
-        order: Option<&str>,
-        seq: Option<u64>,
-    ) -> LetterRef {
-        LetterRef {
-            id: Some(id.into()),
-            reason: reason.into(),
-            order_id: order.map(Into::into),
-            seq,
-            shard: Some(3),
-        }
-    }
 
     /// `dlq release` lifts the quarantine and raises the order's fence to
     /// the shard's current epoch, so a stale owner's dead letter (epoch below
@@ -618,20 +595,6 @@ mod tests {
         };
         assert!(!ids.matches_entry(&l));
         assert!(ids.matches_entry(&bodyless));
-    }
-
-    #[test]
-    fn letters_describe_themselves_with_dashes_for_the_unknown() {
-        assert_eq!(
-            letter("d1", "handler", Some("A1"), Some(2)).to_string(),
-            "d1 reason=handler order=A1 seq=2 shard=3"
-        );
-        let none = LetterRef {
-            id: None,
-            shard: None,
-            ..letter("", "decode", None, None)
-        };
-        assert_eq!(none.to_string(), "- reason=decode order=- seq=- shard=-");
     }
 
     #[test]

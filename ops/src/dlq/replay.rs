@@ -26,7 +26,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::lock::ReplayLocks;
 use super::reader::Reader;
-use super::{Filters, Index, Letter, LetterRef, redis_error, with_reader};
+use super::{Filters, Index, Letter, with_reader};
+use crate::fleet::redis_error;
+use crate::letter::LetterRef;
 use crate::{Error, Event, Fleet};
 
 /// Follow-up rounds for quarantined orders at most: a steady stream of new
@@ -675,7 +677,7 @@ impl AuditSpan {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::dlq::tests::letter;
+    use crate::letter::tests::letter;
 
     #[test]
     fn replay_goes_per_order_by_seq_orders_as_first_read() {

@@ -26,7 +26,6 @@ mod orders;
 mod pending;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt::Write as _;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::TryStreamExt as _;
@@ -43,9 +42,11 @@ pub use history::{RUNS_CAP, RunSummary, record_run, runs};
 pub use metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics, names};
 use orders::{Columns, one_line, redact_orders_url};
 use pending::Whereabouts;
-pub use pending::{Expected, OnItsWay};
 
 use crate::error::chain;
+pub use crate::findings::{
+    Compensation, Drift, Expected, NotEmitted, OnItsWay, Pending, ReconcileReport,
+};
 use crate::{Error, Event, Fleet};
 
 /// The orders query by default: orders table `orders`, lower bound `$1`.
@@ -297,218 +298,6 @@ impl Reconciler {
             }
         }
         tracing::info!("reconcile stopped");
-    }
-}
-
-/// A missing event that may still arrive.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pending {
-    pub expected: Expected,
-    pub why: OnItsWay,
-}
-
-/// What became of a drifted event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Compensation {
-    Emitted,
-    /// A dry run.
-    WouldEmit,
-    NotEmitted(NotEmitted),
-}
-
-/// Why a compensation was not emitted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum NotEmitted {
-    /// No valid compensation envelope can be built (e.g. an oversize id).
-    Invalid(String),
-    /// The run found more drift than `max_emit`.
-    OverLimit { drifted: usize, max_emit: usize },
-    /// The run was cancelled first.
-    Cancelled,
-}
-
-impl NotEmitted {
-    /// For people; `term` names the config field (or `cancelled`) as the
-    /// reader knows it.
-    pub fn text(&self, term: &dyn Fn(&str) -> String) -> String {
-        match self {
-            Self::Invalid(why) => why.clone(),
-            Self::OverLimit { drifted, max_emit } => {
-                format!("{drifted} drifted, over {} {max_emit}", term("max_emit"))
-            }
-            Self::Cancelled => term("cancelled"),
-        }
-    }
-}
-
-/// A missing event not on its way.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Drift {
-    pub expected: Expected,
-    pub compensation: Compensation,
-}
-
-/// What one run found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReconcileReport {
-    /// When the run ended.
-    pub at: SystemTime,
-    pub dry_run: bool,
-    pub window: Duration,
-    pub grace: Duration,
-    /// Rows the query returned.
-    pub scanned: u64,
-    /// Rows updated before the window (a query that ignores `$1`): ignored.
-    pub outside_window: u64,
-    /// Rows without `order_id` or `updated_at`: ignored.
-    pub invalid: u64,
-    pub skipped_fresh: u64,
-    pub no_expectation: u64,
-    /// Expected events the fleet had processed.
-    pub processed: u64,
-    pub pending: Vec<Pending>,
-    pub drift: Vec<Drift>,
-}
-
-impl Default for ReconcileReport {
-    fn default() -> Self {
-        Self {
-            at: UNIX_EPOCH,
-            dry_run: false,
-            window: Duration::ZERO,
-            grace: Duration::ZERO,
-            scanned: 0,
-            outside_window: 0,
-            invalid: 0,
-            skipped_fresh: 0,
-            no_expectation: 0,
-            processed: 0,
-            pending: Vec::new(),
-            drift: Vec::new(),
-        }
-    }
-}
-
-impl ReconcileReport {
-    /// Compensations published and confirmed.
-    pub fn emitted(&self) -> u64 {
-        self.drift
-            .iter()
-            .filter(|d| d.compensation == Compensation::Emitted)
-            .count() as u64
-    }
-
-    /// Drift that was not compensated (a dry run, or emission refused).
-    pub fn needs_attention(&self) -> bool {
-        self.drift
-            .iter()
-            .any(|d| d.compensation != Compensation::Emitted)
-    }
-
-    /// The counts on one line.
-    pub fn summary(&self) -> String {
-        let mut out = format!(
-            "scanned {}, skipped fresh {}, no expectation {}, processed {}, pending {}, drifted {}, emitted {}",
-            self.scanned,
-            self.skipped_fresh,
-            self.no_expectation,
-            self.processed,
-            self.pending.len(),
-            self.drift.len(),
-            self.emitted(),
-        );
-        if self.outside_window > 0 {
-            let _ = write!(out, ", outside window {}", self.outside_window);
-        }
-        if self.invalid > 0 {
-            let _ = write!(out, ", invalid rows {}", self.invalid);
-        }
-        out
-    }
-
-    /// A line per drifted and pending event, then the summary; `term`
-    /// names config fields (and `cancelled`) as the reader knows them.
-    pub fn text(&self, term: &dyn Fn(&str) -> String) -> String {
-        let mut out = String::new();
-        for d in &self.drift {
-            let e = &d.expected;
-            let _ = match &d.compensation {
-                Compensation::Emitted => {
-                    writeln!(
-                        out,
-                        "emitted      {} event_id={}",
-                        e.describe(),
-                        e.event_id()
-                    )
-                }
-                Compensation::WouldEmit => {
-                    writeln!(
-                        out,
-                        "would emit   {} event_id={}",
-                        e.describe(),
-                        e.event_id()
-                    )
-                }
-                Compensation::NotEmitted(why) => {
-                    writeln!(out, "not emitted  {}: {}", e.describe(), why.text(term))
-                }
-            };
-        }
-        for p in &self.pending {
-            let _ = writeln!(
-                out,
-                "pending      {}: {}",
-                p.expected.describe(),
-                p.why.detail()
-            );
-        }
-        let (name, nothing) = if self.dry_run {
-            ("reconcile (dry run)", "; nothing emitted")
-        } else {
-            ("reconcile", "")
-        };
-        let _ = writeln!(out, "{name}: {}{nothing}", self.summary());
-        out
-    }
-
-    /// The run as one JSON object; `term` as for [`Self::text`].
-    pub fn json(&self, term: &dyn Fn(&str) -> String) -> serde_json::Value {
-        serde_json::json!({
-            "at": humantime::format_rfc3339_seconds(self.at).to_string(),
-            "dry_run": self.dry_run,
-            "window_seconds": self.window.as_secs(),
-            "grace_seconds": self.grace.as_secs(),
-            "counts": {
-                "scanned": self.scanned,
-                "outside_window": self.outside_window,
-                "invalid": self.invalid,
-                "skipped_fresh": self.skipped_fresh,
-                "no_expectation": self.no_expectation,
-                "processed": self.processed,
-                "pending": self.pending.len(),
-                "drifted": self.drift.len(),
-                "emitted": self.emitted(),
-            },
-            "drift": self.drift.iter().map(|d| {
-                let mut v = d.expected.json();
-                v["event_id"] = d.expected.event_id().into();
-                let (outcome, error) = match &d.compensation {
-                    Compensation::Emitted => ("emitted", None),
-                    Compensation::WouldEmit => ("would_emit", None),
-                    Compensation::NotEmitted(e) => ("not_emitted", Some(e.text(term))),
-                };
-                v["compensation"] = outcome.into();
-                v["error"] = error.into();
-                v
-            }).collect::<Vec<_>>(),
-            "pending": self.pending.iter().map(|p| {
-                let mut v = p.expected.json();
-                v["reason"] = p.why.reason().into();
-                v["detail"] = p.why.detail().into();
-                v
-            }).collect::<Vec<_>>(),
-        })
     }
 }
 

@@ -9,24 +9,11 @@ use std::time::{Duration, SystemTime};
 use shardline_contract::status::ShardReport;
 use shardline_contract::{Envelope, Keys, ShardId};
 
-/// An event an order's status implies.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Expected {
-    pub order_id: String,
-    /// The order id as it is written in Redis keys.
-    pub order_key: String,
-    pub status: String,
-    /// The event kind.
-    pub kind: String,
-    pub shard: ShardId,
-}
+use crate::findings::{Expected, OnItsWay};
 
+/// Reconcile's own side of an expected event: its claim and its
+/// compensation (the type is in `findings`, with the report).
 impl Expected {
-    /// The compensation's `event_id`, which the worker dedups it by.
-    pub fn event_id(&self) -> String {
-        format!("reconcile:{}:{}", self.order_id, self.kind)
-    }
-
     /// Reconcile's record of having emitted the compensation (or of
     /// emitting it right now).
     pub(super) fn emitted_key(&self, keys: &Keys) -> String {
@@ -47,82 +34,6 @@ impl Expected {
         let body = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
         Envelope::parse(&body, usize::MAX).map_err(|e| format!("no valid compensation: {e}"))?;
         Ok(body)
-    }
-
-    /// `order=… event=… status=… shard=…`.
-    pub fn describe(&self) -> String {
-        format!(
-            "order={} event={} status={} shard={}",
-            self.order_id,
-            self.kind,
-            self.status,
-            self.shard.get()
-        )
-    }
-
-    pub(super) fn json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "order_id": self.order_id,
-            "status": self.status,
-            "event": self.kind,
-            "shard": self.shard.get(),
-        })
-    }
-}
-
-/// Why a missing event may still arrive.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OnItsWay {
-    /// Reconcile emitted its compensation before; not processed yet.
-    Compensated,
-    /// The sequence gate holds it (or released it and it has not run yet).
-    Held,
-    /// In the DLQ, waiting for a replay.
-    DeadLettered { id: String },
-    /// The order's shard is behind by more than the grace.
-    Backlog { age: Duration },
-    /// The order's shard has messages and no worker reports it.
-    Unconsumed { messages: u32 },
-    /// A `dlq replay` of the order runs (or ended within its lock's tail):
-    /// the event may be between the DLQ and the worker.
-    Replaying,
-    /// The DLQ holds more letters than its index: it could be one of those.
-    IndexBehind { depth: u64, indexed: u64 },
-}
-
-impl OnItsWay {
-    /// A short name (JSON `reason`).
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Self::Compensated => "compensation_emitted",
-            Self::Held => "held",
-            Self::DeadLettered { .. } => "dead_lettered",
-            Self::Backlog { .. } => "backlog",
-            Self::Unconsumed { .. } => "unconsumed",
-            Self::Replaying => "replaying",
-            Self::IndexBehind { .. } => "index_behind",
-        }
-    }
-
-    /// For people.
-    pub fn detail(&self) -> String {
-        match self {
-            Self::Compensated => "compensation already emitted, not processed yet".into(),
-            Self::Held => "held by the sequence gate".into(),
-            Self::DeadLettered { id } => format!("in the DLQ (dead letter {id})"),
-            Self::Backlog { age } => format!(
-                "the shard's backlog is {} old",
-                humantime::format_duration(Duration::from_secs(age.as_secs()))
-            ),
-            Self::Unconsumed { messages } => {
-                format!("the shard has {messages} message(s) and no worker reporting it")
-            }
-            Self::Replaying => "a replay of the order runs or just ended".into(),
-            Self::IndexBehind { depth, indexed } => format!(
-                "the DLQ holds {depth} letters and its index {indexed}: reindex needed (`shardline dlq reindex`)"
-            ),
-        }
     }
 }
 

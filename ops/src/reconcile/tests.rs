@@ -3,26 +3,9 @@
 use std::collections::HashSet;
 
 use super::*;
+use crate::findings::tests::{expected, flag};
 use shardline_contract::status::HeldRef;
-use shardline_contract::{Envelope, Keys, ShardCount};
-
-fn expected(order_id: &str, kind: &str) -> Expected {
-    Expected {
-        order_id: order_id.into(),
-        order_key: order_key_of(order_id),
-        status: "PAID".into(),
-        kind: kind.into(),
-        shard: ShardCount::default().shard_of(order_id),
-    }
-}
-
-/// Config fields as the command line names them.
-fn flag(field: &str) -> String {
-    match field {
-        "cancelled" => "stopped by a signal".into(),
-        f => format!("--{}", f.replace('_', "-")),
-    }
-}
+use shardline_contract::{Envelope, Keys};
 
 #[test]
 fn expectations_default_and_replace() {
@@ -244,67 +227,6 @@ fn pending_reasons_in_their_order() {
     assert_eq!(
         behind.detail(),
         "the DLQ holds 5 letters and its index 3: reindex needed (`shardline dlq reindex`)"
-    );
-}
-
-#[test]
-fn report_counts_and_attention() {
-    let mut report = ReconcileReport {
-        scanned: 4,
-        skipped_fresh: 1,
-        no_expectation: 1,
-        processed: 1,
-        drift: vec![Drift {
-            expected: expected("A1", "payment.captured"),
-            compensation: Compensation::Emitted,
-        }],
-        ..ReconcileReport::default()
-    };
-    assert_eq!(report.emitted(), 1);
-    assert!(!report.needs_attention());
-    let text = report.text(&flag);
-    assert!(
-        text.ends_with(
-            "reconcile: scanned 4, skipped fresh 1, no expectation 1, processed 1, pending 0, drifted 1, emitted 1\n"
-        ),
-        "{text}"
-    );
-    report.dry_run = true;
-    report.drift[0].compensation = Compensation::WouldEmit;
-    assert_eq!(report.emitted(), 0);
-    assert!(report.needs_attention(), "drift left alone needs attention");
-    assert!(
-        report
-            .text(&flag)
-            .contains("would emit   order=A1 event=payment.captured")
-    );
-    report.pending.push(Pending {
-        expected: expected("A2", "payment.captured"),
-        why: OnItsWay::DeadLettered { id: "dl-1".into() },
-    });
-    let text = report.text(&flag);
-    assert!(text.contains("pending      order=A2 event=payment.captured status=PAID"));
-    assert!(text.contains("in the DLQ (dead letter dl-1)"));
-    assert!(text.ends_with("; nothing emitted\n"), "{text}");
-
-    report.drift[0].compensation = Compensation::NotEmitted(NotEmitted::OverLimit {
-        drifted: 3,
-        max_emit: 2,
-    });
-    assert!(
-        report
-            .text(&flag)
-            .contains(": 3 drifted, over --max-emit 2\n")
-    );
-    let json = report.json(&flag);
-    assert_eq!(json["drift"][0]["compensation"], "not_emitted");
-    assert_eq!(json["drift"][0]["error"], "3 drifted, over --max-emit 2");
-    assert_eq!(json["pending"][0]["reason"], "dead_lettered");
-    assert_eq!(json["counts"]["pending"], 1);
-    assert_eq!(
-        NotEmitted::Cancelled.text(&flag),
-        "stopped by a signal",
-        "the caller words cancellation"
     );
 }
 
