@@ -250,7 +250,7 @@ fn report(report: &StatusReport) -> Report<'_> {
         .iter()
         .map(|s| {
             let r = s.report.as_ref();
-            let owner = r.map(|r| r.owner.as_str());
+            let owner = s.owner();
             ShardRow {
                 shard: s.shard,
                 messages: s.queue.messages,

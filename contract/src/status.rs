@@ -14,6 +14,10 @@ pub const WRITE_EVERY: Duration = Duration::from_secs(2);
 /// gone, so a missing key means no worker reports the shard.
 pub const TTL: Duration = Duration::from_secs(10);
 
+/// How long the report of a worker that stopped gracefully lives, so that a
+/// shard nobody took over keeps saying since when its events wait.
+pub const STOPPED_TTL: Duration = Duration::from_secs(3600);
+
 /// Wall-clock Unix milliseconds now.
 pub fn unix_ms() -> u64 {
     SystemTime::now()
@@ -100,9 +104,20 @@ pub struct ShardReport {
     pub held: Vec<HeldRef>,
     /// Unix milliseconds when written.
     pub updated_at_ms: u64,
+    /// Unix milliseconds when the owner stopped consuming the shard on a
+    /// graceful stop; absent while it consumes. A stopped report names no
+    /// owner ([`Self::owner`]) and lives [`STOPPED_TTL`], unless a new owner
+    /// writes over it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at_ms: Option<u64>,
 }
 
 impl ShardReport {
+    /// The worker consuming the shard; none once it stopped.
+    pub fn owner(&self) -> Option<&str> {
+        self.stopped_at_ms.is_none().then_some(self.owner.as_str())
+    }
+
     /// The backlog age now: when the shard had a backlog, it has aged since
     /// the report was written (it may also have drained; the next report says).
     pub fn backlog_age_at(&self, now_ms: u64) -> Duration {
@@ -262,6 +277,7 @@ mod tests {
             held_events: 2,
             held: Vec::new(),
             updated_at_ms: 1_700_000_000_000,
+            stopped_at_ms: None,
         };
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(
@@ -290,9 +306,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            old.inflight_events, 0,
+            (old.inflight_events, old.stopped_at_ms, old.owner()),
+            (0, None, Some("w")),
             "documents of older workers still read"
         );
+        let stopped = ShardReport {
+            stopped_at_ms: Some(1_700_000_001_000),
+            ..report
+        };
+        let json = serde_json::to_value(&stopped).unwrap();
+        assert_eq!(json["stopped_at_ms"], 1_700_000_001_000u64);
+        assert_eq!(stopped.owner(), None, "a stopped worker owns nothing");
     }
 
     #[test]
@@ -307,6 +331,7 @@ mod tests {
             held_events: 0,
             held: Vec::new(),
             updated_at_ms: 1_000_000,
+            stopped_at_ms: None,
         };
         assert_eq!(report.backlog_age_at(1_002_000), Duration::from_secs(12));
         let drained = ShardReport {

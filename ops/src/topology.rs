@@ -179,7 +179,13 @@ impl ShardLine {
         now_ms: u64,
         t: &Thresholds,
     ) -> Self {
-        let backlog_age = report.as_ref().map(|r| r.backlog_age_at(now_ms));
+        // A stopped owner's shard: its events have waited at least since the
+        // stop (those published later are younger).
+        let backlog_age = report.as_ref().map(|r| match r.stopped_at_ms {
+            None => r.backlog_age_at(now_ms),
+            Some(at) if queue.messages > 0 => Duration::from_millis(now_ms.saturating_sub(at)),
+            Some(_) => Duration::ZERO,
+        });
         Self {
             shard,
             queue,
@@ -189,6 +195,18 @@ impl ShardLine {
         }
     }
 
+    /// The worker consuming the shard, as its fresh status says; none when
+    /// it stopped.
+    pub fn owner(&self) -> Option<&str> {
+        self.report.as_ref().and_then(ShardReport::owner)
+    }
+
+    /// The worker that stopped consuming the shard on a graceful stop, when
+    /// no new owner has reported yet.
+    pub fn stopped(&self) -> Option<&ShardReport> {
+        self.report.as_ref().filter(|r| r.stopped_at_ms.is_some())
+    }
+
     /// Events wait and no worker consumes the shard.
     pub fn unconsumed(&self) -> bool {
         self.queue.messages > 0 && self.queue.consumers == 0
@@ -196,6 +214,13 @@ impl ShardLine {
 
     /// What stands out, empty when nothing does.
     pub fn note(&self) -> &'static str {
+        if self.stopped().is_some() {
+            return match (self.queue.consumers, self.queue.messages) {
+                (0, m) if m > 0 => "its worker stopped: events wait for a new owner",
+                (0, _) => "its worker stopped",
+                _ => "a new owner is starting",
+            };
+        }
         match (&self.report, self.queue.consumers, self.queue.messages) {
             (_, 0, m) if m > 0 => "no consumer: events are not moving",
             (_, 0, _) => "no consumer",
@@ -486,7 +511,7 @@ impl StatusReport {
             .iter()
             .filter_map(|s| {
                 let (member, record) = fleet.assigned(s.shard)?;
-                let consumer = s.report.as_ref().map(|r| r.owner.as_str());
+                let consumer = s.owner();
                 let worker = record.map(|r| r.worker.as_str());
                 let lease = record.map_or(0, |r| r.lease_ms);
                 let overdue = self.read_at_ms.saturating_sub(decided) > lease;
@@ -514,7 +539,11 @@ impl StatusReport {
                 "queue": s.queue.queue,
                 "messages": s.queue.messages,
                 "consumers": s.queue.consumers,
-                "owner": s.report.as_ref().map(|r| r.owner.as_str()),
+                "owner": s.owner(),
+                "stopped": s.stopped().map(|r| serde_json::json!({
+                    "owner": r.owner,
+                    "at_ms": r.stopped_at_ms,
+                })),
                 "backlog_age_seconds": s.backlog_age.map(secs),
                 "level": s.level.map(Level::as_str),
                 "inflight_age_seconds": s.report.as_ref().and_then(|r| r.inflight_age_seconds),
@@ -576,7 +605,7 @@ impl StatusReport {
             .unwrap_or(5);
         let owner_width = shards
             .iter()
-            .filter_map(|s| s.report.as_ref().map(|r| r.owner.len()))
+            .filter_map(|s| s.owner().map(str::len))
             .chain(["owner".len()])
             .max()
             .unwrap_or(5);
@@ -594,7 +623,7 @@ impl StatusReport {
         let mut total = 0u64;
         for s in shards {
             total += u64::from(s.queue.messages);
-            let owner = s.report.as_ref().map_or("-", |r| r.owner.as_str());
+            let owner = s.owner().unwrap_or("-");
             let backlog = s.backlog_age.map_or_else(
                 || "-".to_owned(),
                 |age| format!("{:.1}s", age.as_secs_f64()),
@@ -767,6 +796,7 @@ mod tests {
             held_events: 0,
             held: Vec::new(),
             updated_at_ms: at,
+            stopped_at_ms: None,
         }
     }
 
@@ -840,6 +870,37 @@ mod tests {
         assert_eq!(json["workers"][0]["consuming"], serde_json::json!([0]));
         // Shard 1 has events and no consumer.
         assert_eq!(json["needs_attention"], true);
+    }
+
+    #[test]
+    fn a_stopped_owner_is_gone_at_once_and_its_waiting_events_age_from_the_stop() {
+        let t = Thresholds::default();
+        let now = 1_000_000;
+        let stopped = ShardReport {
+            stopped_at_ms: Some(now - 45_000),
+            backlog_age_seconds: 0.0,
+            ..report(0, 0.0, now - 45_000)
+        };
+        let waiting = ShardLine::new(0, st("q0", 1, 0), Some(stopped.clone()), now, &t);
+        assert_eq!(waiting.owner(), None);
+        assert_eq!(waiting.backlog_age, Some(Duration::from_secs(45)));
+        assert_eq!(waiting.level, Some(Level::Warn));
+        assert_eq!(
+            waiting.note(),
+            "its worker stopped: events wait for a new owner"
+        );
+        let empty = ShardLine::new(1, st("q1", 0, 0), Some(stopped.clone()), now, &t);
+        assert_eq!(empty.backlog_age, Some(Duration::ZERO));
+        assert_eq!(empty.note(), "its worker stopped");
+        let status = status_of(vec![waiting, empty], t);
+        assert!(status.needs_attention());
+        let table = status.table();
+        assert!(!table.contains("worker-a"), "{table}");
+        let json = status.json();
+        assert_eq!(json["shards"][0]["owner"], serde_json::Value::Null);
+        assert_eq!(json["shards"][0]["stopped"]["owner"], "worker-a");
+        assert_eq!(json["shards"][0]["stopped"]["at_ms"], now - 45_000);
+        assert_eq!(json["shards"][0]["backlog_age_seconds"], 45.0);
     }
 
     #[test]

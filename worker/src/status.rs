@@ -13,8 +13,9 @@ use redis::aio::ConnectionLike;
 use shardline_connect::RedisPool;
 use shardline_contract::Keys;
 use shardline_contract::fleet::StaticRecord;
+pub(crate) use shardline_contract::status::WRITE_EVERY;
 use shardline_contract::status::{
-    BreakerState, FleetBreaker, ShardReport as Document, TTL, WRITE_EVERY, WorkerReport,
+    BreakerState, FleetBreaker, STOPPED_TTL, ShardReport as Document, TTL, WorkerReport,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -56,6 +57,7 @@ fn reports(
                 Vec::new()
             },
             updated_at_ms: now,
+            stopped_at_ms: None,
         });
     }
     let worker = WorkerReport {
@@ -101,41 +103,91 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    /// Writes the status documents every [`WRITE_EVERY`] until `shutdown`. A
+    /// Writes the status documents every [`WRITE_EVERY`] until `stopping`
+    /// (the worker's stop signal), then waits for `stopped` (its drain is
+    /// over) and marks the shards it consumed when the signal came as stopped
+    /// ([`write_stopped`]), so that `topology status` and the console show
+    /// them without an owner at once, not for the rest of the [`TTL`]. A
     /// failed write is logged once per outage and retried next time.
-    pub(crate) async fn run(self, shutdown: CancellationToken) {
-        let Self {
-            pool,
-            metrics,
-            keys,
-            owner,
-            breaker,
-            fixed,
-            health,
-        } = self;
+    pub(crate) async fn run(self, stopping: CancellationToken, stopped: CancellationToken) {
         let mut tick = tokio::time::interval(WRITE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The shards of the last write: those whose documents name this worker.
+        let mut written_shards = Vec::new();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = shutdown.cancelled() => return,
+                _ = stopping.cancelled() => break,
             }
-            let (shards, worker) = reports(&metrics, &owner, breaker.as_deref());
-            let written =
-                tokio::time::timeout(WRITE_EVERY, write(&pool, &keys, &shards, &worker, fixed))
-                    .await;
-            let result = written.unwrap_or_else(|_| Err("timed out".into()));
-            match result {
-                Ok(()) => health.set(true),
-                Err(e) => {
-                    if health.redis_ok() {
-                        tracing::warn!(error = %e, "cannot write shard status to Redis");
-                    }
-                    health.set(false);
+            let (shards, worker) = reports(&self.metrics, &self.owner, self.breaker.as_deref());
+            let written = write(&self.pool, &self.keys, &shards, &worker, self.fixed);
+            let result = tokio::time::timeout(WRITE_EVERY, written).await;
+            self.health(result.unwrap_or_else(|_| Err("timed out".into())));
+            written_shards = shards;
+        }
+        // Those and the shards consumed when the stop began (the shards' tasks
+        // see the signal too, and may have let go already).
+        let (mut consumed, _) = reports(&self.metrics, &self.owner, None);
+        for earlier in written_shards {
+            if !consumed.iter().any(|now| now.shard == earlier.shard) {
+                consumed.push(earlier);
+            }
+        }
+        stopped.cancelled().await;
+        let written = write_stopped(&self.pool, &self.keys, consumed, &self.owner);
+        if let Ok(Err(e)) | Err(e) = tokio::time::timeout(WRITE_EVERY, written)
+            .await
+            .map_err(|_| "timed out".to_owned())
+        {
+            tracing::debug!(error = %e, "cannot mark the shards stopped in Redis; their status expires");
+        }
+    }
+
+    fn health(&self, result: Result<(), String>) {
+        match result {
+            Ok(()) => self.health.set(true),
+            Err(e) => {
+                if self.health.redis_ok() {
+                    tracing::warn!(error = %e, "cannot write shard status to Redis");
                 }
+                self.health.set(false);
             }
         }
     }
+}
+
+/// The last documents of a worker that stopped: each shard it consumed, with
+/// `stopped_at_ms` (and the events the gate held, which went back to the
+/// queue), for [`STOPPED_TTL`]; its own document removed.
+async fn write_stopped(
+    pool: &RedisPool,
+    keys: &Keys,
+    consumed: Vec<Document>,
+    owner: &str,
+) -> Result<(), String> {
+    let now = unix_ms();
+    let ttl_ms = u64::try_from(STOPPED_TTL.as_millis()).unwrap_or(u64::MAX);
+    let mut pipe = redis::pipe();
+    for report in consumed {
+        let report = Document {
+            backlog_age_seconds: 0.0,
+            inflight_age_seconds: None,
+            inflight_events: 0,
+            waiting_events: 0,
+            updated_at_ms: now,
+            stopped_at_ms: Some(now),
+            ..report
+        };
+        pipe.cmd("SET")
+            .arg(keys.shard_status_of(report.shard))
+            .arg(json(&report)?)
+            .arg("PX")
+            .arg(ttl_ms)
+            .ignore();
+    }
+    pipe.cmd("DEL").arg(keys.worker_status(owner)).ignore();
+    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+    send(&mut conn, &pipe).await
 }
 
 async fn write(

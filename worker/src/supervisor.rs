@@ -82,7 +82,8 @@ async fn start_breaker(
     Some(breaker)
 }
 
-/// Writes this worker's status documents to Redis until `background` ends.
+/// Writes this worker's status documents to Redis until `background` ends,
+/// and the stopped shards' when the returned writer is finished (or dropped).
 fn start_status_writer(
     config: &Config,
     pool: &RedisPool,
@@ -90,7 +91,7 @@ fn start_status_writer(
     breaker: Option<Arc<Breaker>>,
     readiness: &Readiness,
     background: &CancellationToken,
-) {
+) -> StatusWriter {
     let writer = status::Writer {
         pool: pool.clone(),
         metrics: metrics.clone(),
@@ -100,7 +101,28 @@ fn start_status_writer(
         fixed: config.fleet.is_none(),
         health: readiness.status_writer.clone(),
     };
-    tokio::spawn(writer.run(background.clone()));
+    let stopped = CancellationToken::new();
+    let task = tokio::spawn(writer.run(background.clone(), stopped.clone()));
+    StatusWriter {
+        _stopped: stopped.drop_guard(),
+        task,
+    }
+}
+
+/// The running status writer; dropping it tells it that the shards stopped.
+struct StatusWriter {
+    _stopped: tokio_util::sync::DropGuard,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StatusWriter {
+    /// After the drain: the stopped shards' documents written before the
+    /// worker returns (bounded: Redis may be away).
+    async fn finish(self) {
+        let Self { _stopped, task } = self;
+        drop(_stopped);
+        let _ = tokio::time::timeout(status::WRITE_EVERY, task).await;
+    }
 }
 
 /// What every shard's processor shares with the others.
@@ -248,7 +270,8 @@ impl Worker {
             }
             tokio::spawn(http::serve(listener, readiness.clone(), background.clone()));
         }
-        start_status_writer(&config, &pool, &metrics, breaker, &readiness, &background);
+        let writer =
+            start_status_writer(&config, &pool, &metrics, breaker, &readiness, &background);
 
         check_queues(&config).await?;
         let mut conns = Broker::connect(&config).await?;
@@ -273,14 +296,16 @@ impl Worker {
             .await;
             readiness.broker.store(false, Ordering::Relaxed);
             if !lost || shutdown.is_cancelled() {
-                tracing::info!("worker stopped");
-                return Ok(());
+                break;
             }
             match reconnect(&config, &shutdown, &metrics).await {
                 Some(fresh) => conns = fresh,
-                None => return Ok(()),
+                None => break,
             }
         }
+        writer.finish().await;
+        tracing::info!("worker stopped");
+        Ok(())
     }
 }
 

@@ -140,6 +140,7 @@ fn pending_reasons_in_their_order() {
         held_events: held.len() as u64,
         held,
         updated_at_ms: 1_000_000,
+        stopped_at_ms: None,
     };
     let mut seen = Whereabouts {
         reports: HashMap::from([(e.shard, report(0.0, Vec::new()))]),
