@@ -116,7 +116,7 @@ async fn after_a_graceful_stop_the_status_shows_no_owner_at_once() {
     let event = Event::new("stopped-1", 1, env.shards);
     Publisher::connect(&env)
         .await
-        .publish(&[event.clone()])
+        .publish(std::slice::from_ref(&event))
         .await;
 
     let (code, json) = status().await;
