@@ -21,7 +21,7 @@ pub enum Error {
     OrderPrefix(#[source] shardline_contract::OrderIdError),
     /// Declaring or removing the run's throwaway names failed.
     #[error(transparent)]
-    Ops(#[from] shardline_ops::Error),
+    Ops(Box<shardline_ops::Error>),
     #[error(transparent)]
     Publish(#[from] PublishError),
     #[error(transparent)]
@@ -53,6 +53,12 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+}
+
+impl From<shardline_ops::Error> for Error {
+    fn from(e: shardline_ops::Error) -> Self {
+        Self::Ops(Box::new(e))
+    }
 }
 
 impl Error {
