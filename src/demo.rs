@@ -12,15 +12,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use clap::Args;
+use shardline_bench::Scratch;
+use shardline_bench::load::load_events;
 use shardline_connect::{broker, declare};
 use shardline_contract::headers::{self, FailReason};
 use shardline_publisher::Publisher;
 use shardline_worker::{Config, Counts, Event, Handler, HandlerError, RetryPolicy, Worker};
 use tokio_util::sync::CancellationToken;
 
-use crate::GlobalArgs;
-use crate::publish::load_events;
-use crate::scratch::Scratch;
+use crate::{Flags as _, GlobalArgs};
 
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
@@ -58,9 +58,9 @@ pub(crate) async fn run(
         args.events_per_order >= POISON_SEQ,
         "--events-per-order must be at least {POISON_SEQ}"
     );
-    let scratch = Scratch::create(global, "demo").await?;
+    let scratch = Scratch::create(&global.fleet(), "demo").await.flags()?;
     let result = run_on(global, &args, &scratch, shutdown).await;
-    let cleanup = scratch.remove().await;
+    let cleanup = scratch.remove().await.flags();
     let code = result?;
     cleanup?;
     Ok(code)

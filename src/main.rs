@@ -10,7 +10,6 @@ mod publish;
 mod reconcile;
 #[cfg(test)]
 mod reference;
-mod scratch;
 mod telemetry;
 mod topology;
 mod worker;
@@ -246,6 +245,18 @@ impl<T> Flags<T> for Result<T, shardline_ops::Error> {
     }
 }
 
+impl<T> Flags<T> for Result<T, shardline_bench::Error> {
+    fn flags(self) -> anyhow::Result<T> {
+        self.map_err(|e| {
+            if e.names_fields() {
+                anyhow::anyhow!(e.rename_fields(flag))
+            } else {
+                e.into()
+            }
+        })
+    }
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -269,7 +280,7 @@ enum Command {
     Bench(bench::BenchArgs),
     /// The paced publisher `bench --latency` runs as a child process.
     #[command(hide = true)]
-    BenchPublisher(bench::paced::PacedArgs),
+    BenchPublisher(bench::PacedArgs),
     /// Inspect, replay or purge the dead-letter queue.
     #[command(subcommand)]
     Dlq(dlq::DlqCommand),
@@ -310,7 +321,7 @@ fn main() -> ExitCode {
             Command::Worker(args) => worker::run(&global, *args, shutdown).await,
             Command::Demo(args) => demo::run(&global, args, shutdown).await,
             Command::Bench(args) => bench::run(&global, args, shutdown).await,
-            Command::BenchPublisher(args) => bench::paced::run(&global, args, shutdown).await,
+            Command::BenchPublisher(args) => bench::run_publisher(&global, args, shutdown).await,
             Command::Dlq(cmd) => dlq::run(&global, cmd, shutdown).await,
             Command::Reconcile(args) => reconcile::run(&global, args, shutdown).await,
             Command::Console(args) => console::run(&global, args, shutdown).await,

@@ -9,12 +9,12 @@ use std::time::Duration;
 const TICKS_PER_SECOND: u64 = 100;
 
 /// User plus system CPU time of the whole process, all threads.
-pub(super) fn of_pid(pid: &str) -> Option<Duration> {
+pub(crate) fn of_pid(pid: &str) -> Option<Duration> {
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
 /// This process's CPU time.
-pub(super) fn own() -> Option<Duration> {
+pub(crate) fn own() -> Option<Duration> {
     of_pid("self")
 }
 
@@ -35,18 +35,18 @@ fn parse_stat(stat: &str) -> Option<Duration> {
 /// (a `rabbitmqctl` also runs as `beam.smp`, Sentinel tests start more Redis
 /// servers), the ones whose command line contains `hint`, then the oldest.
 #[derive(Debug, Clone)]
-pub(super) struct Service {
+pub(crate) struct Service {
     pid: Option<String>,
 }
 
 impl Service {
-    pub(super) fn find(comm: &str, hint: Option<&str>) -> Self {
+    pub(crate) fn find(comm: &str, hint: Option<&str>) -> Self {
         Self {
             pid: find_pid(comm, hint),
         }
     }
 
-    pub(super) fn cpu(&self) -> Option<Duration> {
+    pub(crate) fn cpu(&self) -> Option<Duration> {
         of_pid(self.pid.as_deref()?)
     }
 }
@@ -96,7 +96,7 @@ fn start_time(stat: &str) -> Option<u64> {
 }
 
 /// CPU time used between two readings, when both were readable.
-pub(super) fn spent(before: Option<Duration>, after: Option<Duration>) -> Option<Duration> {
+pub(crate) fn spent(before: Option<Duration>, after: Option<Duration>) -> Option<Duration> {
     Some(after?.saturating_sub(before?))
 }
 

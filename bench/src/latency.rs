@@ -1,5 +1,5 @@
 //! `bench --latency`: open-loop latency. A child process publishes on a fixed
-//! [`Schedule`] while the in-process worker consumes with a handler that
+//! schedule while the in-process worker consumes with a handler that
 //! records, for each event, the time from its intended send time to the
 //! handler call (the dedup commit and the ack follow it). CPU time is read
 //! per process: the worker (this process), the publisher (the child), and
@@ -11,19 +11,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use async_trait::async_trait;
+use shardline_ops::Fleet;
 use shardline_publisher::LatencyHistogram;
 use shardline_worker::{Event, Handler, HandlerError, Worker};
 use tokio::io::AsyncBufReadExt as _;
 use tokio_util::sync::CancellationToken;
 
-use super::cpu::{self, Service};
-use super::paced::PacedReport;
-use super::schedule::{Schedule, parse_event_id, unix_us};
-use super::{BenchArgs, Setting, drain};
-use crate::GlobalArgs;
+use crate::cpu::{self, Service};
+use crate::drain;
+use crate::error::Error;
+use crate::paced::PacedReport;
+use crate::schedule::{Schedule, parse_event_id, unix_us};
 use crate::scratch::Scratch;
+use crate::settings::{BenchSettings, LatencySettings, Setting};
 
 /// The noop handler that records latencies of the measured events (index at
 /// or past `first_measured`).
@@ -57,7 +58,7 @@ impl Handler for Recorder {
 
 /// One setting's latency run.
 #[derive(Debug, Clone)]
-pub(super) struct LatencyRow {
+pub struct LatencyRow {
     pub setting: Setting,
     /// Events per second the schedule asked for.
     pub rate: f64,
@@ -74,183 +75,219 @@ pub(super) struct LatencyRow {
     pub publisher_behind_max: Option<Duration>,
 }
 
-pub(super) async fn measure(
-    global: &GlobalArgs,
-    args: &BenchArgs,
+pub(crate) async fn measure(
+    global: &Fleet,
+    args: &BenchSettings,
+    latency: &LatencySettings,
     setting: Setting,
     rate: f64,
     shutdown: &CancellationToken,
-) -> anyhow::Result<LatencyRow> {
+) -> Result<LatencyRow, Error> {
     let scratch = Scratch::create(global, "bench-latency").await?;
-    let result = run_one(global, args, &scratch, setting, rate, shutdown).await;
+    let run = Run {
+        global,
+        args,
+        latency,
+        scratch: &scratch,
+    };
+    let result = run.one(setting, rate, shutdown).await;
     scratch.remove().await?;
     result
 }
 
-async fn run_one(
-    global: &GlobalArgs,
-    args: &BenchArgs,
-    scratch: &Scratch,
-    setting: Setting,
-    rate: f64,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<LatencyRow> {
-    let mut schedule = Schedule { start_us: 0, rate };
-    let first_measured = schedule.events_within(args.warmup);
-    let total = schedule.events_within(args.warmup + args.duration);
-    anyhow::ensure!(
-        total > first_measured,
-        "--rate × --duration gives no events to measure"
-    );
-    let recorder = Arc::new(Recorder {
-        first_measured,
-        ..Recorder::default()
-    });
-    let stop = CancellationToken::new();
-    let _stop = stop.clone().drop_guard();
-    let worker = Worker::new(
-        drain::worker_config(scratch, args, setting),
-        recorder.clone(),
-    )?;
-    let progress = worker.progress();
-    let mut worker = tokio::spawn(worker.run(stop.clone()));
-    let subscribed = Instant::now() + Duration::from_secs(30);
-    while !progress.all_consuming() {
-        anyhow::ensure!(
-            Instant::now() < subscribed && !worker.is_finished(),
-            "the worker did not consume every shard within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+/// What one latency run works with.
+struct Run<'a> {
+    global: &'a Fleet,
+    args: &'a BenchSettings,
+    latency: &'a LatencySettings,
+    scratch: &'a Scratch,
+}
+
+impl Run<'_> {
+    async fn one(
+        &self,
+        setting: Setting,
+        rate: f64,
+        shutdown: &CancellationToken,
+    ) -> Result<LatencyRow, Error> {
+        let Self {
+            global,
+            args,
+            latency,
+            scratch,
+        } = *self;
+        let mut schedule = Schedule { start_us: 0, rate };
+        let first_measured = schedule.events_within(latency.warmup);
+        let total = schedule.events_within(latency.warmup + latency.duration);
+        if total <= first_measured {
+            return Err(Error::setting(
+                &["rate", "duration"],
+                "rate × duration gives no events to measure",
+            ));
+        }
+        let recorder = Arc::new(Recorder {
+            first_measured,
+            ..Recorder::default()
+        });
+        let stop = CancellationToken::new();
+        let _stop = stop.clone().drop_guard();
+        let worker = Worker::new(
+            drain::worker_config(scratch, args, setting),
+            recorder.clone(),
+        )?;
+        let progress = worker.progress();
+        let mut worker = tokio::spawn(worker.run(stop.clone()));
+        let subscribed = Instant::now() + Duration::from_secs(30);
+        while !progress.all_consuming() {
+            if Instant::now() >= subscribed || worker.is_finished() {
+                return Err(Error::Failed(
+                    "the worker did not consume every shard within 30 s".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The publisher connects in this second; the warm-up absorbs the rest.
+        schedule.start_us = unix_us() + 1_000_000;
+        let mut child = self.spawn_publisher(schedule, total)?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| Error::Failed("publisher's stdout".into()))?;
+        let report_line = tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(stdout).lines();
+            let mut last = None;
+            while let Ok(Some(line)) = lines.next_line().await {
+                last = Some(line);
+            }
+            last
+        });
+
+        let services = [
+            Service::find("beam.smp", None),
+            Service::find("redis-server", redis_port(global).as_deref()),
+        ];
+        tokio::time::sleep(Duration::from_micros(
+            schedule.start_us.saturating_sub(unix_us()),
+        ))
+        .await;
+        let worker_before = cpu::own();
+        let services_before = services.each_ref().map(Service::cpu);
+
+        let deadline = Instant::now() + latency.warmup + latency.duration + Duration::from_secs(30);
+        let mut tick = tokio::time::interval(Duration::from_millis(5));
+        loop {
+            tick.tick().await;
+            if recorder.seen.load(Ordering::Relaxed) >= total || Instant::now() >= deadline {
+                break;
+            }
+            if shutdown.is_cancelled() {
+                return Err(Error::Failed("interrupted".into()));
+            }
+            if worker.is_finished() {
+                let ended = (&mut worker).await;
+                return Err(Error::Failed(format!(
+                    "the worker stopped during the run: {ended:?}"
+                )));
+            }
+        }
+        let worker_cpu = cpu::spent(worker_before, cpu::own());
+        let services_cpu = [0, 1].map(|i| cpu::spent(services_before[i], services[i].cpu()));
+
+        stop.cancel();
+        worker.await??;
+        let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+            .await
+            .map_err(Error::context("the publisher did not exit"))??;
+        if !status.success() {
+            return Err(Error::Failed(format!("the publisher failed: {status}")));
+        }
+        let line = report_line.await?.unwrap_or_default();
+        let published = PacedReport::from_json(&line)
+            .ok_or_else(|| Error::Failed(format!("unreadable publisher report: {line:?}")))?;
+
+        let handled = recorder.seen.load(Ordering::Relaxed);
+        let unreadable = recorder.unreadable.load(Ordering::Relaxed);
+        if unreadable > 0 {
+            tracing::warn!(unreadable, "events without the bench's event id");
+        }
+        let per_event = |d: Option<Duration>| {
+            let n = u32::try_from(handled.max(1)).unwrap_or(u32::MAX);
+            d.map(|d| d / n)
+        };
+        let latencies = recorder
+            .latencies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Ok(LatencyRow {
+            setting,
+            rate,
+            latencies,
+            sent: published.sent,
+            handled,
+            worker_cpu: per_event(worker_cpu),
+            publisher_cpu: published
+                .cpu
+                .map(|d| d / u32::try_from(published.sent.max(1)).unwrap_or(u32::MAX)),
+            broker_cpu: per_event(services_cpu[0]),
+            redis_cpu: per_event(services_cpu[1]),
+            publisher_behind_p99: published.behind_p99,
+            publisher_behind_max: published.behind_max,
+        })
     }
-    // The publisher connects in this second; the warm-up absorbs the rest.
-    schedule.start_us = unix_us() + 1_000_000;
-    let mut child = spawn_publisher(global, scratch, args, schedule, total)?;
-    let stdout = child.stdout.take().context("publisher's stdout")?;
-    let report_line = tokio::spawn(async move {
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let mut last = None;
-        while let Ok(Some(line)) = lines.next_line().await {
-            last = Some(line);
-        }
-        last
-    });
-
-    let services = [
-        Service::find("beam.smp", None),
-        Service::find("redis-server", redis_port(global).as_deref()),
-    ];
-    tokio::time::sleep(Duration::from_micros(
-        schedule.start_us.saturating_sub(unix_us()),
-    ))
-    .await;
-    let worker_before = cpu::own();
-    let services_before = services.each_ref().map(Service::cpu);
-
-    let deadline = Instant::now() + args.warmup + args.duration + Duration::from_secs(30);
-    let mut tick = tokio::time::interval(Duration::from_millis(5));
-    loop {
-        tick.tick().await;
-        if recorder.seen.load(Ordering::Relaxed) >= total || Instant::now() >= deadline {
-            break;
-        }
-        if shutdown.is_cancelled() {
-            anyhow::bail!("interrupted");
-        }
-        if worker.is_finished() {
-            let ended = (&mut worker).await;
-            anyhow::bail!("the worker stopped during the run: {ended:?}");
-        }
-    }
-    let worker_cpu = cpu::spent(worker_before, cpu::own());
-    let services_cpu = [0, 1].map(|i| cpu::spent(services_before[i], services[i].cpu()));
-
-    stop.cancel();
-    worker.await??;
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .context("the publisher did not exit")??;
-    anyhow::ensure!(status.success(), "the publisher failed: {status}");
-    let line = report_line.await?.unwrap_or_default();
-    let published = PacedReport::from_json(&line)
-        .with_context(|| format!("unreadable publisher report: {line:?}"))?;
-
-    let handled = recorder.seen.load(Ordering::Relaxed);
-    let unreadable = recorder.unreadable.load(Ordering::Relaxed);
-    if unreadable > 0 {
-        tracing::warn!(unreadable, "events without the bench's event id");
-    }
-    let per_event = |d: Option<Duration>| {
-        let n = u32::try_from(handled.max(1)).unwrap_or(u32::MAX);
-        d.map(|d| d / n)
-    };
-    let latencies = recorder
-        .latencies
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
-    Ok(LatencyRow {
-        setting,
-        rate,
-        latencies,
-        sent: published.sent,
-        handled,
-        worker_cpu: per_event(worker_cpu),
-        publisher_cpu: published
-            .cpu
-            .map(|d| d / u32::try_from(published.sent.max(1)).unwrap_or(u32::MAX)),
-        broker_cpu: per_event(services_cpu[0]),
-        redis_cpu: per_event(services_cpu[1]),
-        publisher_behind_p99: published.behind_p99,
-        publisher_behind_max: published.behind_max,
-    })
 }
 
 /// `:6379` from the Redis URL, to tell its server from other local ones.
-fn redis_port(global: &GlobalArgs) -> Option<String> {
-    let url = global.redis_url.url();
+fn redis_port(global: &Fleet) -> Option<String> {
+    let url = global.redis.url();
     let host = url.split("://").nth(1)?.split('/').next()?;
     let port = host.rsplit_once(':')?.1;
     Some(format!(":{port}"))
 }
 
-/// The child publisher: this binary's hidden `bench-publisher`, on the run's
-/// names. The broker URL goes through the environment, not the command line.
-fn spawn_publisher(
-    global: &GlobalArgs,
-    scratch: &Scratch,
-    args: &BenchArgs,
-    schedule: Schedule,
-    total: u64,
-) -> anyhow::Result<tokio::process::Child> {
-    let exe = std::env::current_exe().context("finding this binary to run the publisher")?;
-    tokio::process::Command::new(exe)
-        .arg("bench-publisher")
-        .arg(format!("--rate={}", schedule.rate))
-        .arg(format!("--events={total}"))
-        .arg(format!("--start-unix-us={}", schedule.start_us))
-        .arg(format!("--events-per-order={}", args.events_per_order))
-        .arg(format!("--event-bytes={}", args.event_bytes))
-        .env("SHARDLINE_AMQP_URL", global.amqp_url.addresses().join(","))
-        .env(
-            "SHARDLINE_AMQP_ADDRESS_ORDER",
-            global.amqp_url.order().to_string(),
-        )
-        .env("SHARDLINE_SHARDS", global.shards.to_string())
-        .env("SHARDLINE_EXCHANGE", &scratch.names.exchange)
-        .env("SHARDLINE_QUEUE_PREFIX", &scratch.names.queue_prefix)
-        .env(
-            "SHARDLINE_DEAD_LETTER_EXCHANGE",
-            &scratch.names.dead_letter_exchange,
-        )
-        .env(
-            "SHARDLINE_DEAD_LETTER_QUEUE",
-            &scratch.names.dead_letter_queue,
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the publisher process")
+impl Run<'_> {
+    /// The child publisher ([`LatencySettings::publisher`]), on the run's names.
+    /// The broker URL goes through the environment, not the command line.
+    fn spawn_publisher(
+        &self,
+        schedule: Schedule,
+        total: u64,
+    ) -> Result<tokio::process::Child, Error> {
+        let Self {
+            global,
+            args,
+            latency,
+            scratch,
+        } = *self;
+        tokio::process::Command::new(&latency.publisher)
+            .arg("bench-publisher")
+            .arg(format!("--rate={}", schedule.rate))
+            .arg(format!("--events={total}"))
+            .arg(format!("--start-unix-us={}", schedule.start_us))
+            .arg(format!("--events-per-order={}", args.events_per_order))
+            .arg(format!("--event-bytes={}", args.event_bytes))
+            .env("SHARDLINE_AMQP_URL", global.amqp.addresses().join(","))
+            .env(
+                "SHARDLINE_AMQP_ADDRESS_ORDER",
+                global.amqp.order().to_string(),
+            )
+            .env("SHARDLINE_SHARDS", global.shards.to_string())
+            .env("SHARDLINE_EXCHANGE", &scratch.names.exchange)
+            .env("SHARDLINE_QUEUE_PREFIX", &scratch.names.queue_prefix)
+            .env(
+                "SHARDLINE_DEAD_LETTER_EXCHANGE",
+                &scratch.names.dead_letter_exchange,
+            )
+            .env(
+                "SHARDLINE_DEAD_LETTER_QUEUE",
+                &scratch.names.dead_letter_queue,
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(Error::context("starting the publisher process"))
+    }
 }
 
 fn ms(d: Option<Duration>) -> String {
@@ -262,7 +299,7 @@ fn us(d: Option<Duration>) -> String {
 }
 
 /// The latency table: one row per setting.
-pub(super) fn table(rows: &[LatencyRow]) -> String {
+pub(crate) fn table(rows: &[LatencyRow]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,

@@ -5,23 +5,21 @@
 
 use std::fmt::Write as _;
 
-use clap::ValueEnum;
-
 /// A raw lapin consume-and-ack loop the worker is compared with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum Baseline {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Baseline {
     /// One Redis `SET key 1 NX EX` per event, then the ack.
     Set,
     /// The ack only, no Redis at all.
     Nodedup,
-    /// An external program (`--peer PATH`): a consumer written with another
-    /// library on the same load, as a check.
-    #[value(skip)]
+    /// An external program ([`BenchSettings::peer`](crate::BenchSettings::peer)):
+    /// a consumer written with another library on the same load, as a check.
     Peer,
 }
 
 impl Baseline {
-    pub(crate) fn label(self) -> &'static str {
+    /// How the progress lines name it.
+    pub fn label(self) -> &'static str {
         match self {
             Self::Set => "raw lapin loop + SET NX EX",
             Self::Nodedup => "raw lapin loop, no dedup",
@@ -40,7 +38,7 @@ impl Baseline {
 
 /// What one drain measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
+pub(crate) enum Kind {
     Raw(Baseline),
     Worker,
 }
@@ -48,7 +46,7 @@ pub(super) enum Kind {
 /// The kinds of one round, in the order they run: the first baseline, the
 /// worker, then the other baselines, so the worker sits next to each of the
 /// first two.
-pub(super) fn round_order(baselines: &[Baseline]) -> Vec<Kind> {
+pub(crate) fn round_order(baselines: &[Baseline]) -> Vec<Kind> {
     let mut order: Vec<Kind> = baselines.iter().map(|&b| Kind::Raw(b)).collect();
     order.insert(order.len().min(1), Kind::Worker);
     order
@@ -56,13 +54,13 @@ pub(super) fn round_order(baselines: &[Baseline]) -> Vec<Kind> {
 
 /// The rates (events/s) one round measured.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(super) struct Round {
-    pub worker: f64,
-    pub raw: Vec<(Baseline, f64)>,
+pub(crate) struct Round {
+    pub(crate) worker: f64,
+    pub(crate) raw: Vec<(Baseline, f64)>,
 }
 
 impl Round {
-    pub(super) fn record(&mut self, kind: Kind, rate: f64) {
+    pub(crate) fn record(&mut self, kind: Kind, rate: f64) {
         match kind {
             Kind::Worker => self.worker = rate,
             Kind::Raw(b) => self.raw.push((b, rate)),
@@ -70,7 +68,7 @@ impl Round {
     }
 
     /// worker / `baseline` in this round, when both were measured.
-    pub(super) fn ratio(&self, baseline: Baseline) -> Option<f64> {
+    pub(crate) fn ratio(&self, baseline: Baseline) -> Option<f64> {
         self.raw
             .iter()
             .find(|(b, _)| *b == baseline)
@@ -80,7 +78,7 @@ impl Round {
 
 /// The median and the range of a set of per-round values.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Spread {
+pub struct Spread {
     pub median: f64,
     pub min: f64,
     pub max: f64,
@@ -88,7 +86,7 @@ pub(super) struct Spread {
 
 impl Spread {
     /// `None` for no values.
-    pub(super) fn of(values: &[f64]) -> Option<Self> {
+    pub fn of(values: &[f64]) -> Option<Self> {
         let mut sorted = values.to_vec();
         sorted.sort_by(f64::total_cmp);
         Some(Self {
@@ -100,7 +98,7 @@ impl Spread {
 }
 
 /// The median (the mean of the middle two for an even count).
-pub(super) fn median(values: &[f64]) -> Option<f64> {
+pub fn median(values: &[f64]) -> Option<f64> {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     median_sorted(&sorted)
@@ -117,7 +115,7 @@ fn median_sorted(sorted: &[f64]) -> Option<f64> {
 
 /// One setting's rounds, summarised.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Summary {
+pub struct Summary {
     pub prefetch: u16,
     pub concurrency: u16,
     /// Median worker events/s.
@@ -128,7 +126,7 @@ pub(super) struct Summary {
 }
 
 impl Summary {
-    pub(super) fn new(
+    pub(crate) fn new(
         prefetch: u16,
         concurrency: u16,
         baselines: &[Baseline],
@@ -167,7 +165,7 @@ fn spread_cell(spread: Option<Spread>, rounds: usize) -> String {
 
 /// The one table: medians of each kind, then per baseline the median of the
 /// per-round worker/baseline ratios with their range.
-pub(super) fn table(summaries: &[Summary]) -> String {
+pub(crate) fn table(summaries: &[Summary]) -> String {
     let Some(first) = summaries.first() else {
         return String::new();
     };

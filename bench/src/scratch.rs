@@ -1,27 +1,25 @@
-//! Throwaway names for `demo` and `bench` ([`shardline_ops::scratch`]): their
-//! own exchanges, queues and Redis keys on the configured vhost, removed
-//! afterwards, so real queues are never touched.
+//! Throwaway names for the demo and the bench ([`shardline_ops::scratch`]):
+//! their own exchanges, queues and Redis keys on the configured vhost,
+//! removed afterwards, so real queues are never touched.
 
 use shardline_contract::Names;
 use shardline_ops::{Fleet, scratch};
 
-use crate::{Flags as _, GlobalArgs};
-
 /// One run's names and Redis key prefix.
-pub(crate) struct Scratch {
+#[derive(Debug)]
+pub struct Scratch {
     pub names: Names,
     pub redis_prefix: String,
     fleet: Fleet,
 }
 
 impl Scratch {
-    /// Declares a fresh topology named after `label` and this process.
-    pub(crate) async fn create(global: &GlobalArgs, label: &str) -> anyhow::Result<Self> {
+    /// Declares a fresh topology beside `base`, named after `label` and this
+    /// process.
+    pub async fn create(base: &Fleet, label: &str) -> Result<Self, shardline_ops::Error> {
         let tag = format!("shardline-{label}-{}", std::process::id());
-        let fleet = scratch::fleet(&global.fleet(), &tag);
-        scratch::declare(&fleet, &format!("shardline {label} setup"))
-            .await
-            .flags()?;
+        let fleet = scratch::fleet(base, &tag);
+        scratch::declare(&fleet, &format!("shardline {label} setup")).await?;
         Ok(Self {
             names: fleet.names.clone(),
             redis_prefix: fleet.keys.prefix().to_owned(),
@@ -30,7 +28,7 @@ impl Scratch {
     }
 
     /// A worker configuration for every shard of this run's names.
-    pub(crate) fn worker_config(&self, worker_name: &str) -> shardline_worker::Config {
+    pub fn worker_config(&self, worker_name: &str) -> shardline_worker::Config {
         shardline_worker::Config {
             amqp: self.fleet.amqp.clone(),
             redis: self.fleet.redis.clone(),
@@ -44,7 +42,7 @@ impl Scratch {
     }
 
     /// Deletes the queues, exchanges and Redis keys of this run.
-    pub(crate) async fn remove(&self) -> anyhow::Result<()> {
-        scratch::remove(&self.fleet).await.flags()
+    pub async fn remove(&self) -> Result<(), shardline_ops::Error> {
+        scratch::remove(&self.fleet).await
     }
 }

@@ -15,25 +15,26 @@ use hyper::{Response, StatusCode};
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use shardline_connect::broker;
+use shardline_ops::Fleet;
 use shardline_publisher::Publisher;
 use shardline_worker::handler::{Http, Noop};
 use shardline_worker::{Config, Handler, Worker};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::rounds::{Baseline, Kind};
-use super::{BenchArgs, Setting};
-use crate::GlobalArgs;
-use crate::publish::load_events;
+use crate::error::Error;
+use crate::load::{load_events, padding};
+use crate::rounds::{Baseline, Kind};
 use crate::scratch::Scratch;
+use crate::settings::{BenchSettings, Setting};
 
 /// The worker's configuration for `setting` on `scratch`'s names.
-pub(super) fn worker_config(scratch: &Scratch, args: &BenchArgs, setting: Setting) -> Config {
+pub(crate) fn worker_config(scratch: &Scratch, args: &BenchSettings, setting: Setting) -> Config {
     Config {
         prefetch: setting.prefetch,
         concurrency: setting.concurrency,
         group_commit: args.group_commit,
-        on_dead_letter: args.on_dead_letter.into(),
+        on_dead_letter: args.on_dead_letter,
         kinds_ttl: args.kinds_ttl,
         ..scratch.worker_config("bench")
     }
@@ -41,13 +42,13 @@ pub(super) fn worker_config(scratch: &Scratch, args: &BenchArgs, setting: Settin
 
 /// Pre-publishes the load into fresh names, drains it with `kind`, cleans up;
 /// returns events/s.
-pub(super) async fn measure(
-    global: &GlobalArgs,
-    args: &BenchArgs,
+pub(crate) async fn measure(
+    global: &Fleet,
+    args: &BenchSettings,
     kind: Kind,
     setting: Setting,
     downstream: Option<SocketAddr>,
-) -> anyhow::Result<f64> {
+) -> Result<f64, Error> {
     let handler: Arc<dyn Handler> = match downstream {
         Some(addr) => Arc::new(Http::new(&format!("http://{addr}/events"))?),
         None => Arc::new(Noop),
@@ -59,15 +60,18 @@ pub(super) async fn measure(
         tokio::time::timeout(drain_deadline(args.events), prepublish(global, &scratch, args))
             .await
             .map_err(|_| {
-                anyhow::anyhow!(
+                Error::Failed(format!(
                     "publishing the load did not finish within {}: is the broker blocking publishers (memory or disk alarm: `rabbitmqctl status`)?",
                     humantime::format_duration(drain_deadline(args.events))
-                )
+                ))
             })??;
         let started = Instant::now();
         match kind {
             Kind::Raw(Baseline::Peer) => {
-                let path = args.peer.as_deref().ok_or_else(|| anyhow::anyhow!("no --peer"))?;
+                let path = args
+                    .peer
+                    .as_deref()
+                    .ok_or_else(|| Error::setting(&["peer"], "no peer"))?;
                 peer_drain(path, global, &scratch, setting.prefetch, args.events).await?;
             }
             Kind::Raw(baseline) => {
@@ -78,7 +82,7 @@ pub(super) async fn measure(
                 worker_drain(config, handler, args.events).await?;
             }
         }
-        Ok::<_, anyhow::Error>(args.events as f64 / started.elapsed().as_secs_f64())
+        Ok::<_, Error>(args.events as f64 / started.elapsed().as_secs_f64())
     }
     .await;
     scratch.remove().await?;
@@ -87,10 +91,10 @@ pub(super) async fn measure(
 
 /// A downstream on a free local port that answers every request 200 after
 /// `latency`, until `stop`.
-pub(super) async fn start_downstream(
+pub(crate) async fn start_downstream(
     latency: Duration,
     stop: CancellationToken,
-) -> anyhow::Result<SocketAddr> {
+) -> Result<SocketAddr, Error> {
     let listener = shardline_worker::http::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
     let addr = listener.local_addr()?;
     tokio::spawn(shardline_worker::http::serve_with(
@@ -106,13 +110,9 @@ pub(super) async fn start_downstream(
     Ok(addr)
 }
 
-async fn prepublish(
-    global: &GlobalArgs,
-    scratch: &Scratch,
-    args: &BenchArgs,
-) -> anyhow::Result<()> {
+async fn prepublish(global: &Fleet, scratch: &Scratch, args: &BenchSettings) -> Result<(), Error> {
     let mut publisher = Publisher::connect(shardline_publisher::Config {
-        amqp: global.amqp_url.clone(),
+        amqp: global.amqp.clone(),
         names: scratch.names.clone(),
         shards: global.shards,
         window: 1024,
@@ -132,7 +132,7 @@ async fn prepublish(
         })
         .take(usize::try_from(args.events).unwrap_or(usize::MAX));
     for event in stream {
-        let mut event = event?;
+        let mut event = event.map_err(Error::OrderPrefix)?;
         if args.unsequenced {
             event.seq = None;
         }
@@ -145,22 +145,17 @@ async fn prepublish(
     Ok(())
 }
 
-/// The `pad` field that brings a generated event to about `event_bytes`.
-pub(super) fn padding(event_bytes: usize) -> String {
-    "x".repeat(event_bytes.saturating_sub(130))
-}
-
 /// A baseline: per shard, one channel on a shared connection, and for
 /// [`Baseline::Set`] one Redis connection, `SET key 1 NX EX` then ack for
 /// every delivery; for [`Baseline::Nodedup`] the ack alone.
 async fn raw_drain(
-    global: &GlobalArgs,
+    global: &Fleet,
     scratch: &Scratch,
     prefetch: u16,
     total: u64,
     baseline: Baseline,
-) -> anyhow::Result<()> {
-    let conn = Arc::new(broker::connect(&global.amqp_url, "shardline bench raw loop").await?);
+) -> Result<(), Error> {
+    let conn = Arc::new(broker::connect(&global.amqp, "shardline bench raw loop").await?);
     let with_redis = baseline == Baseline::Set;
     let done = Arc::new(AtomicU64::new(0));
     let finished = CancellationToken::new();
@@ -173,7 +168,7 @@ async fn raw_drain(
         // worker's shards share up to 16); through the Sentinels for a
         // `redis+sentinel://` URL.
         let mut redis = match with_redis {
-            true => Some(global.redis_url.connect().await?),
+            true => Some(global.redis.connect().await?),
             false => None,
         };
         tasks.spawn(async move {
@@ -194,7 +189,7 @@ async fn raw_drain(
                 .await?;
             loop {
                 let next = tokio::select! {
-                    _ = finished.cancelled() => return Ok::<_, anyhow::Error>(()),
+                    _ = finished.cancelled() => return Ok::<_, Error>(()),
                     next = consumer.next() => next,
                 };
                 let Some(delivery) = next else { return Ok(()) };
@@ -229,10 +224,10 @@ async fn raw_drain(
     }
     conn.close(200, "done".into()).await.ok();
     outcome.map_err(|_| {
-        anyhow::anyhow!(
+        Error::Failed(format!(
             "raw loop drained {} of {total} events before the deadline",
             done.load(Ordering::Relaxed)
-        )
+        ))
     })
 }
 
@@ -241,40 +236,53 @@ async fn raw_drain(
 /// as the raw loops' is).
 async fn peer_drain(
     path: &std::path::Path,
-    global: &GlobalArgs,
+    global: &Fleet,
     scratch: &Scratch,
     prefetch: u16,
     total: u64,
-) -> anyhow::Result<()> {
+) -> Result<(), Error> {
     let queues: Vec<String> = global
         .shards
         .ids()
         .map(|shard| scratch.names.shard_queue(shard))
         .collect();
     let mut child = tokio::process::Command::new(path)
-        .env("PEER_AMQP_URL", global.amqp_url.primary())
+        .env("PEER_AMQP_URL", global.amqp.primary())
         .env("PEER_QUEUES", queues.join(","))
         .env("PEER_PREFETCH", prefetch.to_string())
-        .env("PEER_REDIS_URL", global.redis_url.url())
+        .env("PEER_REDIS_URL", global.redis.url())
         .env("PEER_KEY_PREFIX", format!("{}peer:", scratch.redis_prefix))
         .env("PEER_TOTAL", total.to_string())
         .stdout(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| anyhow::anyhow!("--peer {}: cannot start it: {e}", path.display()))?;
+        .map_err(|e| {
+            Error::setting(
+                &["peer"],
+                format!("peer {}: cannot start it: {e}", path.display()),
+            )
+        })?;
     let status = tokio::time::timeout(drain_deadline(total), child.wait())
         .await
         .map_err(|_| {
-            anyhow::anyhow!(
-                "--peer {}: did not drain {total} events in time",
-                path.display()
+            Error::setting(
+                &["peer"],
+                format!(
+                    "peer {}: did not drain {total} events in time",
+                    path.display()
+                ),
             )
         })??;
-    anyhow::ensure!(status.success(), "--peer {}: {status}", path.display());
+    if !status.success() {
+        return Err(Error::setting(
+            &["peer"],
+            format!("peer {}: {status}", path.display()),
+        ));
+    }
     Ok(())
 }
 
-async fn worker_drain(config: Config, handler: Arc<dyn Handler>, total: u64) -> anyhow::Result<()> {
+async fn worker_drain(config: Config, handler: Arc<dyn Handler>, total: u64) -> Result<(), Error> {
     let stop = CancellationToken::new();
     let worker = Worker::new(config, handler)?;
     let progress = worker.progress();
@@ -289,17 +297,18 @@ async fn worker_drain(config: Config, handler: Arc<dyn Handler>, total: u64) -> 
     tokio::time::timeout(WORKER_STOP, worker)
         .await
         .map_err(|_| {
-            anyhow::anyhow!(
+            Error::Failed(format!(
                 "the worker did not stop within {} of being told to (settled {} of {total})",
                 humantime::format_duration(WORKER_STOP),
                 progress.counts().settled()
-            )
+            ))
         })???;
     let settled = progress.counts().settled();
-    anyhow::ensure!(
-        settled >= total,
-        "worker drained {settled} of {total} events before the deadline"
-    );
+    if settled < total {
+        return Err(Error::Failed(format!(
+            "worker drained {settled} of {total} events before the deadline"
+        )));
+    }
     Ok(())
 }
 

@@ -7,39 +7,39 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Microseconds since the Unix epoch: the clock both processes share.
-pub(super) fn unix_us() -> u64 {
+pub(crate) fn unix_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Schedule {
+pub(crate) struct Schedule {
     /// When event 0 is due, µs since the epoch.
-    pub start_us: u64,
+    pub(crate) start_us: u64,
     /// Events per second.
-    pub rate: f64,
+    pub(crate) rate: f64,
 }
 
 impl Schedule {
     /// When event `i` is due, µs since the epoch.
-    pub(super) fn due_us(&self, i: u64) -> u64 {
+    pub(crate) fn due_us(&self, i: u64) -> u64 {
         self.start_us + (i as f64 * 1e6 / self.rate).round() as u64
     }
 
     /// Events due within `span` from the start.
-    pub(super) fn events_within(&self, span: Duration) -> u64 {
+    pub(crate) fn events_within(&self, span: Duration) -> u64 {
         (span.as_secs_f64() * self.rate).ceil() as u64
     }
 }
 
 /// The `event_id` of event `i` due at `due_us`.
-pub(super) fn event_id(i: u64, due_us: u64) -> String {
+pub(crate) fn event_id(i: u64, due_us: u64) -> String {
     format!("{i}@{due_us}")
 }
 
 /// The index and due time an [`event_id`] carries.
-pub(super) fn parse_event_id(id: &str) -> Option<(u64, u64)> {
+pub(crate) fn parse_event_id(id: &str) -> Option<(u64, u64)> {
     let (i, due) = id.split_once('@')?;
     Some((i.parse().ok()?, due.parse().ok()?))
 }

@@ -1,45 +1,38 @@
 //! The publisher of `bench --latency`, run as a child process of the bench
 //! (the hidden `bench-publisher` subcommand) so that its CPU time is apart
-//! from the worker's. It sends on the [`Schedule`], late when it must, never
+//! from the worker's. It sends on the schedule, late when it must, never
 //! skipping, and prints one JSON line: what it sent, how far behind the
 //! schedule it got and the CPU it used.
 
-use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Args;
-use shardline_contract::NewEvent;
+use shardline_contract::{NewEvent, OrderIdError};
 use shardline_publisher::{LatencyHistogram, Publisher};
 use tokio_util::sync::CancellationToken;
 
-use super::cpu;
-use super::schedule::{Schedule, event_id, unix_us};
-use crate::GlobalArgs;
-use crate::publish::{load_order_id, parse_rate, publisher_config};
-use shardline_contract::OrderIdError;
+use crate::cpu;
+use crate::error::Error;
+use crate::load::{load_order_id, padding};
+use crate::schedule::{Schedule, event_id, unix_us};
 
-#[derive(Debug, Args)]
-pub(crate) struct PacedArgs {
+/// What the publisher sends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PacedSettings {
     /// Events per second.
-    #[arg(long, value_parser = parse_rate)]
     pub rate: f64,
     /// Events to send in all.
-    #[arg(long)]
     pub events: u64,
     /// When event 0 is due, µs since the Unix epoch.
-    #[arg(long)]
     pub start_unix_us: u64,
     /// Events per order (seq 1..E, orders interleaved).
-    #[arg(long, default_value_t = 5)]
     pub events_per_order: u64,
     /// Approximate body size of each event, in bytes.
-    #[arg(long, default_value_t = 200)]
     pub event_bytes: usize,
 }
 
 /// What the child reports on stdout, one JSON object.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct PacedReport {
+pub struct PacedReport {
     pub sent: u64,
     pub cpu: Option<Duration>,
     /// How late sends were against their due time.
@@ -48,7 +41,8 @@ pub(crate) struct PacedReport {
 }
 
 impl PacedReport {
-    fn to_json(self) -> serde_json::Value {
+    /// The line the publisher prints.
+    pub fn to_json(self) -> serde_json::Value {
         let us = |d: Option<Duration>| d.map(|d| d.as_micros() as u64);
         serde_json::json!({
             "sent": self.sent,
@@ -58,7 +52,8 @@ impl PacedReport {
         })
     }
 
-    pub(crate) fn from_json(line: &str) -> Option<Self> {
+    /// The report a [`PacedReport::to_json`] line holds.
+    pub fn from_json(line: &str) -> Option<Self> {
         let v: serde_json::Value = serde_json::from_str(line).ok()?;
         let us = |k: &str| v.get(k)?.as_u64().map(Duration::from_micros);
         Some(Self {
@@ -86,26 +81,25 @@ fn event(i: u64, due_us: u64, events_per_order: u64, pad: &str) -> Result<NewEve
     })
 }
 
-pub(crate) async fn run(
-    global: &GlobalArgs,
-    args: PacedArgs,
-    shutdown: CancellationToken,
-) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(
-        args.events_per_order > 0,
-        "--events-per-order must be at least 1"
-    );
-    let mut publisher = Publisher::connect(publisher_config(
-        global,
-        1024,
-        "shardline bench latency publisher",
-    ))
-    .await?;
+/// Publishes on the schedule `args` describes with a publisher configured by
+/// `config`, until done or `shutdown`.
+pub async fn publish(
+    config: shardline_publisher::Config,
+    args: &PacedSettings,
+    shutdown: &CancellationToken,
+) -> Result<PacedReport, Error> {
+    if args.events_per_order == 0 {
+        return Err(Error::setting(
+            &["events_per_order"],
+            "events_per_order must be at least 1",
+        ));
+    }
+    let mut publisher = Publisher::connect(config).await?;
     let schedule = Schedule {
         start_us: args.start_unix_us,
         rate: args.rate,
     };
-    let pad = super::drain::padding(args.event_bytes);
+    let pad = padding(args.event_bytes);
     let mut behind = LatencyHistogram::default();
     let cpu_before = cpu::own();
     let mut sent = 0;
@@ -120,27 +114,25 @@ pub(crate) async fn run(
         }
         behind.record(Duration::from_micros(unix_us().saturating_sub(due)));
         publisher
-            .publish_event(&event(i, due, args.events_per_order, &pad)?)
+            .publish_event(&event(i, due, args.events_per_order, &pad).map_err(Error::OrderPrefix)?)
             .await?;
         sent += 1;
     }
     publisher.flush().await?;
     let cpu = cpu::spent(cpu_before, cpu::own());
     publisher.close().await?;
-    let report = PacedReport {
+    Ok(PacedReport {
         sent,
         cpu,
         behind_p99: behind.percentile(99.0),
         behind_max: behind.max(),
-    };
-    println!("{}", report.to_json());
-    Ok(ExitCode::SUCCESS)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::schedule::parse_event_id;
+    use crate::schedule::parse_event_id;
 
     #[test]
     fn the_report_round_trips_through_its_json_line() {
