@@ -7,6 +7,7 @@ mod demo;
 mod dlq;
 mod progress;
 mod publish;
+mod receive;
 mod reconcile;
 #[cfg(test)]
 mod reference;
@@ -289,6 +290,9 @@ enum Command {
     Reconcile(reconcile::ReconcileArgs),
     /// Serve the operator web console (fleet and dead letters) behind a token.
     Console(console::ConsoleArgs),
+    /// A stand-in for your service while trying shardline out: answer every
+    /// POST with 200 and print each event.
+    Receive(receive::ReceiveArgs),
 }
 
 /// Exit code 3: a check found something to alert on.
@@ -325,6 +329,7 @@ fn main() -> ExitCode {
             Command::Dlq(cmd) => dlq::run(&global, cmd, shutdown).await,
             Command::Reconcile(args) => reconcile::run(&global, args, shutdown).await,
             Command::Console(args) => console::run(&global, args, shutdown).await,
+            Command::Receive(args) => receive::run(args, shutdown).await,
         }
     });
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));

@@ -22,16 +22,20 @@
 //! - `schedule`: the intended send times and the event ids that carry them.
 //! - [`paced`]: the publisher of a latency run, run as a child process.
 //! - `cpu`: CPU time per process from `/proc`.
+//! - [`demo`]: the whole pipeline on throwaway names, with injected faults.
 //! - [`load`]: the load generator (`shardline load`, the demo, the bench).
+//! - [`receive`]: a stand-in for the user's service while trying shardline out.
 //! - [`scratch`]: throwaway names for the demo and the bench.
 //! - [`error`]: what went wrong, naming settings, never flags.
 
 mod cpu;
+pub mod demo;
 mod drain;
 pub mod error;
 pub mod latency;
 pub mod load;
 pub mod paced;
+pub mod receive;
 pub mod rounds;
 mod run;
 mod schedule;

@@ -27,6 +27,12 @@ impl Scratch {
         })
     }
 
+    /// Where the run's names are: the base fleet's broker, Redis and shard
+    /// count with the run's names and key prefix.
+    pub fn fleet(&self) -> &Fleet {
+        &self.fleet
+    }
+
     /// A worker configuration for every shard of this run's names.
     pub fn worker_config(&self, worker_name: &str) -> shardline_worker::Config {
         shardline_worker::Config {
