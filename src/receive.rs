@@ -39,11 +39,35 @@ fn print(r: Received) {
         dash(&r.shard),
         dash(&r.idempotency_key),
         r.path,
-        String::from_utf8_lossy(&r.body).escape_debug(),
+        shown(&String::from_utf8_lossy(&r.body)),
     );
     let _ = std::io::stdout().lock().write_all(line.as_bytes());
 }
 
+/// `text` with its control characters escaped (`\n`, `\u{1b}`), the rest as is.
+fn shown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn dash(s: &str) -> &str {
     if s.is_empty() { "-" } else { s }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_body_cannot_forge_a_line_or_a_colour() {
+        assert_eq!(
+            super::shown("{\"a\": \"x\ny\u{1b}[31m\"}"),
+            "{\"a\": \"x\\ny\\u{1b}[31m\"}"
+        );
+    }
 }
