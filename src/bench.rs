@@ -26,11 +26,11 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 200)]
     pub event_bytes: usize,
     /// Prefetch settings to measure, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = [1u16, 32])]
+    #[arg(long, value_delimiter = ',', default_value = "1,32")]
     pub prefetch: Vec<u16>,
     /// Calls in flight per shard (`worker --concurrency`) to measure,
     /// comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = [1u16])]
+    #[arg(long, value_delimiter = ',', default_value = "1")]
     pub concurrency: Vec<u16>,
     /// The worker's `--group-commit` (`auto`: the worker's default; 1: strict).
     #[arg(long, value_name = "auto|N", default_value_t = GroupCommit::Auto)]
@@ -42,7 +42,7 @@ pub(crate) struct BenchArgs {
     pub downstream_latency: Option<Duration>,
     /// Raw loops the worker is compared with, comma-separated: `set` (one
     /// Redis `SET NX EX` per event), `nodedup` (no Redis).
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [BaselineArg::Set, BaselineArg::Nodedup])]
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "set,nodedup")]
     pub baseline: Vec<BaselineArg>,
     /// Rounds per setting; each round measures every kind once, one after
     /// another. Medians are reported, with the spread of the ratios.

@@ -41,8 +41,11 @@ pub(crate) enum DlqCommand {
 /// Which dead letters a command acts on (all of them without a filter).
 #[derive(Debug, Clone, Default, Args)]
 pub struct Filters {
-    /// Only letters with this `x-fail-reason` (decode, invalid, handler, timeout,
-    /// seq-gap, late, crash-loop, quarantined, control; `unknown` for letters without one).
+    /// Only letters with this reason: their `x-fail-reason` (decode, invalid,
+    /// handler, timeout, seq-gap, late, crash-loop, quarantined, control), the
+    /// broker's `x-death` reason for letters it dead-lettered itself
+    /// (delivery-limit, expired, maxlen, rejected), or `unknown` for letters
+    /// without one.
     #[arg(long)]
     pub reason: Option<String>,
     /// Only letters whose envelope's `order_id` is this.

@@ -168,10 +168,15 @@ pub(crate) async fn letters(
         Err(e) => return json_error(StatusCode::BAD_REQUEST, &e),
     };
     match dlq::letters(&state.fleet, &query).await {
-        Ok(letters) => Json(serde_json::json!({
-            "letters": letters.iter().map(letter_json).collect::<Vec<_>>(),
-            "limit": query.filters.limit,
-        }))
+        Ok(letters) => {
+            let letters: Vec<_> = letters.iter().map(letter_json).collect();
+            Json(serde_json::json!({
+                "dead_letters": letters,
+                // The name before `dead_letters`; served for one more release.
+                "letters": letters,
+                "limit": query.filters.limit,
+            }))
+        }
         .into_response(),
         Err(e) => json_error(StatusCode::BAD_GATEWAY, &chain(&e)),
     }

@@ -231,6 +231,10 @@ async fn console_serves_the_fleet_and_its_dead_letters_behind_a_token() {
         "{letters:#}"
     );
     assert_eq!(letters["letters"][0]["seq"], 1, "{letters:#}");
+    assert_eq!(
+        letters["dead_letters"], letters["letters"],
+        "one name with `dlq list --json`, the old one still served"
+    );
     let by_order = console
         .json("/api/dlq/letters?order=console-x&reason=handler", &cookie)
         .await;

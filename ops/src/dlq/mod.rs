@@ -367,6 +367,11 @@ impl ListReport {
                 "trace_id": l.trace_id,
             })
         };
+        let groups: Vec<_> = summary
+            .by_error
+            .iter()
+            .map(|((r, e), g)| group(g, &[("reason", r), ("error", e)]))
+            .collect();
         serde_json::json!({
             "read": self.indexed,
             "indexed": self.indexed,
@@ -377,8 +382,9 @@ impl ListReport {
             "summary": {
                 "by_reason": summary.by_reason.iter()
                     .map(|(r, g)| group(g, &[("reason", r)])).collect::<Vec<_>>(),
-                "by_error": summary.by_error.iter()
-                    .map(|((r, e), g)| group(g, &[("reason", r), ("error", e)])).collect::<Vec<_>>(),
+                "groups": groups,
+                // The name before `groups`; read for one more release.
+                "by_error": groups,
             },
         })
     }
@@ -439,7 +445,7 @@ impl ListReport {
                 age_text(g.oldest)
             );
         }
-        out.push_str("by error:\n");
+        out.push_str("failure groups:\n");
         for ((reason, error), g) in &summary.by_error {
             let _ = writeln!(
                 out,
