@@ -31,3 +31,27 @@ async fn a_log_written_to_a_file_holds_no_escape_byte() {
         text.escape_debug()
     );
 }
+
+/// A demo that succeeds prints its report and no ERROR line, with the
+/// `RUST_LOG=error` `scripts/demo` sets: the 404s the shard-count check
+/// expects and lapin's lines about connections it closes are not errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demo_that_succeeds_prints_no_error_line() {
+    let env = TestEnv::new("demo-quiet").await;
+    let out = env
+        .shardline_command()
+        .env("RUST_LOG", "error")
+        .args(["demo", "--orders", "40", "--events-per-order", "3"])
+        .args(env.global_args())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("result: OK"), "{stdout}");
+    assert!(
+        !stderr.contains("ERROR") && !stdout.contains("ERROR"),
+        "a successful demo printed an error line:\n{stderr}"
+    );
+}
