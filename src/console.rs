@@ -24,33 +24,29 @@ const TOKENS_ENV: &str = "SHARDLINE_CONSOLE_TOKENS";
 pub(crate) struct ConsoleArgs {
     /// Address to serve the console on (keep it on loopback unless behind a
     /// proxy that terminates TLS).
-    #[arg(
-        long,
-        env = "SHARDLINE_CONSOLE_LISTEN",
-        default_value = "127.0.0.1:8088"
-    )]
+    #[arg(long, default_value = "127.0.0.1:8088")]
     pub listen: SocketAddr,
     /// File of tokens, one `name:role:token` a line (role `admin` or
     /// `read-only`; `#` comments). Also SHARDLINE_CONSOLE_TOKENS. Neither:
     /// an admin token is generated and a login URL printed.
-    #[arg(long, env = "SHARDLINE_CONSOLE_TOKEN_FILE")]
+    #[arg(long)]
     pub token_file: Option<PathBuf>,
     /// Path the console is mounted under, for a reverse proxy.
-    #[arg(long, env = "SHARDLINE_CONSOLE_BASE_PATH", default_value = "/")]
+    #[arg(long, default_value = "/")]
     pub base_path: String,
     /// Another Host header to answer to (a proxy's name), `host` or
     /// `host:port`; repeatable. Others are refused (DNS rebinding).
     #[arg(long = "allowed-host")]
     pub allowed_hosts: Vec<String>,
     /// Backlog age from which a shard shows WARN.
-    #[arg(long, env = "SHARDLINE_BACKLOG_WARN", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub backlog_warn: Duration,
     /// Backlog age from which a shard shows PAGE.
-    #[arg(long, env = "SHARDLINE_BACKLOG_PAGE", default_value = "2m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub backlog_page: Duration,
     /// PostgreSQL URL of the order database: the reconcile page then offers
     /// a dry run (read-only; it emits and writes nothing).
-    #[arg(long, env = "SHARDLINE_ORDERS_URL", hide_env_values = true)]
+    #[arg(long)]
     pub orders_url: Option<String>,
     #[command(flatten)]
     pub orders: OrdersArgs,

@@ -5,6 +5,7 @@ mod bench;
 mod console;
 mod demo;
 mod dlq;
+mod environment;
 mod progress;
 mod publish;
 mod receive;
@@ -46,8 +47,6 @@ pub struct GlobalArgs {
         long,
         global = true,
         help_heading = "Connection",
-        env = "SHARDLINE_AMQP_URL",
-        hide_env_values = true,
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
         value_parser = UrlParser::<AmqpTarget>::new()
     )]
@@ -59,7 +58,6 @@ pub struct GlobalArgs {
         long,
         global = true,
         help_heading = "Connection",
-        env = "SHARDLINE_AMQP_ADDRESS_ORDER",
         default_value_t = AddressOrder::Random
     )]
     pub amqp_address_order: AddressOrder,
@@ -69,8 +67,6 @@ pub struct GlobalArgs {
         long,
         global = true,
         help_heading = "Connection",
-        env = "SHARDLINE_REDIS_URL",
-        hide_env_values = true,
         default_value = "redis://127.0.0.1:6379",
         value_parser = UrlParser::<RedisTarget>::new()
     )]
@@ -82,8 +78,6 @@ pub struct GlobalArgs {
         long,
         global = true,
         help_heading = "Connection",
-        env = "SHARDLINE_MANAGEMENT_URL",
-        hide_env_values = true,
         value_parser = UrlParser::<ManagementTarget>::new()
     )]
     pub management_url: Option<ManagementTarget>,
@@ -92,40 +86,28 @@ pub struct GlobalArgs {
         long,
         global = true,
         help_heading = "Names",
-        env = "SHARDLINE_REDIS_PREFIX",
         default_value = "shardline:"
     )]
     pub redis_prefix: String,
     /// Number of shards N. Queue arguments are immutable, so growing N is a migration.
-    #[arg(long, global = true, help_heading = "Names", env = "SHARDLINE_SHARDS", default_value_t = ShardCount::default())]
+    #[arg(long, global = true, help_heading = "Names", default_value_t = ShardCount::default())]
     pub shards: ShardCount,
     /// Publish and consume although the topology has another shard count than
     /// --shards (queue N-1 missing or queue N present): only during a
     /// shard-count migration; otherwise one order's events would land in two queues.
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Names",
-        env = "SHARDLINE_ALLOW_SHARD_MISMATCH"
-    )]
+    #[arg(long, global = true, help_heading = "Names")]
     pub allow_shard_mismatch: bool,
     /// Serve Prometheus metrics and health on this address (off unless given).
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Logging and metrics",
-        env = "SHARDLINE_METRICS_ADDR"
-    )]
+    #[arg(long, global = true, help_heading = "Logging and metrics")]
     pub metrics_addr: Option<SocketAddr>,
     /// Log lines as text or as JSON objects (stderr).
-    #[arg(long, global = true, help_heading = "Logging and metrics", env = "SHARDLINE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, global = true, help_heading = "Logging and metrics", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Direct exchange events are published to.
     #[arg(
         long,
         global = true,
         help_heading = "Names",
-        env = "SHARDLINE_EXCHANGE",
         default_value = "order.sharding"
     )]
     pub exchange: String,
@@ -134,7 +116,6 @@ pub struct GlobalArgs {
         long,
         global = true,
         help_heading = "Names",
-        env = "SHARDLINE_QUEUE_PREFIX",
         default_value = "order.events.shard."
     )]
     pub queue_prefix: String,
@@ -143,7 +124,6 @@ pub struct GlobalArgs {
         long,
         global = true,
         help_heading = "Names",
-        env = "SHARDLINE_DEAD_LETTER_EXCHANGE",
         default_value = "order.sharding.dlx"
     )]
     pub dead_letter_exchange: String,
@@ -152,7 +132,6 @@ pub struct GlobalArgs {
         long,
         global = true,
         help_heading = "Names",
-        env = "SHARDLINE_DEAD_LETTER_QUEUE",
         default_value = "order.events.dlq"
     )]
     pub dead_letter_queue: String,
@@ -299,7 +278,7 @@ enum Command {
 pub const EXIT_ATTENTION: u8 = 3;
 
 fn main() -> ExitCode {
-    let mut cli = Cli::parse();
+    let mut cli = environment::parse();
     // Every command reads the target from here, so each one honours the order.
     cli.global.amqp_url = cli
         .global

@@ -40,7 +40,7 @@ pub(crate) struct PublishArgs {
     #[arg(long, value_name = "PATH|-")]
     pub file: Option<PathBuf>,
     /// Most events unconfirmed at a time.
-    #[arg(long, env = "SHARDLINE_PUBLISH_WINDOW", default_value_t = Config::default().window)]
+    #[arg(long, default_value_t = Config::default().window)]
     pub window: usize,
 }
 
@@ -63,7 +63,7 @@ pub(crate) struct LoadArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Most events unconfirmed at a time.
-    #[arg(long, env = "SHARDLINE_PUBLISH_WINDOW", default_value_t = Config::default().window)]
+    #[arg(long, default_value_t = Config::default().window)]
     pub window: usize,
 }
 

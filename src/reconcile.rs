@@ -22,14 +22,14 @@ use crate::{EXIT_ATTENTION, Flags as _, GlobalArgs};
 pub(crate) struct ReconcileArgs {
     /// PostgreSQL URL of the order database (`postgres://user:password@host/db`,
     /// or a key=value string). Only read, in a read-only transaction.
-    #[arg(long, env = "SHARDLINE_ORDERS_URL", hide_env_values = true)]
+    #[arg(long)]
     pub orders_url: String,
     #[command(flatten)]
     pub orders: OrdersArgs,
     /// Run every INTERVAL until SIGTERM or Ctrl-C (a failed run is logged and
     /// retried at the next one); without it, run once. Each run's summary
     /// is kept in Redis for the console.
-    #[arg(long, env = "SHARDLINE_INTERVAL", value_parser = parse_interval)]
+    #[arg(long, value_parser = parse_interval)]
     pub interval: Option<Duration>,
     /// Only report: emit nothing, write nothing (exit 3 when something drifted).
     #[arg(long)]
@@ -40,7 +40,7 @@ pub(crate) struct ReconcileArgs {
     /// Emit nothing in a run that would emit more than this many compensations
     /// (report them and exit 3): a mass drift is an outage or a
     /// misconfiguration, not something to paper over.
-    #[arg(long, env = "SHARDLINE_MAX_EMIT", default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000)]
     pub max_emit: usize,
 }
 
@@ -50,15 +50,15 @@ pub(crate) struct ReconcileArgs {
 pub(crate) struct OrdersArgs {
     /// Query returning `order_id, status, updated_at` of the orders updated at
     /// or after `$1` (a timestamp: now minus `--window`).
-    #[arg(long, env = "SHARDLINE_ORDERS_QUERY", default_value = reconcile::DEFAULT_QUERY)]
+    #[arg(long, default_value = reconcile::DEFAULT_QUERY)]
     pub orders_query: String,
     /// Look at orders updated this long ago at most. Keep it within the
     /// worker's `--kinds-ttl`: older processed kinds may have expired.
-    #[arg(long, env = "SHARDLINE_WINDOW", default_value = "24h", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
     pub window: Duration,
     /// Skip orders updated less than this long ago: their events may still be
     /// on their way.
-    #[arg(long, env = "SHARDLINE_GRACE", default_value = "2m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub grace: Duration,
     /// `STATUS=KIND`: an order in STATUS must have had an event KIND processed.
     /// Repeatable (a status may expect several kinds); replaces the defaults
@@ -67,7 +67,6 @@ pub(crate) struct OrdersArgs {
     #[arg(
         long = "expect",
         value_name = "STATUS=KIND",
-        env = "SHARDLINE_EXPECT",
         value_delimiter = ',',
         value_parser = reconcile::parse_expectation
     )]

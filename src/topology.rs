@@ -26,24 +26,20 @@ pub(crate) enum TopologyCommand {
 pub(crate) struct ApplyArgs {
     /// Declare the shard queues with `x-single-active-consumer` (greenfield
     /// topologies only: publishers must then declare the queues identically).
-    #[arg(
-        long,
-        env = "SHARDLINE_SINGLE_ACTIVE_CONSUMER",
-        value_parser = clap::builder::BoolishValueParser::new()
-    )]
+    #[arg(long)]
     pub single_active_consumer: bool,
     /// Shard queue type; `quorum` implies single-active-consumer and adds a
     /// delivery limit and a dead-letter backstop.
-    #[arg(long, env = "SHARDLINE_QUEUE_TYPE", default_value = "classic")]
+    #[arg(long, default_value = "classic")]
     pub queue_type: QueueType,
     /// Quorum queues only: `x-delivery-limit` (reconnects count too, so keep it
     /// well above the worker's `--max-deliveries`).
-    #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = TopologyOptions::default().delivery_limit)]
+    #[arg(long, default_value_t = TopologyOptions::default().delivery_limit)]
     pub delivery_limit: u32,
     /// Apply `--single-active-consumer` although the broker is older than
     /// 3.10.13 (3.11.5), whose classic-queue single-active-consumer can crash
     /// the queue when the active consumer changes (rabbitmq-server#5460).
-    #[arg(long, env = "SHARDLINE_ACCEPT_CLASSIC_SAC_RISK", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(long)]
     pub accept_classic_sac_risk: bool,
 }
 
@@ -53,10 +49,10 @@ pub(crate) struct StatusArgs {
     #[arg(long)]
     pub json: bool,
     /// Backlog age from which a shard is at WARN.
-    #[arg(long, env = "SHARDLINE_BACKLOG_WARN", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub backlog_warn: Duration,
     /// Backlog age from which a shard is at PAGE (exit code 3).
-    #[arg(long, env = "SHARDLINE_BACKLOG_PAGE", default_value = "2m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub backlog_page: Duration,
     /// Dead letters read (and requeued) at most to count them by reason.
     #[arg(long, default_value_t = 1000)]

@@ -24,172 +24,168 @@ pub(crate) struct WorkerArgs {
     /// Shards to consume: `all`, or ids and ranges such as `0-3,7` (shards held
     /// by another worker are waited for: standby); or `auto`: join the elastic
     /// fleet, which balances the shards over its members.
-    #[arg(long, env = "SHARDLINE_ASSIGN", default_value = "all")]
+    #[arg(long, default_value = "all")]
     pub assign: AssignArg,
     /// `--assign auto`: this member's id, stable across restarts (on
     /// Kubernetes the pod name). Default the worker name.
-    #[arg(
-        long,
-        env = "SHARDLINE_MEMBER_ID",
-        help_heading = "Elastic fleet (--assign auto)"
-    )]
+    #[arg(long, help_heading = "Elastic fleet (--assign auto)")]
     pub member_id: Option<String>,
     /// A member whose lease lapsed is gone: its shards are reassigned at once.
-    #[arg(long, env = "SHARDLINE_MEMBER_LEASE", default_value = shown(FleetPolicy::new("").lease), value_parser = humantime::parse_duration, help_heading = "Elastic fleet (--assign auto)")]
+    #[arg(long, default_value = shown(FleetPolicy::new("").lease), value_parser = humantime::parse_duration, help_heading = "Elastic fleet (--assign auto)")]
     pub member_lease: Duration,
     /// How often the lease is renewed and a rebalance step runs.
-    #[arg(long, env = "SHARDLINE_MEMBER_HEARTBEAT", default_value = shown(FleetPolicy::new("").heartbeat), value_parser = humantime::parse_duration, help_heading = "Elastic fleet (--assign auto)")]
+    #[arg(long, default_value = shown(FleetPolicy::new("").heartbeat), value_parser = humantime::parse_duration, help_heading = "Elastic fleet (--assign auto)")]
     pub member_heartbeat: Duration,
     /// How long a new member holds its lease before it is given shards (a
     /// crash-looping member does not reshuffle the fleet).
-    #[arg(long, env = "SHARDLINE_MEMBER_SETTLE", default_value = shown(FleetPolicy::new("").settle), value_parser = humantime::parse_duration, help_heading = "Elastic fleet (--assign auto)")]
+    #[arg(long, default_value = shown(FleetPolicy::new("").settle), value_parser = humantime::parse_duration, help_heading = "Elastic fleet (--assign auto)")]
     pub member_settle: Duration,
     /// Shards moved away from live members per rebalance step.
-    #[arg(long, env = "SHARDLINE_REBALANCE_MAX_MOVES", default_value_t = FleetPolicy::new("").max_moves, help_heading = "Elastic fleet (--assign auto)")]
+    #[arg(long, default_value_t = FleetPolicy::new("").max_moves, help_heading = "Elastic fleet (--assign auto)")]
     pub rebalance_max_moves: usize,
     /// `http(s)://…` (POST each event), `log` (JSON lines on stdout) or `noop`.
-    #[arg(long, env = "SHARDLINE_HANDLER")]
+    #[arg(long)]
     pub handler: String,
     /// Events read ahead per shard.
-    #[arg(long, env = "SHARDLINE_PREFETCH", default_value_t = Config::default().prefetch)]
+    #[arg(long, default_value_t = Config::default().prefetch)]
     pub prefetch: u16,
     /// Handler calls in flight per shard, never two of one order (1: serial).
     /// More lifts a slow downstream's ceiling of one call per latency per shard;
     /// a crash then repeats up to this many calls per shard.
-    #[arg(long, env = "SHARDLINE_CONCURRENCY", default_value_t = Config::default().concurrency)]
+    #[arg(long, default_value_t = Config::default().concurrency)]
     pub concurrency: u16,
     /// Group commit (serial shards): up to N deliveries already read ahead
     /// are claimed in one Redis call, run in turn, then committed and acked
     /// together; a crash may repeat up to N calls per shard. `auto`: N is the
     /// prefetch (at most 32), off with --concurrency above 1, quarantine mode
     /// or --max-rate. 1: strict (a crash repeats at most one call per shard).
-    #[arg(long, env = "SHARDLINE_GROUP_COMMIT", value_name = "auto|N", default_value_t = Config::default().group_commit)]
+    #[arg(long, value_name = "auto|N", default_value_t = Config::default().group_commit)]
     pub group_commit: GroupCommit,
     /// At most R handler calls per second for this worker process, shared by
     /// its shards (off unless given). Waiting for a call's turn is not an attempt.
-    #[arg(long, env = "SHARDLINE_MAX_RATE", value_name = "R")]
+    #[arg(long, value_name = "R")]
     pub max_rate: Option<f64>,
     /// Handler attempts per event, the first included.
-    #[arg(long, env = "SHARDLINE_MAX_ATTEMPTS", default_value_t = RetryPolicy::default().max_attempts, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = RetryPolicy::default().max_attempts, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_attempts: u32,
     /// Delay after the first failed attempt.
-    #[arg(long, env = "SHARDLINE_RETRY_BASE", default_value = shown(RetryPolicy::default().base), value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = shown(RetryPolicy::default().base), value_parser = humantime::parse_duration)]
     pub retry_base: Duration,
     /// Longest delay between attempts.
-    #[arg(long, env = "SHARDLINE_RETRY_CAP", default_value = shown(RetryPolicy::default().cap), value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = shown(RetryPolicy::default().cap), value_parser = humantime::parse_duration)]
     pub retry_cap: Duration,
     /// Growth of the delay per attempt.
-    #[arg(long, env = "SHARDLINE_RETRY_FACTOR", default_value_t = RetryPolicy::default().factor)]
+    #[arg(long, default_value_t = RetryPolicy::default().factor)]
     pub retry_factor: f64,
     /// Random variation of each delay, as a fraction (0.3 = ±30%).
-    #[arg(long, env = "SHARDLINE_RETRY_JITTER", default_value_t = RetryPolicy::default().jitter)]
+    #[arg(long, default_value_t = RetryPolicy::default().jitter)]
     pub retry_jitter: f64,
     /// Longest delay a downstream's `Retry-After` (on 429 and 503) may set
     /// for that event's next attempt.
-    #[arg(long, env = "SHARDLINE_RETRY_AFTER_CAP", default_value = shown(RetryPolicy::default().retry_after_cap), value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = shown(RetryPolicy::default().retry_after_cap), value_parser = humantime::parse_duration)]
     pub retry_after_cap: Duration,
     /// The downstream breaker: `on` pauses every shard while the downstream
     /// is out, so that an outage fills no DLQ; `off` counts every failure
     /// toward --max-attempts.
-    #[arg(long, env = "SHARDLINE_BREAKER", value_enum, default_value_t = BreakerArg::On, help_heading = "Downstream breaker")]
+    #[arg(long, value_enum, default_value_t = BreakerArg::On, help_heading = "Downstream breaker")]
     pub breaker: BreakerArg,
     /// Calls are judged over this much recent time (also how long an event
     /// that used its attempts waits for evidence of an outage).
-    #[arg(long, env = "SHARDLINE_BREAKER_WINDOW", default_value = shown(BreakerPolicy::default().window), value_parser = humantime::parse_duration, help_heading = "Downstream breaker")]
+    #[arg(long, default_value = shown(BreakerPolicy::default().window), value_parser = humantime::parse_duration, help_heading = "Downstream breaker")]
     pub breaker_window: Duration,
     /// Retryable failures within the window before the breaker may open
     /// (they must also come from at least 3 orders).
-    #[arg(long, env = "SHARDLINE_BREAKER_MIN_FAILURES", default_value_t = BreakerPolicy::default().min_failures, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Downstream breaker")]
+    #[arg(long, default_value_t = BreakerPolicy::default().min_failures, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Downstream breaker")]
     pub breaker_min_failures: u32,
     /// Share of the window's calls that must have failed for it to open.
-    #[arg(long, env = "SHARDLINE_BREAKER_FAILURE_RATIO", default_value_t = BreakerPolicy::default().failure_ratio, help_heading = "Downstream breaker")]
+    #[arg(long, default_value_t = BreakerPolicy::default().failure_ratio, help_heading = "Downstream breaker")]
     pub breaker_failure_ratio: f64,
     /// Wait after opening before one probe call.
-    #[arg(long, env = "SHARDLINE_BREAKER_COOLDOWN", default_value = shown(BreakerPolicy::default().cooldown), value_parser = humantime::parse_duration, help_heading = "Downstream breaker")]
+    #[arg(long, default_value = shown(BreakerPolicy::default().cooldown), value_parser = humantime::parse_duration, help_heading = "Downstream breaker")]
     pub breaker_cooldown: Duration,
     /// The cooldown doubles after each failed probe up to this: calls resume
     /// at most this long after the downstream recovers.
-    #[arg(long, env = "SHARDLINE_BREAKER_COOLDOWN_MAX", default_value = shown(BreakerPolicy::default().cooldown_max), value_parser = humantime::parse_duration, help_heading = "Downstream breaker")]
+    #[arg(long, default_value = shown(BreakerPolicy::default().cooldown_max), value_parser = humantime::parse_duration, help_heading = "Downstream breaker")]
     pub breaker_cooldown_max: Duration,
     /// HTTP answers that are the downstream's configuration, not the event's,
     /// when three or more orders get the same one within the breaker window
     /// (a rotated token, a wrong path): calls pause instead of dead-lettering
     /// the stream. Until then they are retried; other 4xx are the event's.
-    #[arg(long, env = "SHARDLINE_CONFIG_STATUSES", value_name = "CODES", value_delimiter = ',', default_values_t = shardline_worker::handler::DEFAULT_CONFIG_STATUSES, value_parser = clap::value_parser!(u16).range(400..500), help_heading = "Downstream breaker")]
+    #[arg(long, value_name = "CODES", value_delimiter = ',', default_values_t = shardline_worker::handler::DEFAULT_CONFIG_STATUSES, value_parser = clap::value_parser!(u16).range(400..500), help_heading = "Downstream breaker")]
     pub config_statuses: Vec<u16>,
     /// Longest one handler attempt may take (then it counts as a retryable failure).
-    #[arg(long, env = "SHARDLINE_HANDLER_TIMEOUT", default_value = shown(Config::default().handler_timeout), value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = shown(Config::default().handler_timeout), value_parser = humantime::parse_duration)]
     pub handler_timeout: Duration,
     /// On stop, how long the in-flight event may still take.
-    #[arg(long, env = "SHARDLINE_DRAIN_TIMEOUT", default_value = shown(Config::default().drain_timeout), value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = shown(Config::default().drain_timeout), value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
     /// How long a processed event's dedup key is kept.
-    #[arg(long, env = "SHARDLINE_DEDUP_TTL", default_value = "7d", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
     pub dedup_ttl: Duration,
     /// Largest accepted body; larger ones are dead-lettered `invalid`.
-    #[arg(long, env = "SHARDLINE_MAX_BODY_BYTES", default_value_t = Config::default().max_body_bytes)]
+    #[arg(long, default_value_t = Config::default().max_body_bytes)]
     pub max_body_bytes: usize,
     /// How often a standby retries taking a shard another worker holds.
-    #[arg(long, env = "SHARDLINE_STANDBY_RETRY", default_value = shown(Config::default().standby_retry), value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = shown(Config::default().standby_retry), value_parser = humantime::parse_duration)]
     pub standby_retry: Duration,
     /// Shard queue type, as applied by `topology apply` (quorum implies
     /// single-active-consumer).
-    #[arg(long, env = "SHARDLINE_QUEUE_TYPE", default_value = "classic")]
+    #[arg(long, default_value = "classic")]
     pub queue_type: QueueType,
     /// The shard queues were applied with `--single-active-consumer`.
-    #[arg(long, env = "SHARDLINE_SINGLE_ACTIVE_CONSUMER")]
+    #[arg(long)]
     pub single_active_consumer: bool,
     /// Consume with `--single-active-consumer` although the broker is older
     /// than 3.10.13 (3.11.5), whose classic-queue single-active-consumer can
     /// crash the queue when the active consumer changes (rabbitmq-server#5460).
-    #[arg(long, env = "SHARDLINE_ACCEPT_CLASSIC_SAC_RISK", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(long)]
     pub accept_classic_sac_risk: bool,
     /// How long an event that arrived ahead of its order's sequence waits for
     /// the gap to fill (from its arrival).
-    #[arg(long, env = "SHARDLINE_GAP_GRACE", default_value = shown(Config::default().gap_grace), value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = shown(Config::default().gap_grace), value_parser = humantime::parse_duration)]
     pub gap_grace: Duration,
     /// How long the first event of an unknown order with seq > 1 waits for
     /// earlier ones before it is accepted as the start.
-    #[arg(long, env = "SHARDLINE_START_GRACE", default_value = shown(Config::default().start_grace), value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = shown(Config::default().start_grace), value_parser = humantime::parse_duration)]
     pub start_grace: Duration,
     /// Events held per shard at most (also the consumer window's reserve).
-    #[arg(long, env = "SHARDLINE_MAX_HELD", default_value_t = Config::default().max_held, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, default_value_t = Config::default().max_held, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_held: u16,
     /// Held events whose gap never filled: `dead-letter` (reason `seq-gap`) or
     /// `apply` (skip the gap).
-    #[arg(long, env = "SHARDLINE_ON_GAP", value_enum, default_value_t = OnGapArg::DeadLetter)]
+    #[arg(long, value_enum, default_value_t = OnGapArg::DeadLetter)]
     pub on_gap: OnGapArg,
     /// An order's later events once one of its events is dead-lettered:
     /// `continue` (applied; a replay lands out of order) or `quarantine`
     /// (dead-lettered `quarantined` until the order is replayed or released).
-    #[arg(long, env = "SHARDLINE_ON_DEAD_LETTER", value_enum, default_value_t = OnDeadLetterArg::Continue)]
+    #[arg(long, value_enum, default_value_t = OnDeadLetterArg::Continue)]
     pub on_dead_letter: OnDeadLetterArg,
     /// How long the event kinds processed per order are kept for `shardline
     /// reconcile` (default: the longer of 24h and --dedup-ttl; 0s records none).
-    #[arg(long, env = "SHARDLINE_KINDS_TTL", value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = humantime::parse_duration)]
     pub kinds_ttl: Option<Duration>,
     /// Handler starts that end with the process dying before an event is
     /// dead-lettered `crash-loop`.
-    #[arg(long, env = "SHARDLINE_MAX_DELIVERIES", default_value_t = Config::default().max_deliveries, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = Config::default().max_deliveries, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_deliveries: u32,
     /// Quorum queues: the `x-delivery-limit` they were applied with (at least
     /// --max-deliveries + 2: the worker dead-letters at the limit − 1).
-    #[arg(long, env = "SHARDLINE_DELIVERY_LIMIT", default_value_t = shardline_connect::declare::DEFAULT_DELIVERY_LIMIT)]
+    #[arg(long, default_value_t = shardline_connect::declare::DEFAULT_DELIVERY_LIMIT)]
     pub delivery_limit: u32,
     /// Backlog age (oldest unprocessed event of a shard) from which the shard
     /// is at WARN (`shardline_backlog_level` 1).
-    #[arg(long, env = "SHARDLINE_BACKLOG_WARN", default_value = shown(Thresholds::default().warn), value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = shown(Thresholds::default().warn), value_parser = humantime::parse_duration)]
     pub backlog_warn: Duration,
     /// Backlog age from which the shard is at PAGE (`shardline_backlog_level` 2).
-    #[arg(long, env = "SHARDLINE_BACKLOG_PAGE", default_value = shown(Thresholds::default().page), value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = shown(Thresholds::default().page), value_parser = humantime::parse_duration)]
     pub backlog_page: Duration,
     /// An in-flight event worked on longer than this marks its shard stuck
     /// (`shardline_stuck`).
-    #[arg(long, env = "SHARDLINE_STUCK_AFTER", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub stuck_after: Duration,
     /// Name in logs, consumer tags and the broker's connection list (cut at
     /// 64 bytes there); at most 244 bytes (default host-pid).
-    #[arg(long, env = "SHARDLINE_WORKER_NAME")]
+    #[arg(long)]
     pub worker_name: Option<String>,
 }
 
