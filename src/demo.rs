@@ -16,6 +16,7 @@ use shardline_bench::Scratch;
 use shardline_bench::load::load_events;
 use shardline_connect::{broker, declare};
 use shardline_contract::headers::{self, FailReason};
+use shardline_ops::Usage;
 use shardline_publisher::Publisher;
 use shardline_worker::{Config, Counts, Event, Handler, HandlerError, RetryPolicy, Worker};
 use tokio_util::sync::CancellationToken;
@@ -52,11 +53,11 @@ pub(crate) async fn run(
 ) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
         args.orders >= POISON_ORDER,
-        "--orders must be at least {POISON_ORDER}"
+        Usage(format!("--orders must be at least {POISON_ORDER}"))
     );
     anyhow::ensure!(
         args.events_per_order >= POISON_SEQ,
-        "--events-per-order must be at least {POISON_SEQ}"
+        Usage(format!("--events-per-order must be at least {POISON_SEQ}"))
     );
     let scratch = Scratch::create(&global.fleet(), "demo").await.flags()?;
     let result = run_on(global, &args, &scratch, shutdown).await;
