@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use clap::Args;
 use shardline_console::{Config, Token, Tokens};
 use shardline_contract::status::Thresholds;
-use shardline_ops::Reconciler;
+use shardline_ops::{Reconciler, Usage};
 use tokio_util::sync::CancellationToken;
 
 use crate::reconcile::OrdersArgs;
@@ -60,17 +60,17 @@ fn tokens(args: &ConsoleArgs) -> anyhow::Result<Option<Tokens>> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("--token-file {}", path.display()))?;
         tokens = Tokens::parse(&text, false)
-            .map_err(|e| anyhow::anyhow!("--token-file {}: {e}", path.display()))?;
+            .map_err(|e| Usage(format!("--token-file {}: {e}", path.display())))?;
     }
     if let Some(text) = std::env::var_os(TOKENS_ENV) {
         let text = text
             .into_string()
-            .map_err(|_| anyhow::anyhow!("{TOKENS_ENV}: not UTF-8"))?;
+            .map_err(|_| Usage(format!("{TOKENS_ENV}: not UTF-8")))?;
         let from_env =
-            Tokens::parse(&text, true).map_err(|e| anyhow::anyhow!("{TOKENS_ENV}: {e}"))?;
+            Tokens::parse(&text, true).map_err(|e| Usage(format!("{TOKENS_ENV}: {e}")))?;
         tokens = tokens
             .merge(from_env)
-            .map_err(|e| anyhow::anyhow!("{TOKENS_ENV} and --token-file: {e}"))?;
+            .map_err(|e| Usage(format!("{TOKENS_ENV} and --token-file: {e}")))?;
     }
     Ok((!tokens.is_empty()).then_some(tokens))
 }
@@ -116,9 +116,7 @@ pub(crate) async fn run(
             page: args.backlog_page,
         },
     };
-    config
-        .validate()
-        .map_err(|e| anyhow::anyhow!(e.rename_field(flag)))?;
+    config.validate().map_err(|e| Usage(e.rename_field(flag)))?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("--listen {}", args.listen))?;
@@ -142,6 +140,6 @@ pub(crate) async fn run(
     }
     shardline_console::serve(config, global.fleet(), listener, shutdown)
         .await
-        .map_err(|e| anyhow::anyhow!(e.rename_field(flag)))?;
+        .map_err(|e| crate::usage_if(e.is_usage(), e.rename_field(flag)))?;
     Ok(ExitCode::SUCCESS)
 }

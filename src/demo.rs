@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use shardline_bench::Scratch;
 use shardline_bench::demo::{self, DemoReport, DemoSettings, POISON_ORDER, POISON_SEQ};
+use shardline_ops::Usage;
 use tokio_util::sync::CancellationToken;
 
 use crate::{Flags as _, GlobalArgs};
@@ -31,11 +32,11 @@ pub(crate) async fn run(
 ) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
         args.orders >= POISON_ORDER,
-        "--orders must be at least {POISON_ORDER}"
+        Usage(format!("--orders must be at least {POISON_ORDER}"))
     );
     anyhow::ensure!(
         args.events_per_order >= POISON_SEQ,
-        "--events-per-order must be at least {POISON_SEQ}"
+        Usage(format!("--events-per-order must be at least {POISON_SEQ}"))
     );
     let settings = DemoSettings {
         orders: args.orders,

@@ -7,13 +7,10 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use indicatif::ProgressBar;
 use shardline_contract::OrderId;
-use shardline_ops::{Event, ReplayConfig, dlq};
+use shardline_ops::{Event, ReplayConfig, Usage, dlq};
 use tokio_util::sync::CancellationToken;
 
 use crate::{EXIT_ATTENTION, Flags as _, GlobalArgs};
-
-/// Exit code of `dlq purge` without `--yes`.
-const EXIT_REFUSED: u8 = 2;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum DlqCommand {
@@ -141,12 +138,10 @@ pub(crate) async fn run(
         }
         DlqCommand::Show(args) => print!("{}", dlq::show(&fleet, &args.id).await.flags()?.text()),
         DlqCommand::Replay(args) => return replay(&fleet, args, &shutdown).await,
-        DlqCommand::Purge(args) if !args.yes => {
-            eprintln!(
-                "error: `dlq purge` deletes dead letters for good; add --yes to do it (see `dlq list` first)"
-            );
-            return Ok(ExitCode::from(EXIT_REFUSED));
-        }
+        DlqCommand::Purge(args) if !args.yes => anyhow::bail!(Usage(
+            "`dlq purge` deletes dead letters for good; add --yes to do it (see `dlq list` first)"
+                .into()
+        )),
         DlqCommand::Purge(args) => {
             let report = dlq::purge(&fleet, &args.filters.into()).await.flags()?;
             for letter in &report.removed {

@@ -23,7 +23,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use shardline_connect::management::ManagementTarget;
 use shardline_connect::{AddressOrder, AmqpTarget, RedisTarget};
 use shardline_contract::{Keys, Names, ShardCount};
-use shardline_ops::Fleet;
+use shardline_ops::{Fleet, Usage};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
@@ -214,26 +214,29 @@ pub fn flag(field: &str) -> String {
     }
 }
 
-/// An ops error as the command line shows it: config fields named as flags.
+/// An ops error as the command line shows it: config fields named as flags;
+/// a setting refused as given is a usage error.
 pub trait Flags<T> {
     fn flags(self) -> anyhow::Result<T>;
 }
 
+/// `message`, a [`Usage`] error (exit 2) when `usage`.
+pub fn usage_if(usage: bool, message: String) -> anyhow::Error {
+    match usage {
+        true => Usage(message).into(),
+        false => anyhow::Error::msg(message),
+    }
+}
+
 impl<T> Flags<T> for Result<T, shardline_ops::Error> {
     fn flags(self) -> anyhow::Result<T> {
-        self.map_err(|e| anyhow::anyhow!(e.rename_fields(flag)))
+        self.map_err(|e| usage_if(e.is_usage(), e.rename_fields(flag)))
     }
 }
 
 impl<T> Flags<T> for Result<T, shardline_bench::Error> {
     fn flags(self) -> anyhow::Result<T> {
-        self.map_err(|e| {
-            if e.names_fields() {
-                anyhow::anyhow!(e.rename_fields(flag))
-            } else {
-                e.into()
-            }
-        })
+        self.map_err(|e| usage_if(e.is_usage(), e.rename_fields(flag)))
     }
 }
 
@@ -277,6 +280,11 @@ enum Command {
 /// Exit code 3: a check found something to alert on.
 pub const EXIT_ATTENTION: u8 = 3;
 
+/// A failed command's exit code: 2 for a [`Usage`] error (as clap's own), else 1.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    if e.is::<Usage>() { 2 } else { 1 }
+}
+
 fn main() -> ExitCode {
     let mut cli = environment::parse();
     // Every command reads the target from here, so each one honours the order.
@@ -315,8 +323,36 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            ExitCode::from(exit_code(&e))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_usage_error_exits_2_and_any_other_1() {
+        let usage = anyhow::Error::from(Usage("--prefetch must be at least 1".into()));
+        assert_eq!(usage.to_string(), "--prefetch must be at least 1");
+        assert_eq!(exit_code(&usage), 2);
+        let wrapped = usage.context("starting the worker");
+        assert_eq!(exit_code(&wrapped), 2, "a cause that is a usage error");
+        assert_eq!(exit_code(&anyhow::anyhow!("cannot connect")), 1);
+        assert_eq!(exit_code(&usage_if(true, "--rate x".into())), 2);
+        assert_eq!(exit_code(&usage_if(false, "--peer x".into())), 1);
+        let refused = Err::<(), _>(shardline_ops::Error::Refused("version unknown".into()));
+        assert_eq!(exit_code(&refused.flags().unwrap_err()), 1);
+        let window = Err::<(), _>(shardline_ops::Error::Config {
+            fields: &["window"],
+            message: "window must be above 0".into(),
+        });
+        let window = window.flags().unwrap_err();
+        assert_eq!(
+            (window.to_string(), exit_code(&window)),
+            ("--window must be above 0".into(), 2)
+        );
     }
 }

@@ -11,6 +11,7 @@ use shardline_bench::LoadProgress;
 use shardline_bench::load::{events, load_events_seeded, publish_events};
 use shardline_contract::envelope::MAX_SEQ;
 use shardline_contract::{Envelope, NewEvent, OrderId};
+use shardline_ops::Usage;
 use shardline_publisher::{Config, Publisher};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt as _, BufReader};
 use tokio_util::sync::CancellationToken;
@@ -111,7 +112,9 @@ pub(crate) async fn publish(
             data: args.data.unwrap_or(serde_json::Value::Null),
         };
         // Refuse a bad event before touching the broker.
-        event.to_body().context("not publishing")?;
+        event
+            .to_body()
+            .map_err(|e| Usage(format!("not publishing: {e}")))?;
         let mut publisher = Publisher::connect(config).await?;
         publisher.publish_event(&event).await?;
         if let Some(trace) = publisher.last_trace() {
@@ -120,7 +123,7 @@ pub(crate) async fn publish(
         return finish(publisher, false).await;
     }
     let Some(path) = args.file else {
-        anyhow::bail!("give --order-id and --event, or --file");
+        anyhow::bail!(Usage("give --order-id and --event, or --file".into()));
     };
     let stdin = path.as_os_str() == "-";
     let source = if stdin {
@@ -250,7 +253,7 @@ pub(crate) async fn load(
     let total = args
         .orders
         .checked_mul(args.events_per_order)
-        .ok_or_else(|| anyhow!("--orders × --events-per-order is too large"))?;
+        .ok_or_else(|| Usage("--orders × --events-per-order is too large".into()))?;
     let config = publisher_config(global, args.window, "shardline load");
     let mut publisher = Publisher::connect(config).await?;
     let events = load_events_seeded(

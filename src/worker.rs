@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::Args;
 use shardline_contract::QueueType;
 use shardline_contract::ShardSet;
+use shardline_ops::Usage;
 use shardline_worker::{
     BreakerPolicy, Config, ConfigError, FleetPolicy, GroupCommit, HandlerSpecError, OnDeadLetter,
     OnGap, RetryPolicy, Thresholds, WorkerError,
@@ -245,8 +246,11 @@ impl WorkerArgs {
         };
         let assign = shards
             .resolve(global.shards)
-            .map_err(|e| anyhow::anyhow!("--assign: {e}"));
-        let worker_name = self.worker_name.clone().unwrap_or_else(default_worker_name);
+            .map_err(|e| Usage(format!("--assign: {e}")));
+        let worker_name = self
+            .worker_name
+            .clone()
+            .unwrap_or_else(Config::host_pid_name);
         let fleet = matches!(self.assign, AssignArg::Auto).then(|| FleetPolicy {
             member_id: self
                 .member_id
@@ -270,7 +274,7 @@ impl WorkerArgs {
             redis_prefix: global.redis_prefix.clone(),
             names: global.names(),
             shards: global.shards,
-            assign: assign.as_ref().map(Clone::clone).unwrap_or_default(),
+            assign: assign.clone().unwrap_or_default(),
             prefetch: self.prefetch,
             concurrency: self.concurrency,
             group_commit: self.group_commit,
@@ -345,9 +349,9 @@ fn flag(field: &'static str) -> String {
     format!("--{name}")
 }
 
-/// A configuration the library refused, in flag names.
+/// A configuration the library refused, in flag names: a usage error.
 fn refused(e: &ConfigError) -> anyhow::Error {
-    anyhow::anyhow!(e.describe(flag))
+    Usage(e.describe(flag)).into()
 }
 
 /// A library error, in flag names where it names a setting.
@@ -359,17 +363,18 @@ fn in_flags(e: WorkerError) -> anyhow::Error {
     }
 }
 
-/// A `--handler` value that names no handler.
+/// A `--handler` value that names no handler: a usage error.
 fn handler_error(e: HandlerSpecError) -> anyhow::Error {
     match e {
-        HandlerSpecError::Unknown(spec) => {
-            anyhow::anyhow!("--handler must be an http(s):// URL, `log` or `noop`, got `{spec}`")
-        }
+        HandlerSpecError::Unknown(spec) => Usage(format!(
+            "--handler must be an http(s):// URL, `log` or `noop`, got `{spec}`"
+        )),
         HandlerSpecError::Url { url, cause } => {
-            anyhow::anyhow!("--handler URL `{url}` is not valid: {cause}")
+            Usage(format!("--handler URL `{url}` is not valid: {cause}"))
         }
-        other => other.into(),
+        other => return other.into(),
     }
+    .into()
 }
 
 /// The handler `--handler` names; an HTTP one with `--config-statuses`.
@@ -383,14 +388,6 @@ fn handler_of(
         return Ok(std::sync::Arc::new(http));
     }
     shardline_worker::from_spec(spec)
-}
-
-/// `host-pid`, unique per process on a host.
-pub(crate) fn default_worker_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "worker".into());
-    format!("{host}-{}", std::process::id())
 }
 
 pub(crate) async fn run(

@@ -257,7 +257,7 @@ async fn peer_drain(
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| {
-            Error::setting(
+            Error::target(
                 &["peer"],
                 format!("peer {}: cannot start it: {e}", path.display()),
             )
@@ -265,7 +265,7 @@ async fn peer_drain(
     let status = tokio::time::timeout(drain_deadline(total), child.wait())
         .await
         .map_err(|_| {
-            Error::setting(
+            Error::target(
                 &["peer"],
                 format!(
                     "peer {}: did not drain {total} events in time",
@@ -274,7 +274,7 @@ async fn peer_drain(
             )
         })??;
     if !status.success() {
-        return Err(Error::setting(
+        return Err(Error::target(
             &["peer"],
             format!("peer {}: {status}", path.display()),
         ));

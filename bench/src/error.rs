@@ -9,9 +9,17 @@ use shardline_worker::{BindError, HandlerSpecError, WorkerError};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A setting is unusable; the message names the `fields` it mentions.
+    /// A setting is unusable as given (a usage error, [`Error::is_usage`]);
+    /// the message names the `fields` it mentions.
     #[error("{message}")]
     Setting {
+        fields: &'static [&'static str],
+        message: String,
+    },
+    /// What a setting points at failed (the `peer` program did not start
+    /// or drain); the message names the `fields` it mentions.
+    #[error("{message}")]
+    Target {
         fields: &'static [&'static str],
         message: String,
     },
@@ -69,6 +77,26 @@ impl Error {
         }
     }
 
+    pub(crate) fn target(fields: &'static [&'static str], message: impl Into<String>) -> Self {
+        Self::Target {
+            fields,
+            message: message.into(),
+        }
+    }
+
+    /// Whether a setting was refused as given, here or in the library that
+    /// checked it: a front end reports a usage error (the command line
+    /// exits 2), not a failed measurement.
+    pub fn is_usage(&self) -> bool {
+        match self {
+            Self::Setting { .. } | Self::OrderPrefix(_) => true,
+            Self::Ops(e) => e.is_usage(),
+            Self::Worker(e) => e.is_usage(),
+            Self::Handler(e) => e.is_usage(),
+            _ => false,
+        }
+    }
+
     pub(crate) fn context<E>(context: impl Into<String>) -> impl FnOnce(E) -> Self
     where
         E: std::error::Error + Send + Sync + 'static,
@@ -85,7 +113,7 @@ impl Error {
     pub fn names_fields(&self) -> bool {
         matches!(
             self,
-            Self::Setting { .. } | Self::OrderPrefix(_) | Self::Ops(_)
+            Self::Setting { .. } | Self::Target { .. } | Self::OrderPrefix(_) | Self::Ops(_)
         )
     }
 
@@ -94,7 +122,9 @@ impl Error {
     pub fn rename_fields(&self, rename: impl Fn(&str) -> String) -> String {
         let (text, fields): (String, &[&str]) = match self {
             Self::Ops(e) => return e.rename_fields(rename),
-            Self::Setting { fields, .. } => (shardline_ops::error::chain(self), fields),
+            Self::Setting { fields, .. } | Self::Target { fields, .. } => {
+                (shardline_ops::error::chain(self), fields)
+            }
             Self::OrderPrefix(_) => (shardline_ops::error::chain(self), &["order_prefix"]),
             _ => (shardline_ops::error::chain(self), &[]),
         };
@@ -116,7 +146,15 @@ mod tests {
             e.rename_fields(|f| format!("--{f}")),
             "--rate × --duration gives no events"
         );
+        assert!(e.is_usage());
+        let peer = Error::target(&["peer"], "peer ./p: did not drain 10 events in time");
+        assert!(!peer.is_usage());
+        assert_eq!(
+            peer.rename_fields(|f| format!("--{f}")),
+            "--peer ./p: did not drain 10 events in time"
+        );
         let failed = Error::Failed("rate too low".into());
+        assert!(!failed.is_usage());
         assert!(!failed.names_fields());
         assert_eq!(failed.rename_fields(|f| format!("--{f}")), "rate too low");
     }

@@ -241,13 +241,23 @@ pub const TLS_FAILED: &str = "the TLS handshake failed; likely causes: amqps:// 
      plain AMQP port, or a broker certificate that does not verify (a private CA needs \
      SSL_CERT_FILE)";
 
-/// A failed connect to `url` in words, its password scrubbed: the socket
-/// closed during the handshake ([`HANDSHAKE_CLOSED`]) and a TLS handshake
-/// that read garbage ([`TLS_FAILED`]) are explained, since the bare I/O error
-/// ("Connection reset by peer") says nothing of why.
+/// A failed connect to `url` in words, its password scrubbed: a login the
+/// broker refused says so and names the user (`ACCESS_REFUSED`), a port
+/// nothing listens on says "connection refused"; the socket closed during
+/// the handshake ([`HANDSHAKE_CLOSED`]) and a TLS handshake that read garbage
+/// ([`TLS_FAILED`]) are explained, since the bare I/O error ("Connection
+/// reset by peer") says nothing of why.
 fn failure(error: &lapin::Error, url: &str) -> String {
     let text = scrub(&error.to_string(), url);
-    if closed_during_handshake(error) {
+    if let Some(reply) = soft_error(error, AMQPSoftError::ACCESSREFUSED) {
+        let reply = scrub(reply.trim_start_matches("ACCESS_REFUSED - "), url);
+        format!(
+            "ACCESS_REFUSED: the broker refused user {} ({reply})",
+            user(url)
+        )
+    } else if is_io(error, io::ErrorKind::ConnectionRefused) {
+        format!("connection refused: nothing listens at {}", host_port(url))
+    } else if closed_during_handshake(error) {
         format!("{HANDSHAKE_CLOSED} ({text})")
     } else if url.starts_with("amqps://") && is_io(error, io::ErrorKind::InvalidData) {
         format!("{TLS_FAILED} ({text})")
@@ -281,10 +291,11 @@ fn closed_during_handshake(error: &lapin::Error) -> bool {
 
 /// One connection to each address of `target` that answers, in the order
 /// given (a cluster's nodes, for declaring queues on each); an error only
-/// when none answers.
+/// when none answers (naming each failure), else a warning per address that
+/// failed.
 pub async fn connect_each(target: &AmqpTarget, name: &str) -> Result<Vec<Connection>, BrokerError> {
     let mut conns = Vec::with_capacity(target.addresses.len());
-    let mut last = None;
+    let mut failed = Vec::new();
     for url in &target.addresses {
         let one = AmqpTarget {
             addresses: vec![url.clone()],
@@ -292,16 +303,30 @@ pub async fn connect_each(target: &AmqpTarget, name: &str) -> Result<Vec<Connect
         };
         match connect(&one, &format!("{name} @ {}", host_port(url))).await {
             Ok(conn) => conns.push(conn),
-            Err(e) => {
-                tracing::warn!(error = %e, "a broker address did not answer: nothing is declared through it");
-                last = Some(e);
-            }
+            Err(e) => failed.push(e),
         }
     }
-    match (conns.is_empty(), last) {
-        (true, Some(e)) => Err(e),
-        _ => Ok(conns),
+    if conns.is_empty() {
+        // The caller reports them, in one line with no warning before it.
+        return Err(match failed.len() {
+            1 => failed.remove(0),
+            _ => BrokerError::Connect {
+                url: target.to_string(),
+                cause: failed
+                    .iter()
+                    .map(|e| match e {
+                        BrokerError::Connect { url, cause } => format!("{url}: {cause}"),
+                        other => other.to_string(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            },
+        });
     }
+    for e in failed {
+        tracing::warn!(error = %e, "a broker address could not be connected to: nothing is declared through it");
+    }
+    Ok(conns)
 }
 
 /// Follows a connection's flow control: RabbitMQ blocks every publishing
@@ -387,6 +412,14 @@ fn with_default_heartbeat(url: &str) -> String {
     }
     let sep = if url.contains('?') { '&' } else { '?' };
     format!("{url}{sep}heartbeat={DEFAULT_HEARTBEAT_SECS}")
+}
+
+/// The user an AMQP URL logs in as (`guest` when it names none, as lapin does).
+fn user(url: &str) -> String {
+    match url.parse::<lapin::uri::AMQPUri>() {
+        Ok(uri) => uri.authority.userinfo.username,
+        Err(_) => "guest".to_owned(),
+    }
 }
 
 /// The `host:port` part of an AMQP URL (what a connection name shows).
@@ -568,6 +601,41 @@ mod tests {
         assert!(error.contains("no AMQP handshake within 10s"), "{error}");
         assert!(!error.contains("secret"), "{error}");
         held.abort();
+    }
+
+    /// A login the broker refuses (`connection.close` 403, as RabbitMQ
+    /// sends with `authentication_failure_close`) is named as such, with
+    /// the user and without the password.
+    #[test]
+    fn a_refused_login_says_access_refused_and_names_the_user() {
+        use lapin::protocol::AMQPError;
+        let url = "amqp://shop:secret@127.0.0.1:5672/%2f";
+        let reply = "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN.";
+        let kind = AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED);
+        let error =
+            lapin::Error::from(ErrorKind::ProtocolError(AMQPError::new(kind, reply.into())));
+        assert_eq!(
+            failure(&error, url),
+            "ACCESS_REFUSED: the broker refused user shop (Login was refused using authentication mechanism PLAIN.)"
+        );
+        assert_eq!(user("amqp://127.0.0.1/%2f"), "guest");
+    }
+
+    /// A port nothing listens on: "connection refused", naming the address.
+    #[tokio::test]
+    async fn a_closed_port_says_connection_refused() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let target = AmqpTarget::parse(&format!("amqp://u:secret@127.0.0.1:{port}/%2f")).unwrap();
+        let error = connect_each(&target, "test").await.unwrap_err().to_string();
+        assert_eq!(
+            error,
+            format!(
+                "cannot connect to RabbitMQ at amqp://u:***@127.0.0.1:{port}/%2f (TCP connect, \
+                 then AMQP handshake): connection refused: nothing listens at 127.0.0.1:{port}"
+            )
+        );
     }
 
     /// A listener that hangs up at once, as RabbitMQ does on a handshake it

@@ -216,6 +216,9 @@ pub enum Source {
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Self::ServerProperties(nodes) if nodes.is_empty() => {
+                f.write_str("server properties (no node read)")
+            }
             Self::ServerProperties(nodes) => {
                 write!(f, "server properties of {}", nodes.join(", "))
             }
@@ -732,6 +735,11 @@ mod tests {
         };
         let findings = assess(&none, &sac(false));
         assert_eq!(verdict_of(&findings, "version"), Some(Verdict::Warn));
+        let version = findings.iter().find(|f| f.topic == "version").unwrap();
+        assert_eq!(
+            version.source.to_string(),
+            "server properties (no node read)"
+        );
         assert!(refusal(&findings).unwrap().contains("version unknown"));
         assert_eq!(refusal(&assess(&none, &sac(true))), None);
     }

@@ -16,6 +16,12 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether a config field was refused as given: a front end reports a
+    /// usage error (the command line exits 2); a listener that fails is not.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Config { .. })
+    }
+
     /// The message with the config field renamed (the command line names
     /// its flag).
     pub fn rename_field(&self, rename: impl Fn(&str) -> String) -> String {

@@ -8,10 +8,19 @@ use shardline_publisher::PublishError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A config field is unusable (or what it points at is); the message
-    /// starts with the field and names the `fields` it mentions.
+    /// A config field is unusable as given, found before anything is
+    /// done: a usage error ([`Error::is_usage`]). The message starts with
+    /// the field and names the `fields` it mentions.
     #[error("{message}")]
     Config {
+        fields: &'static [&'static str],
+        message: String,
+    },
+    /// What a config field points at failed or refused it (the orders
+    /// database did not answer, or could not prepare the orders query):
+    /// named like [`Error::Config`], but found at run time.
+    #[error("{message}")]
+    Target {
         fields: &'static [&'static str],
         message: String,
     },
@@ -85,6 +94,20 @@ impl Error {
         }
     }
 
+    pub(crate) fn target(fields: &'static [&'static str], message: impl Into<String>) -> Self {
+        Self::Target {
+            fields,
+            message: message.into(),
+        }
+    }
+
+    /// Whether the operation refused a setting as given ([`Error::Config`]):
+    /// a front end reports a usage error (the command line exits 2), not a
+    /// failure.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Config { .. })
+    }
+
     pub(crate) fn amqp(context: impl Into<String>) -> impl FnOnce(lapin::Error) -> Self {
         let context = context.into();
         move |source| Self::Amqp { context, source }
@@ -113,7 +136,7 @@ impl Error {
     /// `rename(field)` (once, where the message names it).
     pub fn rename_fields(&self, rename: impl Fn(&str) -> String) -> String {
         let mut text = chain(self);
-        if let Self::Config { fields, .. } = self {
+        if let Self::Config { fields, .. } | Self::Target { fields, .. } = self {
             for field in *fields {
                 text = text.replacen(field, &rename(field), 1);
             }
@@ -121,6 +144,13 @@ impl Error {
         text
     }
 }
+
+/// A setting refused as given, in a front end's words (the command line's:
+/// naming its flag): a usage error, which the command line reports as clap
+/// reports its own, exiting 2. Every other error is a failure (exit 1).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
 
 /// An error with its causes, `: `-separated, each cause once (some errors
 /// repeat their source in their own message).
@@ -165,5 +195,20 @@ mod tests {
         );
         assert!(nested.is_not_found());
         assert!(!Error::Refused("no".into()).is_not_found());
+    }
+
+    #[test]
+    fn only_a_setting_refused_as_given_is_a_usage_error() {
+        assert!(Error::config(&["rate"], "rate must be above 0").is_usage());
+        let target = Error::target(
+            &["orders_url"],
+            "orders_url postgres://db/o: cannot connect",
+        );
+        assert!(!target.is_usage());
+        assert_eq!(
+            target.rename_fields(|f| format!("--{}", f.replace('_', "-"))),
+            "--orders-url postgres://db/o: cannot connect"
+        );
+        assert!(!Error::Refused("classic single-active-consumer".into()).is_usage());
     }
 }

@@ -47,7 +47,7 @@ pub use dlq::{
     Filters, GroupCount, GroupSummary, Letter, LetterQuery, LetterRef, ListReport, PurgeReport,
     ReindexReport, ReleaseReport, ReplayConfig, ReplayReport,
 };
-pub use error::Error;
+pub use error::{Error, Usage};
 pub use fleet::Fleet;
 pub use progress::Event;
 pub use reconcile::{ReconcileConfig, ReconcileReport, Reconciler, RunSummary};

@@ -50,14 +50,16 @@ pub async fn apply(fleet: &Fleet, options: &TopologyOptions) -> Result<Applied, 
     if let Some(line) = probe::refusal(&broker) {
         return Err(Error::Refused(line));
     }
-    probe::log(&broker);
     let options = &TopologyOptions {
         broker_version: facts.lowest_version(),
         ..options.clone()
     };
     // One connection per node given: each declares its share of the shard
-    // queues, so that a cluster's queue leaders spread.
+    // queues, so that a cluster's queue leaders spread. The probe's warnings
+    // are logged once connected: a broker that cannot be reached is the
+    // error's one line (the probe's "version unknown" would only repeat it).
     let conns = shardline_connect::connect_each(&fleet.amqp, "shardline topology apply").await?;
+    probe::log(&broker);
     let report = declare::apply(&conns, &fleet.names, options)
         .await
         .map_err(Error::queue(format!("topology apply on {url}")));

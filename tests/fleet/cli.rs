@@ -1,9 +1,12 @@
 //! The command line as a newcomer meets it: what lands in a log file, what the
-//! exit codes say.
+//! exit codes say (docs/reference/exit-codes.md): a flag value refused after
+//! parsing exits 2 like clap's own refusals, a failure exits 1, each in one
+//! `error:` line on stderr with nothing before it.
 
+use std::process::Output;
 use std::time::Duration;
 
-use shardline_testkit::{ChildWorker, TestEnv};
+use shardline_testkit::{ChildWorker, SHARDS, TestEnv};
 
 /// A log written to a file (or a pipe, or a CI log) is plain text: no ANSI
 /// escape, although `NO_COLOR` is not set.
@@ -53,5 +56,95 @@ async fn a_demo_that_succeeds_prints_no_error_line() {
     assert!(
         !stderr.contains("ERROR") && !stdout.contains("ERROR"),
         "a successful demo printed an error line:\n{stderr}"
+    );
+}
+
+/// The one line a failed command printed, after checking its exit code:
+/// stderr holds `error: …` and nothing else (no log line before it).
+fn error_line(out: &Output, code: i32) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(
+        matches!(lines.as_slice(), [line] if line.starts_with("error: ")),
+        "not one error line:\n{stderr}"
+    );
+    lines[0].to_owned()
+}
+
+/// `worker` with these flags, on the environment's broker and Redis.
+async fn worker(env: &TestEnv, flags: &[&str]) -> Output {
+    env.cli(&[&["worker"], flags].concat()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_names_no_handler_is_a_usage_error() {
+    let env = TestEnv::new("exit-handler").await;
+    let line = error_line(&worker(&env, &["--handler", "ftp://x"]).await, 2);
+    assert_eq!(
+        line,
+        "error: --handler must be an http(s):// URL, `log` or `noop`, got `ftp://x`"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_assignment_beyond_the_shard_count_is_a_usage_error() {
+    let env = TestEnv::new("exit-assign").await;
+    let beyond = format!("0-{}", SHARDS + 12);
+    let out = worker(&env, &["--handler", "noop", "--assign", &beyond]).await;
+    let line = error_line(&out, 2);
+    assert!(
+        line.starts_with("error: --assign: ") && line.contains(&format!("with {SHARDS} shards")),
+        "{line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefetch_of_0_is_a_usage_error() {
+    let env = TestEnv::new("exit-prefetch").await;
+    let out = worker(&env, &["--handler", "noop", "--prefetch", "0"]).await;
+    assert_eq!(error_line(&out, 2), "error: --prefetch must be at least 1");
+}
+
+/// A password the broker refuses: the line says ACCESS_REFUSED and whom it
+/// refused, with the password redacted, and no warning that the broker "did
+/// not answer" comes before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_password_is_one_line_naming_access_refused() {
+    let env = TestEnv::new("exit-refused").await;
+    let wrong = env.amqp_url.replacen("guest:guest@", "guest:wr0ng@", 1);
+    assert_ne!(wrong, env.amqp_url);
+    for command in [&["topology", "apply"][..], &["worker", "--handler", "noop"]] {
+        let mut cmd = env.shardline_command();
+        cmd.args(command)
+            .args(env.global_args_with(&wrong, shardline_testkit::env::REDIS_URL));
+        let line = error_line(&cmd.output().await.unwrap(), 1);
+        assert!(
+            line.contains("amqp://guest:***@127.0.0.1:5672/")
+                && line.contains("ACCESS_REFUSED: the broker refused user guest")
+                && !line.contains("wr0ng"),
+            "{command:?}: {line}"
+        );
+    }
+}
+
+/// A port nothing listens on: one line naming the URL and "connection
+/// refused" (the probe's "version unknown" warning is not printed before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_port_is_one_line_naming_connection_refused() {
+    let env = TestEnv::new("exit-closed").await;
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
+    let mut cmd = env.shardline_command();
+    cmd.args(["topology", "apply"])
+        .args(env.global_args_with(&url, shardline_testkit::env::REDIS_URL));
+    let line = error_line(&cmd.output().await.unwrap(), 1);
+    assert!(
+        line.contains(&format!("amqp://guest:***@127.0.0.1:{port}/%2f"))
+            && line.contains("connection refused"),
+        "{line}"
     );
 }

@@ -256,6 +256,15 @@ impl Default for Config {
 }
 
 impl Config {
+    /// A [`Config::worker_name`] unique per process on a host: `host-pid`
+    /// (what the command line uses when no name is given).
+    pub fn host_pid_name() -> String {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "worker".into());
+        format!("{host}-{}", std::process::id())
+    }
+
     /// Checks the settings that no type rules out; [`crate::Worker::new`]
     /// calls it. The first problem found is returned, in the order of the
     /// fields: delivery, then downstream, then fleet settings.

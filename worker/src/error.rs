@@ -39,6 +39,16 @@ pub enum WorkerError {
     MetricsAddr(#[from] BindError),
 }
 
+impl WorkerError {
+    /// Whether a setting was refused as given ([`WorkerError::Config`]): a
+    /// front end reports a usage error (the command line exits 2). Every
+    /// other error is found on the way: the broker, Redis, the probe's
+    /// refusal, the limits, an address in use.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Config(_))
+    }
+}
+
 /// An address the HTTP endpoint cannot listen on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{addr}: {cause}")]
@@ -46,4 +56,23 @@ pub struct BindError {
     pub addr: SocketAddr,
     /// `address in use`, or the system's words.
     pub cause: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Problem;
+
+    #[test]
+    fn only_a_refused_setting_is_a_usage_error() {
+        let prefetch = ConfigError {
+            field: "prefetch",
+            problem: Problem::Below {
+                min: "1",
+                got: None,
+            },
+        };
+        assert!(WorkerError::Config(prefetch).is_usage());
+        assert!(!WorkerError::Refused("largest-message: lower --max-body-bytes".into()).is_usage());
+    }
 }

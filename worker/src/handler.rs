@@ -279,6 +279,14 @@ pub enum HandlerSpecError {
     Client(String),
 }
 
+impl HandlerSpecError {
+    /// Whether the spec itself is wrong (names no handler, or a URL that does
+    /// not parse): a usage error. An HTTP client that cannot be built is not.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Unknown(_) | Self::Url { .. })
+    }
+}
+
 /// The built-in handler a spec names: `noop`, `log` or an `http(s)://` URL
 /// ([`Http`]).
 pub fn from_spec(spec: &str) -> Result<Arc<dyn Handler>, HandlerSpecError> {
@@ -303,6 +311,9 @@ mod tests {
             from_spec("ftp://x"),
             Err(HandlerSpecError::Unknown(_))
         ));
+        assert!(from_spec("ftp://x").err().is_some_and(|e| e.is_usage()));
+        assert!(from_spec("http://").err().is_some_and(|e| e.is_usage()));
+        assert!(!HandlerSpecError::Client("no TLS roots".into()).is_usage());
         assert!(matches!(
             from_spec("http://"),
             Err(HandlerSpecError::Url { .. })

@@ -337,7 +337,7 @@ impl Run<'_> {
         let r = self.r;
         let (mut client, connection) =
             r.orders.connect(tokio_postgres::NoTls).await.map_err(|e| {
-                Error::config(
+                Error::target(
                     &["orders_url"],
                     format!(
                         "orders_url {}: cannot connect: {}",
@@ -374,7 +374,7 @@ impl Run<'_> {
             .await
             .map_err(db)?;
         let statement = tx.prepare(&r.config.orders_query).await.map_err(|e| {
-            Error::config(
+            Error::target(
                 &["orders_query"],
                 format!("orders_query: {}", r.scrub_orders(&chain(&e))),
             )

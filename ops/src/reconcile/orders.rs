@@ -31,7 +31,7 @@ pub(super) struct Snapshot {
 }
 
 fn query_error(message: String) -> Error {
-    Error::config(&["orders_query"], message)
+    Error::target(&["orders_query"], message)
 }
 
 impl Columns {
