@@ -112,7 +112,7 @@ pub(crate) struct WorkerArgs {
     /// when three or more orders get the same one within the breaker window
     /// (a rotated token, a wrong path): calls pause instead of dead-lettering
     /// the stream. Until then they are retried; other 4xx are the event's.
-    #[arg(long, value_name = "CODES", value_delimiter = ',', default_values_t = shardline_worker::handler::DEFAULT_CONFIG_STATUSES, value_parser = clap::value_parser!(u16).range(400..500), help_heading = "Downstream breaker")]
+    #[arg(long, value_name = "CODES", value_delimiter = ',', default_value = "401,403,404,405,410", value_parser = clap::value_parser!(u16).range(400..500), help_heading = "Downstream breaker")]
     pub config_statuses: Vec<u16>,
     /// Longest one handler attempt may take (then it counts as a retryable failure).
     #[arg(long, default_value = shown(Config::default().handler_timeout), value_parser = humantime::parse_duration)]
@@ -548,6 +548,15 @@ mod tests {
             }
         }
         commands
+    }
+
+    #[test]
+    fn the_config_statuses_default_is_the_handlers() {
+        let cli = Cli::try_parse_from(["shardline", "--handler", "noop"]).unwrap();
+        assert_eq!(
+            cli.worker.config_statuses,
+            shardline_worker::handler::DEFAULT_CONFIG_STATUSES
+        );
     }
 
     #[test]
