@@ -104,14 +104,15 @@ fn start_status_writer(
     let stopped = CancellationToken::new();
     let task = tokio::spawn(writer.run(background.clone(), stopped.clone()));
     StatusWriter {
-        _stopped: stopped.drop_guard(),
+        stopped: stopped.drop_guard(),
         task,
     }
 }
 
 /// The running status writer; dropping it tells it that the shards stopped.
 struct StatusWriter {
-    _stopped: tokio_util::sync::DropGuard,
+    /// Cancelled when dropped: the drain is over.
+    stopped: tokio_util::sync::DropGuard,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -119,8 +120,8 @@ impl StatusWriter {
     /// After the drain: the stopped shards' documents written before the
     /// worker returns (bounded: Redis may be away).
     async fn finish(self) {
-        let Self { _stopped, task } = self;
-        drop(_stopped);
+        let Self { stopped, task } = self;
+        drop(stopped);
         let _ = tokio::time::timeout(status::WRITE_EVERY, task).await;
     }
 }
