@@ -25,8 +25,9 @@ pub const ORIGINAL_ROUTING_KEY: &str = "x-original-routing-key";
 pub const FIRST_FAILED_AT: &str = "x-first-failed-at";
 pub const DEAD_LETTER_ID: &str = "x-dead-letter-id";
 
-/// Set on a message republished from the dead-letter queue: the sequence gate
-/// lets it through.
+/// Set on a message republished from the dead-letter queue, to the id of its
+/// replay record ([`crate::replay`]): with a record that matches the event,
+/// the sequence gate lets it through; without one the marker is ignored.
 pub const REPLAY: &str = "x-shardline-replay";
 /// Marks a control message (an instruction to the worker, such as a drain
 /// marker), not an event; its value names the kind.

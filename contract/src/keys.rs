@@ -225,6 +225,12 @@ impl Keys {
         self.key("dlq:replay:", order_key)
     }
 
+    /// A replay's record ([`crate::replay`]), by the dead-letter id its
+    /// event carries in `x-shardline-replay`.
+    pub fn replay_record(&self, id: &str) -> String {
+        self.key("dlq:replayed:", &key_field(id))
+    }
+
     /// The pattern matching every key of the dead-letter index (for `SCAN`).
     pub fn dlq_pattern(&self) -> String {
         format!("{}dlq:*", glob_escape(&self.prefix))

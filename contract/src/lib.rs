@@ -14,6 +14,7 @@
 //! - [`w3c`]: the W3C trace context (`traceparent`/`tracestate`) codec.
 //! - [`headers`]: AMQP properties and header names both sides read and write.
 //! - [`keys`]: the Redis keyspace.
+//! - [`replay`]: the records that prove a replay was made by the operator tools.
 //! - [`letters`]: the dead-letter index's entries, failure groups and normalised error text.
 //! - [`status`]: the shard and worker status documents in Redis, and backlog levels.
 //! - [`assignment`]: the elastic fleet's rule: who should own each shard, one rebalance step at a time.
@@ -29,6 +30,7 @@ pub mod letters;
 pub mod names;
 pub mod order_id;
 pub mod rabbitmq;
+pub mod replay;
 pub mod shard;
 pub mod status;
 pub mod telemetry;

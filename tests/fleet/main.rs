@@ -36,6 +36,7 @@
 //! - [`observability`]: `/metrics` backlog age behind a slow downstream, `/readyz`, `topology status`.
 //! - [`nack`]: a nacked event is sent again on a new connection, within `nack_retries`.
 //! - [`dlq`]: `dlq list|show|replay|purge` on dead letters a worker made.
+//! - [`replay_records`]: only a replay the operator tools recorded passes the gate; a publisher's own marker skips nothing.
 //! - [`reconcile`]: order snapshots in PostgreSQL against the events the fleet processed: one compensation per missing event, pending ones left alone.
 //! - [`reconcile_runs`]: `Reconciler::run_every` keeps each run's summary (ok or failed) in Redis, capped; a single run keeps none.
 //! - [`dlq_index`]: the dead-letter index under load (reconcile every second while the index is read and another order replayed never compensates a dead letter) and after a Redis loss (`dlq reindex` after `FLUSHDB` rebuilds the same groups).
@@ -71,6 +72,7 @@ mod quarantine;
 mod rate;
 mod reconcile;
 mod reconcile_runs;
+mod replay_records;
 mod scale;
 mod shutdown;
 mod standby;

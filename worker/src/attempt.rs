@@ -156,6 +156,7 @@ impl Processor {
                 Some(v) => (v, None),
                 None => {
                     let permit = self.wait_turn(store, decoded, Claim::None).await;
+                    self.check_replay(store, decoded).await;
                     let admission = decoded.admission(msg.redelivered, bypass_gate);
                     (store.admit(&admission).await, permit)
                 }
@@ -171,10 +172,7 @@ impl Processor {
                 Verdict::Late => {
                     return Outcome::DeadLetter {
                         reason: FailReason::Late,
-                        error: format!(
-                            "seq {} arrived after its order moved past it (its gap was given up)",
-                            decoded.envelope.seq.unwrap_or_default()
-                        ),
+                        error: late_error(decoded),
                         attempts: 0,
                     };
                 }
@@ -355,7 +353,7 @@ impl Processor {
         let dead = DeadLettered {
             claim: decoded.claim(),
             id: &entry.id,
-            replay_of: decoded.replay_of.as_deref(),
+            replay_of: decoded.replay_of(),
             entry,
         };
         store.dead_lettered(&dead).await
@@ -367,10 +365,35 @@ impl Processor {
     }
 
     /// A duplicate needs nothing, unless it is a replay: a second dead letter
-    /// of an applied event no longer holds its order in quarantine.
+    /// of an applied event no longer holds its order in quarantine, and its
+    /// replay record is spent.
     pub(crate) async fn duplicate<S: OrderState>(&self, store: &mut S, decoded: &Decoded) {
-        if let Some(id) = &decoded.replay_of {
-            store.leave_quarantine(&decoded.order_key, id).await;
+        if let Some(id) = decoded.replay_of() {
+            store.replay_applied(&decoded.order_key, id).await;
+        }
+    }
+
+    /// Checks a replay marker against its replay record, once per delivery
+    /// and before its first admit (so before the quarantine check): honoured
+    /// only when the record the replay tool wrote matches this event; else
+    /// the event is gated like a fresh one and the ignored marker counted.
+    async fn check_replay<S: OrderState>(&self, store: &mut S, decoded: &Decoded) {
+        let Some(marker) = decoded.replay.as_ref() else {
+            return;
+        };
+        if marker.unchecked() {
+            let honoured = store.replay_recorded(&marker.id, &marker.record).await;
+            marker.checked(honoured);
+        }
+        if decoded.replay_of().is_none() {
+            self.metrics.replay_marker_ignored();
+            tracing::warn!(
+                shard = %self.shard,
+                order_id = %decoded.envelope.order_id,
+                seq = decoded.envelope.seq,
+                marker = ?marker.id,
+                "replay marker ignored: no replay record matches the event; it is gated like a fresh event"
+            );
         }
     }
 
@@ -444,6 +467,20 @@ impl Processor {
 
 /// Why an incoming `traceparent` was not continued (the span is a new root),
 /// when there was one.
+/// Why a seq below its order's gate is dead-lettered `late`; an ignored
+/// replay marker is named, with what the operator can do.
+fn late_error(decoded: &Decoded) -> String {
+    let seq = decoded.envelope.seq.unwrap_or_default();
+    let late = format!("seq {seq} arrived after its order moved past it (its gap was given up)");
+    match &decoded.replay {
+        Some(marker) => format!(
+            "{late}; its replay marker {:?} has no matching replay record (spent, expired, forged, or lost in a Redis failover): replay this letter again with `shardline dlq replay`",
+            marker.id
+        ),
+        None => late,
+    }
+}
+
 fn dropped_traceparent(properties: &BasicProperties) -> Option<String> {
     headers::header(properties, headers::TRACEPARENT)?;
     let Some(bytes) = headers::header_bytes(properties, headers::TRACEPARENT) else {

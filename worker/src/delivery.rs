@@ -3,6 +3,7 @@
 //! [`Directive`], [`Ready`]) and what an attempt made of it ([`Outcome`]).
 //! Types only: every stage reads them, none of them calls a stage.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use lapin::BasicProperties;
@@ -86,8 +87,9 @@ pub(crate) struct Decoded {
     /// Its kind's code in the order state (`Keys::kind_code`), computed once.
     pub(crate) kind_code: String,
     pub(crate) published_at_ms: Option<i64>,
-    /// A replay from the DLQ (the dead-letter id it replays): it bypasses the gate.
-    pub(crate) replay_of: Option<String>,
+    /// Its replay marker, if it carries one; honoured only once its replay
+    /// record is found to match ([`Decoded::replay_of`]).
+    pub(crate) replay: Option<ReplayMarker>,
     /// Quorum queues: deliveries so far (`x-delivery-count`).
     pub(crate) delivery_count: Option<i64>,
     pub(crate) token: u64,
@@ -100,9 +102,28 @@ impl Decoded {
             claim: self.claim(),
             kind: &self.kind_code,
             redelivered,
-            bypass_gate: bypass_gate || self.replay_of.is_some(),
-            replay_of: self.replay_of.as_deref(),
+            bypass_gate: bypass_gate || self.replay_of().is_some(),
+            replay_of: self.replay_of(),
         }
+    }
+
+    /// The dead-letter id it replays, once its marker was checked against
+    /// its replay record and honoured: it passes the gate and may lead its
+    /// order out of quarantine. `None` for a fresh event and for a marker
+    /// the record does not back (it is gated like a fresh event).
+    pub(crate) fn replay_of(&self) -> Option<&str> {
+        self.replay
+            .as_ref()
+            .filter(|marker| marker.honoured.get() == Some(&true))
+            .map(|marker| marker.id.as_str())
+    }
+
+    /// It carries a replay marker not yet checked: it is admitted alone,
+    /// after the check, never early with the previous commit.
+    pub(crate) fn replay_unchecked(&self) -> bool {
+        self.replay
+            .as_ref()
+            .is_some_and(|marker| marker.honoured.get().is_none())
     }
 
     /// The claim this delivery makes (or may hold).
@@ -115,6 +136,49 @@ impl Decoded {
         }
     }
 }
+
+/// A delivery's `x-shardline-replay` marker: the id of the replay record
+/// the replay tool wrote (`shardline_contract::replay`), and what that record
+/// must hold for this event.
+#[derive(Debug, Clone)]
+pub(crate) struct ReplayMarker {
+    pub(crate) id: String,
+    /// `replay::record` of this delivery's envelope and body.
+    pub(crate) record: String,
+    /// The check's answer, set once per delivery, before its first admit.
+    honoured: OnceLock<bool>,
+}
+
+impl ReplayMarker {
+    /// A marker to check; one that cannot name a record (empty, not text,
+    /// longer than an id) is ignored at once.
+    pub(crate) fn new(id: Option<&str>, record: String) -> Self {
+        let honoured = OnceLock::new();
+        let id = id.unwrap_or_default();
+        if id.is_empty() || id.len() > MAX_REPLAY_ID_BYTES {
+            let _ = honoured.set(false);
+        }
+        Self {
+            id: id.to_owned(),
+            record,
+            honoured,
+        }
+    }
+
+    /// Not checked yet.
+    pub(crate) fn unchecked(&self) -> bool {
+        self.honoured.get().is_none()
+    }
+
+    /// Records the check's answer (the first answer stands).
+    pub(crate) fn checked(&self, honoured: bool) {
+        let _ = self.honoured.set(honoured);
+    }
+}
+
+/// The longest replay id a marker may name (dead-letter ids are UUIDs or
+/// `x-` and 32 hex digits).
+const MAX_REPLAY_ID_BYTES: usize = 128;
 
 /// A delivery with what is known about it before processing starts.
 pub(crate) struct Ready {

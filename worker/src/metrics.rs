@@ -54,6 +54,8 @@ pub mod names {
     pub const BROKER_RECONNECTS: &str = "shardline_broker_reconnects";
     /// Counter: sequence gaps given up on (timed out, or accepted as a start).
     pub const SEQ_GAPS: &str = "shardline_seq_gaps";
+    /// Counter: replay markers ignored (no replay record matched the event).
+    pub const REPLAY_MARKERS_IGNORED: &str = "shardline_replay_markers_ignored";
     /// Counter: order-state writes refused because a newer consumer of the
     /// shard had written the order (this consumer lost the shard).
     pub const FENCED_WRITES: &str = "shardline_fenced_writes";
@@ -136,6 +138,7 @@ struct WorkerCounters {
     gaps: Counter,
     fenced: Counter,
     grouped: Counter,
+    replay_markers_ignored: Counter,
     /// Failures by [`Fault`], indexed by [`Fault::index`].
     failures: [Counter; 5],
     /// Read by [`crate::Progress`] only (not exported: no metric of its own yet).
@@ -283,6 +286,11 @@ impl WorkerCounters {
             names::GROUPED_EVENTS,
             "Events committed and acked in groups (--group-commit)",
             self.grouped.clone(),
+        );
+        registry.register(
+            names::REPLAY_MARKERS_IGNORED,
+            "Events whose x-shardline-replay marker was ignored: no replay record of the replay tools matched the event (forged, spent, expired or lost in a Redis failover); each was gated like a fresh event",
+            self.replay_markers_ignored.clone(),
         );
     }
 }
@@ -518,6 +526,11 @@ impl ShardMetrics {
     /// A claim was taken over from a consumer that died mid-handler.
     pub(crate) fn took_over(&self) {
         self.worker.takeovers.inc();
+    }
+
+    /// An event's replay marker was ignored: no replay record backed it.
+    pub(crate) fn replay_marker_ignored(&self) {
+        self.worker.replay_markers_ignored.inc();
     }
 
     /// The gate gave up on a sequence gap.

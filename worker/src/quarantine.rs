@@ -17,8 +17,6 @@
 
 use shardline_contract::{Keys, OrderKey};
 
-use crate::store::RedisSlot;
-
 /// The dead letter an order waits behind.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Blocker {
@@ -93,13 +91,6 @@ fn may_run(
 )]
 fn head_score_seq(score: f64) -> u64 {
     score.max(0.0) as u64
-}
-
-/// The dead letter `id` no longer holds its order (its event was applied).
-pub(crate) async fn leave(redis: &mut RedisSlot, keys: &Keys, order_key: &OrderKey, id: &str) {
-    let mut cmd = redis::cmd("ZREM");
-    cmd.arg(keys.quarantine(order_key)).arg(id);
-    redis.query::<i64>(&cmd).await;
 }
 
 #[cfg(test)]

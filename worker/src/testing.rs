@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use lapin::message::Delivery;
+use shardline_contract::headers;
 use shardline_contract::{ShardCount, ShardId};
 use shardline_publisher::ConfirmError;
 use tokio::sync::Notify;
@@ -54,7 +55,7 @@ impl Handler for Scripted {
     }
 }
 
-/// Records dead letters (exchange, reason); refuses the first `refusals`.
+/// Records dead letters (reason, `x-error`); refuses the first `refusals`.
 #[derive(Default)]
 pub(crate) struct Letters {
     published: Mutex<Vec<(String, String)>>,
@@ -67,7 +68,7 @@ impl DeadLetters for Letters {
         exchange: &str,
         routing_key: &str,
         _body: &[u8],
-        _properties: lapin::BasicProperties,
+        properties: lapin::BasicProperties,
     ) -> Result<(), ConfirmError> {
         let mut refusals = self.refusals.lock().unwrap();
         if *refusals > 0 {
@@ -78,7 +79,8 @@ impl DeadLetters for Letters {
             });
         }
         let mut published = self.published.lock().unwrap();
-        published.push((exchange.to_owned(), routing_key.to_owned()));
+        let error = headers::header_str(&properties, headers::ERROR).unwrap_or_default();
+        published.push((routing_key.to_owned(), error.to_owned()));
         Ok(())
     }
 }
@@ -86,7 +88,13 @@ impl DeadLetters for Letters {
 impl Letters {
     pub(crate) fn reasons(&self) -> Vec<String> {
         let published = self.published.lock().unwrap();
-        published.iter().map(|(_, reason)| reason.clone()).collect()
+        published.iter().map(|(reason, _)| reason.clone()).collect()
+    }
+
+    /// The `x-error` of each dead letter, in order.
+    pub(crate) fn errors(&self) -> Vec<String> {
+        let published = self.published.lock().unwrap();
+        published.iter().map(|(_, error)| error.clone()).collect()
     }
 }
 
@@ -198,6 +206,24 @@ pub(crate) fn event(tag: u64, order: &str, seq: u64) -> (Delivery, lapin::Acker)
     );
     let acker = delivery.acker.clone();
     (delivery, acker)
+}
+
+/// `delivery` marked as the replay of dead letter `id` (`x-shardline-replay`).
+pub(crate) fn replayed(mut delivery: Delivery, id: &str) -> Delivery {
+    let mut table = lapin::types::FieldTable::default();
+    table.insert(
+        headers::REPLAY.into(),
+        lapin::types::AMQPValue::LongString(id.into()),
+    );
+    delivery.properties = lapin::BasicProperties::default().with_headers(table);
+    delivery
+}
+
+/// The replay record the replay tool writes for `delivery`.
+pub(crate) fn record_of(delivery: &Delivery) -> String {
+    let envelope = shardline_contract::Envelope::parse(&delivery.data, usize::MAX)
+        .expect("a test event is an envelope");
+    shardline_contract::replay::record(&envelope, &delivery.data)
 }
 
 pub(crate) fn acked(acker: &lapin::Acker) -> bool {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use redis::aio::MultiplexedConnection;
 use shardline_contract::letters::{Group, INDEX_LUA, IndexEntry};
-use shardline_contract::{Keys, OrderId, envelope::order_key_of};
+use shardline_contract::{Keys, OrderId, envelope::order_key_of, replay};
 
 use super::Filters;
 use crate::fleet::redis_error;
@@ -97,6 +97,20 @@ impl<'a> Index<'a> {
 
     fn keys(&self) -> &Keys {
         &self.fleet.keys
+    }
+
+    /// Writes the replay record `id` (`shardline_contract::replay`) before
+    /// its event is republished; it lives [`replay::RECORD_TTL`] unless a
+    /// worker spends it first.
+    pub(crate) async fn record_replay(&mut self, id: &str, record: &str) -> Result<(), Error> {
+        redis::cmd("SET")
+            .arg(self.keys().replay_record(id))
+            .arg(record)
+            .arg("EX")
+            .arg(replay::RECORD_TTL.as_secs())
+            .query_async::<()>(&mut self.redis)
+            .await
+            .map_err(redis_error(self.fleet, "writing a replay record"))
     }
 
     /// How many letters the index holds.

@@ -1,8 +1,10 @@
 //! Replay: republish dead letters to their order's shard after the fix.
 //!
-//! Letters of one order go in seq order, marked `x-shardline-replay` (so the
-//! dedup key and the sequence gate of the failed attempt do not undo them),
-//! each confirmed before it leaves the DLQ. An order that a worker keeps in
+//! Letters of one order go in seq order, each recorded in Redis first (its
+//! replay record, `shardline_contract::replay`) and marked
+//! `x-shardline-replay` with the record's id (so that the sequence gate of
+//! the failed attempt does not undo it, and no publisher can pass the gate
+//! by setting the header alone), each confirmed before it leaves the DLQ. An order that a worker keeps in
 //! quarantine (`--on-dead-letter quarantine`) is followed in rounds: wait
 //! until the worker applied what was replayed, then replay what it
 //! quarantined meanwhile, until the quarantine is lifted or its blocker
@@ -20,7 +22,7 @@ use serde::Serialize;
 use shardline_contract::envelope::order_key_of;
 use shardline_contract::headers::{self, FailReason, header_str};
 use shardline_contract::telemetry::{self, attr, op};
-use shardline_contract::{Names, OrderId, ShardId};
+use shardline_contract::{Names, OrderId, ShardId, replay};
 use shardline_publisher::Publisher;
 use tokio_util::sync::CancellationToken;
 
@@ -297,7 +299,7 @@ impl Replay<'_> {
             }
             let shard = self.publisher.shard_of(order);
             let mut span = self.audit.start(l, shard);
-            let done = replay_one(&mut self.publisher, l, shard).await;
+            let done = replay_one(&mut self.publisher, &mut self.index, l, shard).await;
             span.end(done.as_ref().err());
             done?;
             self.index.remove(&[l.index_id()]).await?;
@@ -557,9 +559,30 @@ impl Quarantine<'_> {
 
 /// Republishes one letter, waits for the broker's confirm, and only then
 /// removes it from the DLQ.
-async fn replay_one(publisher: &mut Publisher, l: &Letter, shard: ShardId) -> Result<(), Error> {
+/// Records the replay (`shardline_contract::replay`), republishes the
+/// letter marked with the record's id, and removes it from the DLQ once
+/// the broker confirmed the republish. A letter the broker dead-lettered
+/// itself has no dead-letter id: its replay gets a fresh one, so that no two
+/// replays share a record.
+async fn replay_one(
+    publisher: &mut Publisher,
+    index: &mut Index<'_>,
+    l: &Letter,
+    shard: ShardId,
+) -> Result<(), Error> {
+    let Some(envelope) = &l.envelope else {
+        return Ok(());
+    };
+    let id = l
+        .info
+        .id
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    index
+        .record_replay(&id, &replay::record(envelope, l.body()))
+        .await?;
     publisher
-        .publish_to_shard(shard, l.body().to_vec(), replay_properties(l))
+        .publish_to_shard(shard, l.body().to_vec(), replay_properties(l, &id))
         .await
         .map_err(Error::publish(format!("republishing {}", l.info)))?;
     publisher.flush().await.map_err(Error::publish(format!(
@@ -578,9 +601,9 @@ async fn replay_one(publisher: &mut Publisher, l: &Letter, shard: ShardId) -> Re
 
 /// The letter's properties, as the worker dead-lettered them (the `x-fail-*`
 /// headers kept for audit; a new failure overwrites them), plus
-/// `x-shardline-replay` = the dead-letter id, without the broker's
+/// `x-shardline-replay` = the id of its replay record, without the broker's
 /// `x-delivery-count` (it would count against the new delivery).
-fn replay_properties(letter: &Letter) -> lapin::BasicProperties {
+fn replay_properties(letter: &Letter, id: &str) -> lapin::BasicProperties {
     let props = letter.properties().clone();
     let mut inner = props
         .headers()
@@ -591,7 +614,7 @@ fn replay_properties(letter: &Letter) -> lapin::BasicProperties {
     let mut h = FieldTable::from(inner);
     h.insert(
         headers::REPLAY.into(),
-        AMQPValue::LongString(LongString::from(letter.info.id().as_bytes().to_vec())),
+        AMQPValue::LongString(LongString::from(id.as_bytes().to_vec())),
     );
     props.with_headers(h)
 }

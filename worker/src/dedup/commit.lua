@@ -1,8 +1,8 @@
 -- Commits a processed event: the gate moves to its seq (never back; skipped
 -- seqs are marked never processed) or, for a replayed seq at or below it, the
 -- seq's mark is cleared; its kind is recorded; its claim goes (only its own);
--- a replay leaves its order's quarantine.
--- KEYS: order state, dedup key, quarantine.
+-- a replay leaves its order's quarantine and spends its replay record.
+-- KEYS: order state, dedup key, quarantine, the replay's record.
 -- ARGV: 1 seq ('' unsequenced), 2 claim token, 3 epoch, 4 era, 5 ttl s,
 -- 6 kind code ('' when kinds are not recorded), 7 replayed dead-letter id ('').
 -- Returns 0 when fenced (a newer consumer wrote the order): nothing written.
@@ -42,6 +42,9 @@ local function commit(KEYS, ARGV)
   end
   redis.call('HSET', h, unpack(fields))
   redis.call('EXPIRE', h, ARGV[5])
-  if ARGV[7] ~= '' then redis.call('ZREM', KEYS[3], ARGV[7]) end
+  if ARGV[7] ~= '' then
+    redis.call('ZREM', KEYS[3], ARGV[7])
+    redis.call('DEL', KEYS[4])
+  end
   return 1
 end

@@ -1,10 +1,11 @@
 -- After an event's dead letter is confirmed: its claim goes (only its own),
 -- its seq counts as passed but stays marked never processed (so that its
--- replay runs), and in quarantine mode the letter holds its order.
+-- replay runs), a replay's record is spent, and in quarantine mode the
+-- letter holds its order.
 -- The letter's dead-letter index entry is written first, fenced or not: the
 -- letter is in the DLQ whoever owns the order now.
 -- KEYS: order state, dedup key, quarantine, then the index's five
--- (`IndexEntry::script_keys`).
+-- (`IndexEntry::script_keys`), then the replay's record.
 -- ARGV: 1 seq ('' unsequenced), 2 claim token, 3 epoch, 4 era,
 -- 5 ttl s, 6 letter id ('' when not quarantining), 7 replayed dead-letter id
 -- (''), 8 the letter's quarantine score, 9.. the index entry
@@ -28,6 +29,7 @@ else
   redis.call('HSET', h, unpack(fields))
   redis.call('EXPIRE', h, ARGV[5])
 end
+if ARGV[7] ~= '' then redis.call('DEL', KEYS[9]) end
 if ARGV[6] ~= '' then
   if ARGV[7] ~= '' then redis.call('ZREM', KEYS[3], ARGV[7]) end
   redis.call('ZADD', KEYS[3], ARGV[8], ARGV[6])

@@ -1,6 +1,6 @@
 -- Group commit (`--group-commit`): commits the processed events of one group,
 -- then admits the events of the next, in one script call.
--- KEYS: three per commit (`commit.lua`'s), then three per admit
+-- KEYS: four per commit (`commit.lua`'s), then three per admit
 -- (`admit_order.lua`'s). ARGV: 1 commits, 2 admits; then per commit its seven
 -- arguments; then per admit a chained flag and its thirteen.
 -- A chained admit is the next seq of an order whose earlier event is admitted
@@ -12,14 +12,14 @@
 -- 0), {{verdict, starts}, ...}}.
 local nc, na = tonumber(ARGV[1]), tonumber(ARGV[2])
 for i = 1, nc do
-  local k, a = 3 * (i - 1), 2 + 7 * (i - 1)
-  if commit({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]}, {unpack(ARGV, a + 1, a + 7)}) == 0 then
+  local k, a = 4 * (i - 1), 2 + 7 * (i - 1)
+  if commit({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]}, {unpack(ARGV, a + 1, a + 7)}) == 0 then
     return {i - 1, 1, {}}
   end
 end
 local verdicts = {}
 for i = 1, na do
-  local k, a = 3 * (nc + i - 1), 2 + 7 * nc + 14 * (i - 1)
+  local k, a = 4 * nc + 3 * (i - 1), 2 + 7 * nc + 14 * (i - 1)
   local answer
   if ARGV[a + 1] == '1' then
     answer = {'claimed', 1}

@@ -5,7 +5,7 @@
 //! never-processed seqs as ranges (`u`), its one claim (`c`), the fence
 //! token of its last writer (`f`) and its kinds (`k`); per unsequenced event
 //! its claim or `done`; per order its quarantine (dead-letter ids by seq);
-//! the dead-letter index entries; and the fence counters. The scenario suite
+//! the dead-letter index entries; the replay records; and the fence counters. The scenario suite
 //! (`scenarios`) holds it to the scripts.
 //!
 //! Left out, and tested against Redis only: the failover era (field `e`:
@@ -223,6 +223,8 @@ struct Memory {
     /// Per cause group: its description, set once.
     groups: HashMap<String, String>,
     fences: HashMap<String, u64>,
+    /// Replay records, by dead-letter id.
+    records: HashMap<String, String>,
 }
 
 /// A test's in-memory order state, shared by the consumers made from it.
@@ -244,6 +246,7 @@ impl MemoryStore {
                 letters_of_order: HashMap::new(),
                 groups: HashMap::new(),
                 fences: HashMap::new(),
+                records: HashMap::new(),
             })),
         }
     }
@@ -310,6 +313,16 @@ impl MemoryStore {
     /// A cause group's description.
     pub(crate) fn group(&self, group: &str) -> Option<String> {
         self.lock().groups.get(group).cloned()
+    }
+
+    /// Writes a replay record, as the replay tool does before it republishes.
+    pub(crate) fn record_replay(&self, id: &str, record: &str) {
+        self.lock().records.insert(id.to_owned(), record.to_owned());
+    }
+
+    /// A replay record, while it is unspent.
+    pub(crate) fn replay_record(&self, id: &str) -> Option<String> {
+        self.lock().records.get(id).cloned()
     }
 
     /// The last fence token taken from a counter.
@@ -501,6 +514,7 @@ impl Memory {
         }
         if let Some(id) = done.replay_of {
             self.leave(claim.order_key, id);
+            self.records.remove(id);
         }
         Written::Done
     }
@@ -529,6 +543,9 @@ impl Memory {
                 order.u.mark(seq, seq);
                 order.f = Some(fence);
             }
+        }
+        if let Some(replayed) = dead.replay_of {
+            self.records.remove(replayed);
         }
         if s.quarantine && !dead.id.is_empty() {
             if let Some(replayed) = dead.replay_of {
@@ -741,7 +758,13 @@ impl OrderState for MemoryOrderState {
         self.store.lock().index(entry);
     }
 
-    async fn leave_quarantine(&mut self, order_key: &OrderKey, id: &str) {
-        self.store.lock().leave(order_key, id);
+    async fn replay_recorded(&mut self, id: &str, record: &str) -> bool {
+        self.store.lock().records.get(id).map(String::as_str) == Some(record)
+    }
+
+    async fn replay_applied(&mut self, order_key: &OrderKey, id: &str) {
+        let mut memory = self.store.lock();
+        memory.leave(order_key, id);
+        memory.records.remove(id);
     }
 }

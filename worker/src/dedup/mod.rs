@@ -474,16 +474,23 @@ impl Dedup {
         }
     }
 
+    /// The record a replay (`replay_of`) spends when it is committed or
+    /// dead-lettered again; without one a key the scripts never touch.
+    fn replay_record(&self, replay_of: Option<&str>) -> String {
+        self.keys.replay_record(replay_of.unwrap_or_default())
+    }
+
     /// `commit.lua`'s keys and arguments.
-    fn commit_parts(&self, done: &Done<'_>, fence: FenceToken) -> ([String; 3], Vec<String>) {
+    fn commit_parts(&self, done: &Done<'_>, fence: FenceToken) -> ([String; 4], Vec<String>) {
         let claim = &done.claim;
         let ttl = if claim.seq.is_some() {
             self.order_ttl_secs
         } else {
             self.ttl_secs
         };
+        let [order, dedup, quarantine] = self.claim_keys(claim);
         (
-            self.claim_keys(claim),
+            [order, dedup, quarantine, self.replay_record(done.replay_of)],
             vec![
                 seq_arg(claim.seq),
                 claim.token.to_string(),
@@ -632,7 +639,7 @@ impl Dedup {
         admits: &[GroupAdmit<'_>],
     ) -> GroupReply {
         let fence = self.fence_token(redis).await;
-        let mut keys = Vec::with_capacity(3 * (commits.len() + admits.len()));
+        let mut keys = Vec::with_capacity(4 * commits.len() + 3 * admits.len());
         let mut args = Vec::with_capacity(2 + 7 * commits.len() + 14 * admits.len());
         args.extend([commits.len().to_string(), admits.len().to_string()]);
         for done in commits {
@@ -715,6 +722,7 @@ impl Dedup {
         let claim = &dead.claim;
         let mut keys = self.claim_keys(claim).to_vec();
         keys.extend(dead.entry.script_keys(&self.keys));
+        keys.push(self.replay_record(dead.replay_of));
         let mut args = vec![
             seq_arg(claim.seq),
             claim.token.to_string(),
@@ -735,6 +743,39 @@ impl Dedup {
                 .query(&Self::evalsha(&SCRIPTS.dead, &keys, &args))
                 .await,
         )
+    }
+
+    /// Whether the replay record `id` holds `record` (`replay::record` of the
+    /// event that carries the id): only then is its replay marker honoured.
+    pub(crate) async fn replay_recorded(
+        &self,
+        redis: &mut RedisSlot,
+        id: &str,
+        record: &str,
+    ) -> bool {
+        let mut get = redis::cmd("GET");
+        get.arg(self.keys.replay_record(id));
+        redis.query::<Option<String>>(&get).await.as_deref() == Some(record)
+    }
+
+    /// A replay found its event applied already: its letter no longer holds
+    /// the order in quarantine and its record is spent, in one transaction.
+    pub(crate) async fn replay_applied(
+        &self,
+        redis: &mut RedisSlot,
+        order_key: &OrderKey,
+        id: &str,
+    ) {
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("ZREM")
+            .arg(self.keys.quarantine(order_key))
+            .arg(id)
+            .ignore()
+            .cmd("DEL")
+            .arg(self.keys.replay_record(id))
+            .ignore();
+        redis.query_pipeline::<()>(&pipe).await;
     }
 
     /// The index entry of a confirmed dead letter that holds no claim (its

@@ -81,6 +81,10 @@ trait World {
     /// A letter's index entry and its cause group's description.
     async fn letter(&mut self, id: &str) -> Indexed;
     async fn fence_counter(&mut self) -> Option<u64>;
+    /// Writes a replay record, as the replay tool does.
+    async fn record_replay(&mut self, id: &str, record: &str);
+    /// A replay record, while unspent.
+    async fn replay_record(&mut self, id: &str) -> Option<String>;
 }
 
 /// The fake.
@@ -138,6 +142,14 @@ impl World for Fake {
     async fn fence_counter(&mut self) -> Option<u64> {
         let counter = self.config.keys().fence(shard().get());
         self.store.fence_counter(&counter)
+    }
+
+    async fn record_replay(&mut self, id: &str, record: &str) {
+        self.store.record_replay(id, record);
+    }
+
+    async fn replay_record(&mut self, id: &str) -> Option<String> {
+        self.store.replay_record(id)
     }
 }
 
@@ -240,6 +252,17 @@ impl World for Lua {
         let key = self.keys().fence(shard().get());
         self.query(redis::cmd("GET").arg(key)).await
     }
+
+    async fn record_replay(&mut self, id: &str, record: &str) {
+        let key = self.keys().replay_record(id);
+        self.query::<()>(redis::cmd("SET").arg(key).arg(record))
+            .await;
+    }
+
+    async fn replay_record(&mut self, id: &str) -> Option<String> {
+        let key = self.keys().replay_record(id);
+        self.query(redis::cmd("GET").arg(key)).await
+    }
 }
 
 /// What a step left behind, in both stores' shape.
@@ -248,6 +271,7 @@ struct Look {
     orders: Vec<(OrderView, Vec<String>, Vec<String>)>,
     events: Vec<(String, Option<EventView>)>,
     letters: Vec<(String, Indexed)>,
+    records: Vec<(String, Option<String>)>,
     fence: Option<u64>,
 }
 
@@ -353,6 +377,7 @@ struct Run<W: World> {
     tokens: u64,
     events: BTreeSet<String>,
     letters: BTreeSet<String>,
+    records: BTreeSet<String>,
 }
 
 impl<W: World> Run<W> {
@@ -364,6 +389,7 @@ impl<W: World> Run<W> {
             tokens: 0,
             events: BTreeSet::new(),
             letters: BTreeSet::new(),
+            records: BTreeSet::new(),
         }
     }
 
@@ -449,10 +475,15 @@ impl<W: World> Run<W> {
         for id in &self.letters {
             letters.push((id.clone(), self.world.letter(id).await));
         }
+        let mut records = Vec::new();
+        for id in &self.records {
+            records.push((id.clone(), self.world.replay_record(id).await));
+        }
         Look {
             orders,
             events,
             letters,
+            records,
             fence: self.world.fence_counter().await,
         }
     }
@@ -554,6 +585,32 @@ impl<W: World> Run<W> {
         self.note(format!("dead {ev} as {id}"), format!("{written:?}"))
             .await;
         written
+    }
+
+    /// The replay tool writes the record of dead letter `id`.
+    async fn record_replay(&mut self, id: &str, record: &str) {
+        self.world.record_replay(id, record).await;
+        self.records.insert(id.to_owned());
+        self.note(format!("record {id} = {record}"), String::new())
+            .await;
+    }
+
+    /// Whether the record `id` backs a marker whose event's record is `record`.
+    async fn replay_recorded(&mut self, c: &mut W::State, id: &str, record: &str) -> bool {
+        let recorded = c.replay_recorded(id, record).await;
+        self.note(
+            format!("is {id} recorded as {record}"),
+            recorded.to_string(),
+        )
+        .await;
+        recorded
+    }
+
+    /// A replay of `id` found its event applied.
+    async fn replay_applied(&mut self, c: &mut W::State, ev: &Ev, id: &str) {
+        c.replay_applied(&ev.order, id).await;
+        self.note(format!("replay {id} of {ev} applied"), String::new())
+            .await;
     }
 
     async fn index(&mut self, c: &mut W::State, entry: &IndexEntry) {

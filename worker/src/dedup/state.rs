@@ -15,7 +15,6 @@ use super::{
 };
 use shardline_contract::OrderKey;
 
-use crate::quarantine;
 use crate::store::RedisSlot;
 
 /// One consumer's handle on the order state of its shard: the operations the
@@ -74,13 +73,14 @@ pub(crate) trait OrderState: Sized {
     /// The index entry of a confirmed dead letter that holds no claim.
     fn index_letter(&mut self, entry: &IndexEntry) -> impl Future<Output = ()> + Send;
 
-    /// The dead letter `id` no longer holds its order in quarantine (a
-    /// replay of it found its event applied).
-    fn leave_quarantine(
-        &mut self,
-        order_key: &OrderKey,
-        id: &str,
-    ) -> impl Future<Output = ()> + Send;
+    /// Whether the replay record `id` holds `record`: only then is a replay
+    /// marker honoured (`shardline_contract::replay`).
+    fn replay_recorded(&mut self, id: &str, record: &str) -> impl Future<Output = bool> + Send;
+
+    /// A replay of dead letter `id` found its event applied: the letter no
+    /// longer holds its order in quarantine and its record is spent.
+    fn replay_applied(&mut self, order_key: &OrderKey, id: &str)
+    -> impl Future<Output = ()> + Send;
 }
 
 /// The order state on Redis: a shard's [`Dedup`] (its scripts and fence
@@ -151,7 +151,13 @@ impl OrderState for RedisOrderState {
         self.dedup.index_letter(&mut self.slot, entry).await;
     }
 
-    async fn leave_quarantine(&mut self, order_key: &OrderKey, id: &str) {
-        quarantine::leave(&mut self.slot, &self.dedup.keys, order_key, id).await;
+    async fn replay_recorded(&mut self, id: &str, record: &str) -> bool {
+        self.dedup.replay_recorded(&mut self.slot, id, record).await
+    }
+
+    async fn replay_applied(&mut self, order_key: &OrderKey, id: &str) {
+        self.dedup
+            .replay_applied(&mut self.slot, order_key, id)
+            .await;
     }
 }

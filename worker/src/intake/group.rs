@@ -52,7 +52,7 @@ pub(crate) fn joins(ready: &Ready) -> bool {
         return false;
     };
     decoded.envelope.seq.is_some()
-        && decoded.replay_of.is_none()
+        && decoded.replay.is_none()
         && !ready.delivery.redelivered
         && matches!(ready.admitted, None | Some(Verdict::Claimed))
         && ready.tried.is_none()

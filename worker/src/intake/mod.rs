@@ -13,9 +13,9 @@ pub(crate) mod lookahead;
 pub(crate) mod schedule;
 
 use shardline_contract::headers::{self, FailReason};
-use shardline_contract::{Envelope, EnvelopeError, Keys};
+use shardline_contract::{Envelope, EnvelopeError, Keys, replay};
 
-use crate::delivery::{Decoded, Message, Outcome};
+use crate::delivery::{Decoded, Message, Outcome, ReplayMarker};
 
 /// Parses the envelope; a body that is not one is dead-lettered at once.
 /// A control message is recognised first, by its header, and never
@@ -40,17 +40,19 @@ pub(crate) fn decode(msg: &Message<'_>, max_body_bytes: usize) -> Result<Decoded
             attempts: 0,
         }
     })?;
+    let replay = headers::header(msg.properties, headers::REPLAY).map(|_| {
+        ReplayMarker::new(
+            headers::header_str(msg.properties, headers::REPLAY),
+            replay::record(&envelope, msg.body),
+        )
+    });
     Ok(Decoded {
         dedup_key: envelope.dedup_key(msg.body),
         order_key: envelope.order_key(),
         kind_code: Keys::kind_code(&envelope.event),
         envelope,
         published_at_ms: headers::header_i64(msg.properties, headers::PUBLISHED_AT_MS),
-        replay_of: headers::header(msg.properties, headers::REPLAY).map(|_| {
-            headers::header_str(msg.properties, headers::REPLAY)
-                .unwrap_or_default()
-                .to_owned()
-        }),
+        replay,
         delivery_count: headers::header_i64(msg.properties, headers::DELIVERY_COUNT),
         token: rand::random(),
     })

@@ -423,7 +423,7 @@ async fn commit<S: OrderState, U: Upcoming>(
     let done = Done {
         claim: done.claim(),
         kind: &done.kind_code,
-        replay_of: done.replay_of.as_deref(),
+        replay_of: done.replay_of(),
     };
     let lookahead = lookahead.filter(|_| ctx.processor.claims_early());
     match lookahead.and_then(|lookahead| lookahead.peek(&ctx.processor)) {
@@ -432,7 +432,7 @@ async fn commit<S: OrderState, U: Upcoming>(
             decoded: Ok(next),
             admitted: admitted @ None,
             ..
-        }) => {
+        }) if !next.replay_unchecked() => {
             let admission = next.admission(delivery.redelivered, false);
             let (written, verdict) = store.commit_and_admit(&done, &admission).await;
             *admitted = Some(verdict);

@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::dedup::memory::MemoryOrderState;
 use crate::handler::HandlerError;
 use crate::intake::lookahead::Lookahead;
-use crate::testing::{Scripted, Shard, acked, event};
+use crate::testing::{Scripted, Shard, acked, event, record_of, replayed};
 
 fn passed(settled: &Settled, order: &str) -> bool {
     matches!(settled, Settled::Done { order_key: Some(key) } if key == order)
@@ -313,4 +313,85 @@ async fn an_outage_seen_in_another_orders_evidence_dead_letters_nothing() {
         "A was tried again after the evidence"
     );
     assert_eq!(shard.order("A").l, Some(1));
+}
+
+/// Seq 2 of order A dead-lettered (`handler`), seq 1 processed: a replay of
+/// seq 2 is what can run now.
+async fn with_seq_2_dead_lettered() -> (Arc<Scripted>, Shard, MemoryOrderState) {
+    let (handler, shard, mut store) =
+        shard_answering(vec![Ok(()), Err(HandlerError::permanent("400"))]);
+    for seq in [1, 2] {
+        let (delivery, _) = event(seq, "A", seq);
+        shard.settle(&mut store, delivery).await;
+    }
+    assert_eq!(shard.letters.reasons(), ["handler"]);
+    (handler, shard, store)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replay_marker_without_a_record_is_gated_like_a_fresh_event() {
+    let (handler, shard, mut store) = shard_answering(vec![]);
+    let (ahead, acker) = event(1, "A", 3);
+    let settled = shard
+        .settle(&mut store, replayed(ahead, "0190-forged"))
+        .await;
+    assert!(
+        matches!(
+            &settled,
+            Settled::Hold {
+                seq: 3,
+                start: true,
+                ..
+            }
+        ),
+        "a forged marker on seq 3 waits for seq 1 like any event"
+    );
+    assert!(!acked(&acker));
+    assert_eq!(handler.calls(), 0);
+    assert!(shard.letters.reasons().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recorded_replay_passes_the_gate_once_and_spends_its_record() {
+    let (handler, shard, mut store) = with_seq_2_dead_lettered().await;
+    let (replay, acker) = event(3, "A", 2);
+    let replay = replayed(replay, "dl-2");
+    shard.store.record_replay("dl-2", &record_of(&replay));
+    let settled = shard.settle(&mut store, replay).await;
+    assert!(passed(&settled, "A"));
+    assert!(acked(&acker));
+    assert_eq!(handler.calls(), 3, "the replay ran");
+    assert_eq!(shard.order("A").u, None, "seq 2 is processed now");
+    assert_eq!(
+        shard.store.replay_record("dl-2"),
+        None,
+        "spent by the commit"
+    );
+    let (copy, acker) = event(4, "A", 2);
+    let settled = shard.settle(&mut store, replayed(copy, "dl-2")).await;
+    assert!(passed(&settled, "A") && acked(&acker));
+    assert_eq!(handler.calls(), 3, "a copy after the commit is a duplicate");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_of_another_body_or_order_backs_no_replay() {
+    let (other_order, _) = event(3, "B", 2);
+    let mut other_body = event(3, "A", 2).0;
+    other_body.data = br#"{"order_id":"A","event":"order.paid","seq":2,"data":1}"#.to_vec();
+    for recorded_for in [other_order, other_body] {
+        let (handler, shard, mut store) = with_seq_2_dead_lettered().await;
+        shard.store.record_replay("dl-2", &record_of(&recorded_for));
+        let (replay, acker) = event(4, "A", 2);
+        let settled = shard.settle(&mut store, replayed(replay, "dl-2")).await;
+        assert!(passed(&settled, "A") && acked(&acker));
+        assert_eq!(handler.calls(), 2, "gated as a fresh event: seq 2 is late");
+        assert_eq!(shard.letters.reasons(), ["handler", "late"]);
+        let error = &shard.letters.errors()[1];
+        assert!(
+            error.contains("\"dl-2\" has no matching replay record"),
+            "{error}"
+        );
+        assert!(error.contains("shardline dlq replay"), "{error}");
+        assert!(shard.store.replay_record("dl-2").is_some(), "not spent");
+    }
 }

@@ -489,6 +489,52 @@ fn quarantine_agrees() {
     on_both!("quarantine", setup, quarantine);
 }
 
+/// Replay records: one backs only the record it holds; a replay's commit
+/// spends it, so does its dead letter (fenced writes spend nothing), and
+/// so does a replay that finds its event applied (leaving the quarantine).
+async fn replay_records<W: World>(run: &mut Run<W>) {
+    let (mut stale, mut c) = (run.world.consumer(), run.world.consumer());
+    run.fence(&mut stale).await;
+    let (one, two, three) = (run.a(1), run.a(2), run.a(3));
+    for (ev, id) in [(&one, "dl-1"), (&two, "dl-2"), (&three, "dl-3")] {
+        run.admit(&mut c, ev).await;
+        run.dead(&mut c, ev, id).await;
+        run.record_replay(id, &format!("r-{id}")).await;
+    }
+    let backed = run.replay_recorded(&mut c, "dl-1", "r-dl-1").await;
+    run.check(backed, "the record backs its own event");
+    for (id, record) in [("dl-1", "r-dl-2"), ("dl-9", "r-dl-9"), ("dl-1", "")] {
+        let backed = run.replay_recorded(&mut c, id, record).await;
+        run.check(!backed, "no other record, no missing one");
+    }
+    let replay = run.replay(&one, "dl-1");
+    run.admit(&mut c, &replay).await;
+    let w = run.commit(&mut stale, &replay).await;
+    run.expect(&w, &Written::Fenced);
+    let kept = run.world.replay_record("dl-1").await;
+    run.expect(&kept, &Some("r-dl-1".to_owned()));
+    run.commit(&mut c, &replay).await;
+    let spent = run.world.replay_record("dl-1").await;
+    run.expect(&spent, &None);
+    let replay = run.replay(&two, "dl-2");
+    run.admit(&mut c, &replay).await;
+    run.dead(&mut c, &replay, "dl-2b").await;
+    let spent = run.world.replay_record("dl-2").await;
+    run.expect(&spent, &None);
+    run.replay_applied(&mut c, &three, "dl-3").await;
+    let spent = run.world.replay_record("dl-3").await;
+    run.expect(&spent, &None);
+}
+
+#[test]
+fn replay_records_agree() {
+    let setup = Setup {
+        quarantine: true,
+        ..Setup::default()
+    };
+    on_both!("replay-records", setup, replay_records);
+}
+
 /// Renewals count starts (never below zero) and releases give the claim
 /// up, only by the claim's own delivery; a renewal after the claim went
 /// writes it again; a `done` unsequenced event is never renewed or released.
