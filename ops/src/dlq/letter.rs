@@ -4,8 +4,8 @@
 use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
-use shardline_contract::Envelope;
 use shardline_contract::headers::{self, header_i64, header_str};
+use shardline_contract::{Envelope, Outline};
 
 use crate::letter::{LetterRef, opt};
 
@@ -29,24 +29,20 @@ impl Letter {
         let text = |name| header_str(props, name).map(str::to_owned);
         let max_body = shardline_publisher::Config::default().max_body_bytes;
         let envelope = Envelope::parse(&delivery.data, max_body).ok();
-        // A body that is JSON but not a valid envelope may still name its order.
-        let loose: Option<serde_json::Value> = envelope
+        // A body that is JSON but not a valid envelope (too deep, say) may
+        // still name its order.
+        let loose = envelope
             .is_none()
-            .then(|| serde_json::from_slice(&delivery.data).ok())
+            .then(|| Outline::of(&delivery.data))
             .flatten();
-        let loose_str = |field: &str| {
-            loose
-                .as_ref()
-                .and_then(|j| j.get(field)?.as_str().map(str::to_owned))
-        };
         let order_id = envelope
             .as_ref()
             .map(|e| e.order_id.to_string())
-            .or_else(|| loose_str("order_id"));
+            .or_else(|| Some(loose.as_ref()?.order_id.as_deref()?.to_owned()));
         let seq = envelope
             .as_ref()
             .and_then(|e| e.seq)
-            .or_else(|| loose.as_ref().and_then(|j| j.get("seq")?.as_u64()));
+            .or_else(|| loose.as_ref()?.seq);
         Self {
             info: LetterRef {
                 id: text(headers::DEAD_LETTER_ID),
@@ -92,13 +88,12 @@ impl Letter {
     }
 
     /// The event kind: the envelope's, else the `event` of a body that is
-    /// JSON but not a valid envelope.
+    /// JSON but not a valid envelope (however deep).
     pub fn event(&self) -> Option<String> {
         if let Some(envelope) = &self.envelope {
             return Some(envelope.event.clone());
         }
-        let json: serde_json::Value = serde_json::from_slice(self.body()).ok()?;
-        json.get("event")?.as_str().map(str::to_owned)
+        Some(Outline::of(self.body())?.event?.into_owned())
     }
 
     /// Its AMQP headers, each value as text (strings as they are, numbers in
