@@ -21,6 +21,8 @@
 //! - [`assignment`]: the elastic fleet's rule: who should own each shard, one rebalance step at a time.
 //! - [`fleet`]: the elastic fleet's membership and assignment documents in Redis.
 //! - [`telemetry`]: span names and attribute keys.
+//! - [`text`]: outside text as a person reads it: the characters that do not
+//!   show as themselves, escaped.
 
 pub mod assignment;
 pub mod envelope;
@@ -35,6 +37,7 @@ pub mod rabbitmq;
 pub mod shard;
 pub mod status;
 pub mod telemetry;
+pub mod text;
 pub mod w3c;
 
 pub use envelope::{Envelope, EnvelopeError, NewEvent};
