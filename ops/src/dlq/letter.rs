@@ -145,3 +145,49 @@ fn value_text(v: &AMQPValue) -> String {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn letter(body: &[u8]) -> Letter {
+        Letter::new(Delivery::mock(
+            1,
+            "dlx".into(),
+            "invalid".into(),
+            false,
+            body.to_vec(),
+        ))
+    }
+
+    #[test]
+    fn a_letter_names_its_order_however_deep_its_body() {
+        // 200 levels: deeper than serde_json builds a tree, and `invalid`.
+        let deep = format!(
+            r#"{{"order_id":"A7","event":"payment.captured","version":5,"data":{}1{}}}"#,
+            "[".repeat(199),
+            "]".repeat(199)
+        );
+        let l = letter(deep.as_bytes());
+        assert!(l.envelope.is_none());
+        assert_eq!(l.info.order_id.as_deref(), Some("A7"));
+        assert_eq!(l.info.seq, Some(5));
+        assert_eq!(l.event().as_deref(), Some("payment.captured"));
+        assert_eq!(l.entry().order_id.as_deref(), Some("A7"));
+        // A valid envelope: its own fields.
+        let l = letter(br#"{"order_id":"B1","event":"e","seq":2}"#);
+        assert!(l.envelope.is_some());
+        assert_eq!(
+            (l.info.order_id.as_deref(), l.info.seq, l.event().as_deref()),
+            (Some("B1"), Some(2), Some("e"))
+        );
+        // Not JSON, or not an object: none.
+        for body in [&b"\xff{"[..], br#"["A","e",1]"#] {
+            let l = letter(body);
+            assert_eq!(
+                (l.info.order_id.as_deref(), l.info.seq, l.event().as_deref()),
+                (None, None, None)
+            );
+        }
+    }
+}
