@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use shardline_bench::receive::{self, Received};
+use shardline_contract::text::shown;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]
@@ -28,33 +29,21 @@ pub(crate) async fn run(
     Ok(ExitCode::SUCCESS)
 }
 
-/// One line per event: who it is, then the body as published (control
-/// characters escaped, so a body cannot forge lines).
+/// One line per event: who it is, then the body as published (in each, the
+/// characters that do not show as themselves escaped, so a request cannot
+/// forge lines, colours or the order of what it shows).
 fn print(r: Received) {
     let line = format!(
         "{} seq {} attempt {} shard {} key {} {} {}\n",
-        dash(&r.order_id),
-        dash(&r.seq),
-        dash(&r.attempt),
-        dash(&r.shard),
-        dash(&r.idempotency_key),
-        r.path,
+        shown(dash(&r.order_id)),
+        shown(dash(&r.seq)),
+        shown(dash(&r.attempt)),
+        shown(dash(&r.shard)),
+        shown(dash(&r.idempotency_key)),
+        shown(&r.path),
         shown(&String::from_utf8_lossy(&r.body)),
     );
     let _ = std::io::stdout().lock().write_all(line.as_bytes());
-}
-
-/// `text` with its control characters escaped (`\n`, `\u{1b}`), the rest as is.
-fn shown(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 fn dash(s: &str) -> &str {

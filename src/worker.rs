@@ -123,7 +123,8 @@ pub(crate) struct WorkerArgs {
     /// How long a processed event's dedup key is kept.
     #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
     pub dedup_ttl: Duration,
-    /// Largest accepted body; larger ones are dead-lettered `invalid`.
+    /// Largest accepted body; larger ones, and bodies nested deeper than 64
+    /// levels, are dead-lettered `invalid`.
     #[arg(long, default_value_t = Config::default().max_body_bytes)]
     pub max_body_bytes: usize,
     /// How often a standby retries taking a shard another worker holds.
@@ -548,6 +549,23 @@ mod tests {
             }
         }
         commands
+    }
+
+    #[test]
+    fn the_body_limits_help_names_the_nesting_limit() {
+        use clap::CommandFactory as _;
+        let max = shardline_contract::envelope::MAX_DEPTH;
+        let cli = Cli::command();
+        let help = cli
+            .get_arguments()
+            .find(|a| a.get_id() == "max_body_bytes")
+            .and_then(|a| a.get_help())
+            .map(ToString::to_string)
+            .unwrap();
+        assert!(
+            help.contains(&format!("nested deeper than {max} levels")),
+            "{help}"
+        );
     }
 
     #[test]

@@ -8,10 +8,14 @@
 //! Beyond HTML's five characters, what would make a value lie about itself
 //! is shown as a visible escape: bidi overrides and isolates (which reorder
 //! what follows them), zero-width and other invisible characters, control
-//! characters (NUL included); bytes that are not UTF-8 are shown as hex.
+//! characters (NUL included): the contract's one definition,
+//! [`shardline_contract::text::hidden`]. Bytes that are not UTF-8 are shown
+//! as hex.
 //! Long values are cut.
 
 use std::fmt::Write as _;
+
+use shardline_contract::text::hidden;
 
 /// Longest value in a table cell, in characters; longer ones end with `…`.
 pub const CELL_CHARS: usize = 200;
@@ -70,25 +74,6 @@ fn push(out: &mut String, value: &str, max_chars: usize) -> bool {
         }
     }
     false
-}
-
-/// Characters that do not show as themselves: controls (C0, DEL, C1), bidi
-/// marks, embeddings, overrides and isolates, zero-width and invisible
-/// formatting characters, line and paragraph separators, tag characters.
-fn hidden(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{00ad}'
-                | '\u{061c}'
-                | '\u{180e}'
-                | '\u{200b}'..='\u{200f}'
-                | '\u{2028}'..='\u{202e}'
-                | '\u{2060}'..='\u{2069}'
-                | '\u{feff}'
-                | '\u{fff9}'..='\u{fffb}'
-                | '\u{e0000}'..='\u{e007f}'
-        )
 }
 
 #[cfg(test)]

@@ -15,11 +15,18 @@ use md5::{Digest, Md5};
 
 pub use crate::order_id::{MAX_FIELD_BYTES, key_field};
 use crate::order_id::{OrderId, escape_into};
+use crate::outline::{Kind, outline};
 use serde::Deserialize;
 use serde_json::Number;
 
 /// Largest accepted `seq`: 2^63 − 1, so it fits every signed 64-bit store.
 pub const MAX_SEQ: u64 = i64::MAX as u64;
+
+/// Deepest accepted nesting of arrays and objects, the envelope's own object
+/// included (`{"data":{"a":[1]}}` is 3 deep): well below serde_json's
+/// recursion limit (128), so every accepted body parses into a tree
+/// wherever one is read. Deeper bodies are `invalid`.
+pub const MAX_DEPTH: usize = 64;
 
 /// The fields of an event that shardline acts on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,7 +66,8 @@ struct Wire<'a> {
 }
 
 impl Envelope {
-    /// Parses and validates a message body of at most `max_bytes`.
+    /// Parses and validates a message body of at most `max_bytes`: a JSON
+    /// object nested at most [`MAX_DEPTH`] deep.
     pub fn parse(body: &[u8], max_bytes: usize) -> Result<Self, EnvelopeError> {
         if body.len() > max_bytes {
             return Err(EnvelopeError::Invalid(format!(
@@ -71,6 +79,21 @@ impl Envelope {
         // handler gets the whole body, so all of it must be UTF-8.
         let text = std::str::from_utf8(body)
             .map_err(|e| EnvelopeError::Decode(format!("invalid UTF-8: {e}")))?;
+        // One pass without recursion first: serde_json reads a struct from an
+        // array too (by position), and skips data of any depth.
+        let shape = outline(text).map_err(|e| EnvelopeError::Decode(e.to_string()))?;
+        if shape.kind != Kind::Object {
+            return Err(invalid(format!(
+                "the body is {}, not a JSON object",
+                shape.kind.described()
+            )));
+        }
+        if shape.depth > MAX_DEPTH {
+            return Err(invalid(format!(
+                "the body is nested deeper than {MAX_DEPTH} levels ({} levels)",
+                shape.depth
+            )));
+        }
         let wire: Wire<'_> = serde_json::from_str(text).map_err(|e| match e.classify() {
             serde_json::error::Category::Data => EnvelopeError::Invalid(e.to_string()),
             _ => EnvelopeError::Decode(e.to_string()),
@@ -281,12 +304,64 @@ mod tests {
     }
 
     #[test]
+    fn only_an_object_is_an_envelope() {
+        // serde's derived struct reads this one by position.
+        for (body, kind) in [
+            (r#"["A","e",1]"#, "an array"),
+            (r#"[{"order_id":"A","event":"e","seq":1}]"#, "an array"),
+            (r#""A""#, "a string"),
+            ("12", "a number"),
+            ("true", "a boolean"),
+            ("null", "null"),
+        ] {
+            let Err(EnvelopeError::Invalid(msg)) = parse(body) else {
+                panic!("{body} accepted or not invalid: {:?}", parse(body));
+            };
+            assert_eq!(msg, format!("the body is {kind}, not a JSON object"));
+        }
+    }
+
+    /// `{"order_id":"A","event":"e","seq":1,"data":…}` nested `depth` deep.
+    fn nested(depth: usize) -> String {
+        let inner = depth - 1;
+        format!(
+            r#"{{"order_id":"A","event":"e","seq":1,"data":{}1{}}}"#,
+            "[".repeat(inner),
+            "]".repeat(inner)
+        )
+    }
+
+    #[test]
+    fn nesting_is_limited() {
+        let at_limit = nested(MAX_DEPTH);
+        assert_eq!(
+            crate::outline::outline(&at_limit).map(|o| o.depth),
+            Ok(MAX_DEPTH)
+        );
+        assert_eq!(parse(&at_limit).unwrap().order_id, "A");
+        // It parses everywhere: as a tree too.
+        assert!(serde_json::from_str::<serde_json::Value>(&at_limit).is_ok());
+        for depth in [MAX_DEPTH + 1, 200, 100_000] {
+            let Err(EnvelopeError::Invalid(msg)) = parse(&nested(depth)) else {
+                panic!("{depth} deep: {:?}", parse(&nested(depth)));
+            };
+            assert_eq!(
+                msg,
+                format!("the body is nested deeper than 64 levels ({depth} levels)")
+            );
+        }
+    }
+
+    #[test]
     fn non_json_is_a_decode_error() {
         for body in [
             &b"not json"[..],
             b"{\"order_id\":",
             b"",
             b"{\"order_id\":\"\xff\",\"event\":\"e\"}",
+            b"[\"A\",\"e\",1",
+            b"{\"order_id\":1,",
+            b"{\"order_id\":\"A\",\"event\":\"e\"} x",
         ] {
             assert!(
                 matches!(Envelope::parse(body, LIMIT), Err(EnvelopeError::Decode(_))),

@@ -11,6 +11,7 @@ use amq_protocol::types::{AMQPValue, FieldTable};
 use md5::{Digest, Md5};
 
 use crate::headers::{self, header, header_i64, header_str};
+use crate::outline::Outline;
 
 /// Longest normalised error text; longer texts are cut at a character
 /// boundary and end with `…`.
@@ -209,7 +210,8 @@ pub const X_DEATH: &str = "x-death";
 
 /// The index entry of a dead letter as it sits in the DLQ: its dead-letter
 /// headers, and the `order_id`, `event` and `seq` (or `version`) of a JSON
-/// body, whether or not it is a valid envelope. A letter the broker
+/// body's top-level object ([`Outline`]), whether or not it is a valid
+/// envelope, however deep it is nested. A letter the broker
 /// dead-lettered itself (the quorum backstop: `x-death`, no
 /// `x-dead-letter-id`) gets [`derived_id`] and the reason its first `x-death`
 /// entry gives (`delivery_limit` → `delivery-limit`). The worker builds its
@@ -224,10 +226,10 @@ pub fn entry_of(props: &BasicProperties, body: &[u8]) -> IndexEntry {
             _ => None,
         })
     };
-    let json: Option<serde_json::Value> = (body.len() <= MAX_INDEXED_BODY)
-        .then(|| serde_json::from_slice(body).ok())
+    // One pass without a tree: a body too deep for one is read too.
+    let outline = (body.len() <= MAX_INDEXED_BODY)
+        .then(|| Outline::of(body))
         .flatten();
-    let field = |name: &str| json.as_ref().and_then(|j| j.get(name));
     let (reason, error) = match (text(headers::FAIL_REASON), death_text("reason")) {
         (Some(reason), _) => (reason, text(headers::ERROR).unwrap_or_default()),
         (None, Some(broker)) => {
@@ -255,13 +257,13 @@ pub fn entry_of(props: &BasicProperties, body: &[u8]) -> IndexEntry {
         reason,
         group: String::new(),
         error,
-        order_id: field("order_id")
-            .and_then(|v| v.as_str())
-            .map(str::to_owned),
-        seq: field("seq")
-            .or_else(|| field("version"))
-            .and_then(serde_json::Value::as_u64),
-        kind: field("event").and_then(|v| v.as_str()).map(str::to_owned),
+        order_id: outline
+            .as_ref()
+            .and_then(|o| Some(o.order_id.as_deref()?.to_owned())),
+        seq: outline.as_ref().and_then(|o| o.seq),
+        kind: outline
+            .as_ref()
+            .and_then(|o| Some(o.event.as_deref()?.to_owned())),
         shard: header_i64(props, headers::SHARD).and_then(|s| u16::try_from(s).ok()),
         first_failed_ms,
         trace_id: headers::remote_span_context(props).map(|sc| sc.trace_id().to_string()),
@@ -575,6 +577,20 @@ mod tests {
             entry.trace_id,
             letter.trace.map(|t| t.trace_id().to_string())
         );
+        // Too deep for a tree, or not an envelope: still under its order.
+        let deep = format!(
+            r#"{{"order_id":"A2","event":"e","version":4,"data":{}{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        assert!(serde_json::from_str::<serde_json::Value>(&deep).is_err());
+        let entry = entry_of(&props, deep.as_bytes());
+        assert_eq!(entry.order_id.as_deref(), Some("A2"));
+        assert_eq!(entry.kind.as_deref(), Some("e"));
+        assert_eq!(entry.seq, Some(4));
+        let entry = entry_of(&props, br#"{"order_id":"A3","event":"","seq":0}"#);
+        assert_eq!(entry.order_id.as_deref(), Some("A3"));
+        assert_eq!(entry.seq, Some(0));
         // Not JSON: no order.
         let bare = entry_of(&props, b"\xff\xfe");
         assert_eq!((bare.order_id, bare.seq, bare.kind), (None, None, None));

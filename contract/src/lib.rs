@@ -11,6 +11,8 @@
 //! - [`order_id`]: what a valid order id is ([`OrderId`], one constructor),
 //!   and its escaped key ([`OrderKey`]).
 //! - [`envelope`]: the JSON event envelope, its validation and its dedup key.
+//! - [`outline`]: one streaming pass over a JSON body: its kind, its depth and
+//!   its top-level envelope fields, whether or not it is a valid envelope.
 //! - [`w3c`]: the W3C trace context (`traceparent`/`tracestate`) codec.
 //! - [`headers`]: AMQP properties and header names both sides read and write.
 //! - [`keys`]: the Redis keyspace.
@@ -20,6 +22,8 @@
 //! - [`assignment`]: the elastic fleet's rule: who should own each shard, one rebalance step at a time.
 //! - [`fleet`]: the elastic fleet's membership and assignment documents in Redis.
 //! - [`telemetry`]: span names and attribute keys.
+//! - [`text`]: outside text as a person reads it: the characters that do not
+//!   show as themselves, escaped.
 
 pub mod assignment;
 pub mod envelope;
@@ -29,16 +33,19 @@ pub mod keys;
 pub mod letters;
 pub mod names;
 pub mod order_id;
+pub mod outline;
 pub mod rabbitmq;
 pub mod replay;
 pub mod shard;
 pub mod status;
 pub mod telemetry;
+pub mod text;
 pub mod w3c;
 
 pub use envelope::{Envelope, EnvelopeError, NewEvent};
 pub use keys::Keys;
 pub use names::Names;
 pub use order_id::{OrderId, OrderIdError, OrderKey};
+pub use outline::Outline;
 pub use rabbitmq::{QueueType, Version};
 pub use shard::{ShardCount, ShardId, ShardSet};

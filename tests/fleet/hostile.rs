@@ -15,7 +15,9 @@ use shardline_contract::headers::{
     self, event_properties, header_i64, header_str, is_valid_traceparent, new_traceparent,
 };
 
-use shardline_testkit::{Call, Downstream, Event, PROCESSING, Publisher, TestEnv, describe};
+use shardline_contract::Outline;
+use shardline_contract::letters::MAX_INDEXED_BODY;
+use shardline_testkit::{Call, Downstream, Event, PROCESSING, Publisher, TestEnv, describe, dlq};
 
 /// The worker's default body limit (`--max-body-bytes`).
 const LIMIT: usize = 1024 * 1024;
@@ -39,6 +41,9 @@ struct Case {
     /// For processed cases: the downstream must get no traceparent or a valid
     /// one, never what was sent.
     garbage_traceparent: bool,
+    /// For dead letters: `dlq list --order-id` of the order the body names
+    /// must list it (the index has it under its order).
+    listed_by_order: bool,
 }
 
 impl Case {
@@ -49,7 +54,13 @@ impl Case {
             props: None,
             expect: Expect::DeadLetter(reason),
             garbage_traceparent: false,
+            listed_by_order: false,
         }
+    }
+
+    fn listed_by_order(mut self) -> Self {
+        self.listed_by_order = true;
+        self
     }
 
     fn processed(name: &'static str, body: Vec<u8>, props: BasicProperties) -> Self {
@@ -59,6 +70,7 @@ impl Case {
             props: Some(props),
             expect: Expect::Processed,
             garbage_traceparent: false,
+            listed_by_order: false,
         }
     }
 }
@@ -67,6 +79,16 @@ impl Case {
 /// spliced in before the closing brace.
 fn envelope(order: &str, extra: &str) -> Vec<u8> {
     format!(r#"{{"order_id":"{order}","event":"hostile.checked","seq":1{extra}}}"#).into_bytes()
+}
+
+/// A valid envelope of `order` whose `data` makes it `depth` levels deep
+/// (its own object is the first).
+fn nested(order: &str, depth: usize) -> Vec<u8> {
+    let inner = depth - 1;
+    envelope(
+        order,
+        &format!(r#","data":{}"x"{}"#, "[".repeat(inner), "]".repeat(inner)),
+    )
 }
 
 fn props_with(headers: FieldTable) -> BasicProperties {
@@ -124,6 +146,23 @@ fn corpus() -> Vec<Case> {
             "invalid",
         ),
         Case::dead("json string", r#""hostile-string""#, "invalid"),
+        // serde reads a struct from an array by position: still no object.
+        Case::dead(
+            "json array of an envelope's values",
+            r#"["hostile-array-values","e",1]"#,
+            "invalid",
+        ),
+        Case::dead("json number", "1024", "invalid"),
+        Case::dead("json null", "null", "invalid"),
+        // Nested past the limit (64), with a valid envelope at the top: the
+        // letter is still indexed under its order.
+        Case::dead("nested 65 deep", nested("hostile-deep-65", 65), "invalid").listed_by_order(),
+        Case::dead(
+            "nested 200 deep",
+            nested("hostile-deep-200", 200),
+            "invalid",
+        )
+        .listed_by_order(),
         Case::dead(
             "order_id missing",
             r#"{"event":"hostile.missing","seq":1}"#,
@@ -327,6 +366,7 @@ fn corpus() -> Vec<Case> {
             props: Some(props),
             expect: Expect::DeadLetter("control"),
             garbage_traceparent: false,
+            listed_by_order: false,
         });
     }
     cases
@@ -447,6 +487,33 @@ async fn check_corpus(name: &str, cases: Vec<Case>) {
     // Every delivery acked: the dead letters were confirmed before.
     env.wait_shard_queues_drained(PROCESSING).await;
 
+    // Letters found by their order: `dlq list --order-id` reads the index,
+    // written before the ack.
+    for case in cases.iter().filter(|c| c.listed_by_order) {
+        let order = Outline::of(&case.body)
+            .and_then(|o| o.order_id)
+            .unwrap_or_else(|| panic!("{}: the body names no order", case.name))
+            .into_owned();
+        let list = dlq::list_json(&env, &["--order-id", &order]).await;
+        let listed = &list["dead_letters"];
+        assert_eq!(
+            listed.as_array().map(Vec::len),
+            Some(1),
+            "{}: `dlq list --order-id {order}`: {list}",
+            case.name
+        );
+        assert_eq!(
+            listed[0]["order_id"],
+            order.as_str(),
+            "{}: {list}",
+            case.name
+        );
+        let Expect::DeadLetter(reason) = case.expect else {
+            panic!("{}: listed by order but not a dead letter", case.name);
+        };
+        assert_eq!(listed[0]["reason"], reason, "{}: {list}", case.name);
+    }
+
     // Nothing else reached the downstream, and nothing twice.
     let mut per_key: BTreeMap<&str, usize> = BTreeMap::new();
     for c in &calls {
@@ -508,7 +575,7 @@ async fn check_corpus(name: &str, cases: Vec<Case>) {
 
     // The DLQ holds exactly the expected dead letters, matched by body.
     let channel = conn.create_channel().await.unwrap();
-    let letters: Vec<Delivery> = shardline_testkit::dlq::peek_all(&env, &channel).await;
+    let letters: Vec<Delivery> = dlq::peek_all(&env, &channel).await;
     let summary: Vec<String> = letters
         .iter()
         .map(|d| {
@@ -575,8 +642,22 @@ async fn check_corpus(name: &str, cases: Vec<Case>) {
                 case.name
             ));
         }
-        if header_str(props, headers::DEAD_LETTER_ID).is_none_or(str::is_empty) {
+        let Some(id) = header_str(props, headers::DEAD_LETTER_ID).filter(|id| !id.is_empty())
+        else {
             failures.push(format!("{}: no x-dead-letter-id", case.name));
+            continue;
+        };
+        // Indexed under the order its body names, whatever else it is.
+        let named = (case.body.len() <= MAX_INDEXED_BODY)
+            .then(|| Outline::of(&case.body))
+            .flatten()
+            .and_then(|o| Some(o.order_id?.into_owned()));
+        let indexed = dlq::index_entry(&env, id).await.and_then(|e| e.order_id);
+        if indexed != named {
+            failures.push(format!(
+                "{}: indexed under order {indexed:?}, its body names {named:?}",
+                case.name
+            ));
         }
     }
     if letters.len() != expected_dead.len() {

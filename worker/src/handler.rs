@@ -250,20 +250,36 @@ pub struct Log;
 #[async_trait]
 impl Handler for Log {
     async fn handle(&self, event: &Event<'_>) -> Result<(), HandlerError> {
-        // The body parsed as an envelope, so it is a JSON object and embeds as is.
-        let body = String::from_utf8_lossy(event.body);
-        let line = format!(
-            "{{\"shard\":{},\"dedup_key\":{},\"attempt\":{},\"event\":{}}}\n",
-            event.shard,
-            serde_json::Value::from(event.dedup_key),
+        let line = log_line(
+            event.shard.get(),
+            event.dedup_key,
             event.attempt,
-            body.trim(),
+            event.body,
         );
         std::io::stdout()
             .lock()
             .write_all(line.as_bytes())
             .map_err(|e| HandlerError::retryable(format!("writing to stdout: {e}")))
     }
+}
+
+/// The line [`Log`] prints: one line of JSON whatever the fields hold. The
+/// body parsed as an envelope, so it is a JSON object and embeds as such;
+/// whitespace between its tokens (where a publisher could put line breaks)
+/// is dropped, and the characters that do not show as themselves
+/// ([`shardline_contract::text::hidden`]: C1 controls, bidi overrides, line
+/// separators…, in the body's strings or the dedup key) are written as JSON
+/// `\u` escapes.
+fn log_line(shard: u16, dedup_key: &str, attempt: u32, body: &[u8]) -> String {
+    let body = String::from_utf8_lossy(body);
+    let line = format!(
+        "{{\"shard\":{shard},\"dedup_key\":{},\"attempt\":{attempt},\"event\":{}}}",
+        serde_json::Value::from(dedup_key),
+        body.trim(),
+    );
+    let mut line = shardline_contract::text::json_line(&line).into_owned();
+    line.push('\n');
+    line
 }
 
 /// A handler spec that names no built-in handler. Messages speak of "the
@@ -301,6 +317,47 @@ pub fn from_spec(spec: &str) -> Result<Arc<dyn Handler>, HandlerSpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_log_line_is_one_line_of_json_that_shows_what_it_holds() {
+        for body in [
+            // Lines forged in the whitespace between tokens.
+            "{\"order_id\":\"A\",\n\"event\":\"e\"\r\n,\"seq\":1}\n{\"forged\":1}",
+            // C1 controls, a bidi override, line separators raw in strings.
+            "{\"order_id\":\"A\",\"event\":\"e\",\"x\":\"\u{85}\u{9b}31m\u{202e}gpj.exe\u{2028}\u{2029}\"}",
+            // Escapes are JSON's own, and fine as they are.
+            r#"{"order_id":"A","event":"e","x":"\u001b[31m\n\" }"}"#,
+        ] {
+            let line = log_line(3, "A\u{202e}:e:1", 2, body.as_bytes());
+            let (one, end) = line.split_at(line.len() - 1);
+            assert_eq!(end, "\n");
+            assert!(!one.contains(['\n', '\r']), "{line:?}");
+            assert!(
+                !one.chars().any(shardline_contract::text::hidden),
+                "{line:?}"
+            );
+            if body.contains("forged") {
+                continue;
+            }
+            let parsed: serde_json::Value = serde_json::from_str(one).unwrap();
+            let event: serde_json::Value = serde_json::from_str(body).unwrap();
+            assert_eq!(parsed["event"], event, "{line}");
+            assert_eq!(parsed["dedup_key"], "A\u{202e}:e:1");
+            assert_eq!(
+                (parsed["shard"].as_u64(), parsed["attempt"].as_u64()),
+                (Some(3), Some(2))
+            );
+        }
+        assert_eq!(
+            log_line(
+                0,
+                "A:e:1",
+                1,
+                b" {\"order_id\": \"A\", \"x\": \"\xc2\x85\"}\n"
+            ),
+            "{\"shard\":0,\"dedup_key\":\"A:e:1\",\"attempt\":1,\"event\":{\"order_id\":\"A\",\"x\":\"\\u0085\"}}\n"
+        );
+    }
 
     #[test]
     fn handler_specs() {

@@ -4,8 +4,8 @@
 use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
-use shardline_contract::Envelope;
 use shardline_contract::headers::{self, header_i64, header_str};
+use shardline_contract::{Envelope, Outline};
 
 use crate::letter::{LetterRef, opt};
 
@@ -29,24 +29,20 @@ impl Letter {
         let text = |name| header_str(props, name).map(str::to_owned);
         let max_body = shardline_publisher::Config::default().max_body_bytes;
         let envelope = Envelope::parse(&delivery.data, max_body).ok();
-        // A body that is JSON but not a valid envelope may still name its order.
-        let loose: Option<serde_json::Value> = envelope
+        // A body that is JSON but not a valid envelope (too deep, say) may
+        // still name its order.
+        let loose = envelope
             .is_none()
-            .then(|| serde_json::from_slice(&delivery.data).ok())
+            .then(|| Outline::of(&delivery.data))
             .flatten();
-        let loose_str = |field: &str| {
-            loose
-                .as_ref()
-                .and_then(|j| j.get(field)?.as_str().map(str::to_owned))
-        };
         let order_id = envelope
             .as_ref()
             .map(|e| e.order_id.to_string())
-            .or_else(|| loose_str("order_id"));
+            .or_else(|| Some(loose.as_ref()?.order_id.as_deref()?.to_owned()));
         let seq = envelope
             .as_ref()
             .and_then(|e| e.seq)
-            .or_else(|| loose.as_ref().and_then(|j| j.get("seq")?.as_u64()));
+            .or_else(|| loose.as_ref()?.seq);
         Self {
             info: LetterRef {
                 id: text(headers::DEAD_LETTER_ID),
@@ -92,13 +88,12 @@ impl Letter {
     }
 
     /// The event kind: the envelope's, else the `event` of a body that is
-    /// JSON but not a valid envelope.
+    /// JSON but not a valid envelope (however deep).
     pub fn event(&self) -> Option<String> {
         if let Some(envelope) = &self.envelope {
             return Some(envelope.event.clone());
         }
-        let json: serde_json::Value = serde_json::from_slice(self.body()).ok()?;
-        json.get("event")?.as_str().map(str::to_owned)
+        Some(Outline::of(self.body())?.event?.into_owned())
     }
 
     /// Its AMQP headers, each value as text (strings as they are, numbers in
@@ -148,5 +143,51 @@ fn value_text(v: &AMQPValue) -> String {
             Some(n) => n.to_string(),
             None => format!("{other:?}"),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn letter(body: &[u8]) -> Letter {
+        Letter::new(Delivery::mock(
+            1,
+            "dlx".into(),
+            "invalid".into(),
+            false,
+            body.to_vec(),
+        ))
+    }
+
+    #[test]
+    fn a_letter_names_its_order_however_deep_its_body() {
+        // 200 levels: deeper than serde_json builds a tree, and `invalid`.
+        let deep = format!(
+            r#"{{"order_id":"A7","event":"payment.captured","version":5,"data":{}1{}}}"#,
+            "[".repeat(199),
+            "]".repeat(199)
+        );
+        let l = letter(deep.as_bytes());
+        assert!(l.envelope.is_none());
+        assert_eq!(l.info.order_id.as_deref(), Some("A7"));
+        assert_eq!(l.info.seq, Some(5));
+        assert_eq!(l.event().as_deref(), Some("payment.captured"));
+        assert_eq!(l.entry().order_id.as_deref(), Some("A7"));
+        // A valid envelope: its own fields.
+        let l = letter(br#"{"order_id":"B1","event":"e","seq":2}"#);
+        assert!(l.envelope.is_some());
+        assert_eq!(
+            (l.info.order_id.as_deref(), l.info.seq, l.event().as_deref()),
+            (Some("B1"), Some(2), Some("e"))
+        );
+        // Not JSON, or not an object: none.
+        for body in [&b"\xff{"[..], br#"["A","e",1]"#] {
+            let l = letter(body);
+            assert_eq!(
+                (l.info.order_id.as_deref(), l.info.seq, l.event().as_deref()),
+                (None, None, None)
+            );
+        }
     }
 }

@@ -265,7 +265,10 @@ impl fmt::Display for Unsendable {
 }
 
 /// `value` as a header value, when HTTP can carry it: UTF-8 text without
-/// control characters (tab aside), at most `limit` bytes.
+/// control characters (tab aside), at most `limit` bytes. A rule of
+/// transport, not of display: a value holding characters that do not show
+/// as themselves but are no controls ([`shardline_contract::text::hidden`]:
+/// a bidi override, a zero-width joiner) travels; what prints it escapes it.
 pub(crate) fn sendable(value: &[u8], limit: usize) -> Result<HeaderValue, Unsendable> {
     let text = std::str::from_utf8(value).map_err(|_| Unsendable::NotUtf8)?;
     if text.contains(['\r', '\n']) {
