@@ -38,7 +38,10 @@ pub enum StampProbeError {
     Amqp(#[from] lapin::Error),
     #[error("the stamp probe's message did not come back from its queue")]
     Lost,
-    #[error("the stamp probe took longer than {}", humantime::format_duration(PROBE_TIMEOUT))]
+    #[error(
+        "the stamp probe took longer than {}",
+        humantime::format_duration(PROBE_TIMEOUT)
+    )]
     TimedOut,
 }
 

@@ -157,8 +157,8 @@ impl ShardReport {
     /// publisher's claim ([`PUBLISHER_CLAIMED`]); none for a stopped report,
     /// whose age counts from the stop.
     pub fn level_label(&self, level: Level) -> Option<&'static str> {
-        let claimed = self.stopped_at_ms.is_none()
-            && self.backlog_age_source == Some(StampSource::Publisher);
+        let claimed =
+            self.stopped_at_ms.is_none() && self.backlog_age_source == Some(StampSource::Publisher);
         (claimed && level > Level::Ok).then_some(PUBLISHER_CLAIMED)
     }
 

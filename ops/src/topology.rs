@@ -193,7 +193,10 @@ impl ShardLine {
             Some(_) => Duration::ZERO,
         });
         let level = backlog_age.map(|age| Level::of(age, t));
-        let label = report.as_ref().zip(level).and_then(|(r, l)| r.level_label(l));
+        let label = report
+            .as_ref()
+            .zip(level)
+            .and_then(|(r, l)| r.level_label(l));
         Self {
             shard,
             queue,
@@ -1151,7 +1154,10 @@ mod tests {
                 Some("PAGE".to_owned()),
             ]
         );
-        assert!(status.needs_attention(), "a claimed PAGE exits 3 all the same");
+        assert!(
+            status.needs_attention(),
+            "a claimed PAGE exits 3 all the same"
+        );
         let table = status.table();
         assert!(
             table.contains("PAGE (publisher-claimed): shard(s) 0 behind by more than 2m"),

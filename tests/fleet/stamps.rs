@@ -28,7 +28,9 @@ async fn topology_status(env: &TestEnv, json: bool) -> (Option<i32>, String) {
 async fn publish_held(env: &TestEnv, publisher: &Publisher, order: &str, at: SystemTime) -> u16 {
     let event = Event::new(order, 2, env.shards);
     let props = event_properties(&event.key(), at, &new_traceparent());
-    publisher.publish_with(event.shard, &event.body, props).await;
+    publisher
+        .publish_with(event.shard, &event.body, props)
+        .await;
     event.shard
 }
 
@@ -61,7 +63,9 @@ async fn a_publishers_stamp_moves_the_backlog_age_only_as_a_labelled_claim() {
                 serde_json::from_str(&out).map_err(|e| format!("{e}: {out}"))?;
             let line = json["shards"][shard].clone();
             let counted = line["held_events"] == 1
-                && line["backlog_age_seconds"].as_f64().is_some_and(|a| a > 0.0);
+                && line["backlog_age_seconds"]
+                    .as_f64()
+                    .is_some_and(|a| a > 0.0);
             if counted && code == Some(0) {
                 Ok(line)
             } else {
@@ -84,7 +88,8 @@ async fn a_publishers_stamp_moves_the_backlog_age_only_as_a_labelled_claim() {
         .map(|i| format!("STAMP-BEHIND-{i}"))
         .find(|id| usize::from(env.shard_of(id)) != shard)
         .unwrap();
-    let paged = usize::from(publish_held(&env, &publisher, &behind, SystemTime::now() - hour).await);
+    let paged =
+        usize::from(publish_held(&env, &publisher, &behind, SystemTime::now() - hour).await);
     worker.wait_held(2).await;
     let table = wait_until(
         "topology status to page on the publisher's claim and exit 3",
@@ -100,10 +105,15 @@ async fn a_publishers_stamp_moves_the_backlog_age_only_as_a_labelled_claim() {
     )
     .await;
     assert!(
-        table.contains(&format!("PAGE (publisher-claimed): shard(s) {paged} behind")),
+        table.contains(&format!(
+            "PAGE (publisher-claimed): shard(s) {paged} behind"
+        )),
         "{table}"
     );
-    assert!(!table.contains("PAGE: shard(s)"), "nothing the worker saw pages:\n{table}");
+    assert!(
+        !table.contains("PAGE: shard(s)"),
+        "nothing the worker saw pages:\n{table}"
+    );
     let (code, out) = topology_status(&env, true).await;
     assert_eq!(code, Some(3), "{out}");
     let json: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -115,6 +125,9 @@ async fn a_publishers_stamp_moves_the_backlog_age_only_as_a_labelled_claim() {
         line["backlog_age_seconds"].as_f64().unwrap() >= 3000.0,
         "the claimed hour: {line}"
     );
-    assert_eq!(json["shards"][shard]["level_label"], serde_json::Value::Null);
+    assert_eq!(
+        json["shards"][shard]["level_label"],
+        serde_json::Value::Null
+    );
     assert_eq!(downstream.calls().len(), 0, "nothing was released");
 }

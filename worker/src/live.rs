@@ -428,10 +428,7 @@ mod tests {
         let bare = BasicProperties::default();
         assert_eq!(stamp(&bare, 42, false), Stamp::received(42));
         let stamped = BasicProperties::default().with_timestamp(1_700_000_000);
-        assert_eq!(
-            stamp(&stamped, received, false),
-            claimed(1_700_000_000_000)
-        );
+        assert_eq!(stamp(&stamped, received, false), claimed(1_700_000_000_000));
         let props = headers::event_properties(
             "id",
             UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
