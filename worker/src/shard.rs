@@ -326,7 +326,7 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
         let mut in_flight = None;
         ctx.metrics
             .watch
-            .start_inflight(published_ms(&ready.delivery.properties, unix_ms()));
+            .start_inflight(held_published_ms(&ready, unix_ms()));
         let finished = {
             let work = settle(
                 ctx,
@@ -596,7 +596,7 @@ fn job_entry(ready: Ready, directive: Directive) -> Entry<Job> {
         .ok()
         .map(|d| String::from(d.order_key.clone()));
     let alone = ready.delivery.redelivered;
-    let published = published_ms(&ready.delivery.properties, unix_ms());
+    let published = held_published_ms(&ready, unix_ms());
     Entry {
         order,
         alone,
@@ -698,8 +698,9 @@ impl Drop for HeldGauge<'_> {
     }
 }
 
-/// When a held event was published; without publish time (or with one later
-/// than it was first held), when it was first held.
+/// When an event was published; without publish time (or with one later than
+/// it was received), when it was received: when the gate first held it, for
+/// one it held (also once released), else `now_ms`.
 fn held_published_ms(ready: &Ready, now_ms: u64) -> Stamp {
     let received = ready.held_since().map_or(now_ms, |since| {
         now_ms.saturating_sub(u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX))
