@@ -7,12 +7,14 @@
 //! - [`management`]: the management HTTP API, for the policies AMQP cannot show.
 //! - [`probe`]: what the broker can do (its server properties) and the decision table built on it.
 //! - [`declare`]: declaring the topology (`topology apply`) and reading it back (`status`).
+//! - [`stamps`]: whether the broker stamps messages itself (a round trip through an exclusive queue).
 
 pub mod broker;
 pub mod declare;
 pub mod management;
 pub mod probe;
 pub mod redis_target;
+pub mod stamps;
 
 pub use broker::{AddressOrder, AmqpTarget, BrokerError, connect, connect_each, redact_url};
 pub use declare::{ApplyReport, DeclareError, DlqKind, ShardStatus, TopologyOptions};

@@ -40,6 +40,8 @@ fn report(read_at_ms: u64) -> StatusReport {
     let sr = |shard: u16, owner: &str, age: f64, inflight: Option<f64>| {
         serde_json::from_value(json!({
             "shard": shard, "owner": owner, "backlog_age_seconds": age,
+            // The PAGE rests on a publisher's claim.
+            "backlog_age_source": if age >= 120.0 { "publisher" } else { "received" },
             "inflight_age_seconds": inflight, "inflight_events": 2, "held_events": 1,
             "updated_at_ms": read_at_ms - 1000,
         }))
@@ -184,7 +186,12 @@ pub(crate) fn pages() -> Vec<(String, String)> {
     add("chart-empty", history::chart(&[], &t).render().unwrap());
     let status = Ok(report(1_764_000_100_000));
     let fleet = || html::fleet(&status, history::chart(&samples, &t));
-    add("fleet", fleet().render().unwrap());
+    let shown = fleet().render().unwrap();
+    assert!(
+        shown.contains(r#"<td class="level-page">PAGE (publisher-claimed)</td>"#),
+        "the fleet page names the label"
+    );
+    add("fleet", shown);
     let mut lean = report(1_764_000_100_000);
     lean.workers.clear();
     lean.fleet = None;

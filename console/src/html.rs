@@ -212,6 +212,8 @@ struct ShardRow<'a> {
     owner: &'a str,
     backlog_age: String,
     level: Option<Level>,
+    /// `publisher-claimed` on a level resting on a publisher's claim.
+    label: Option<&'static str>,
     inflight: String,
     inflight_age: String,
     held: String,
@@ -258,6 +260,7 @@ fn report(report: &StatusReport) -> Report<'_> {
                 owner: owner.unwrap_or("–"),
                 backlog_age: or_dash(s.backlog_age.map(seconds)),
                 level: s.level,
+                label: s.label,
                 inflight: or_dash(r.map(|r| r.inflight_events)),
                 inflight_age: or_dash(
                     r.and_then(|r| r.inflight_age_seconds)

@@ -13,8 +13,16 @@ use opentelemetry::trace::{SpanContext, TraceContextExt as _};
 use crate::w3c;
 pub use crate::w3c::{BAGGAGE, TRACEPARENT, TRACESTATE, is_valid_traceparent, new_traceparent};
 
-/// Publish time in milliseconds since the Unix epoch (signed 64-bit).
+/// Publish time in milliseconds since the Unix epoch (signed 64-bit), as
+/// the publisher claims it: a time later than the worker received the event
+/// is ignored, an earlier one is labelled `publisher-claimed` in the backlog
+/// levels (docs/semantics.md §5).
 pub const PUBLISHED_AT_MS: &str = "x-published-at-ms";
+/// The broker's own stamp, milliseconds since the Unix epoch: set by RabbitMQ
+/// 3.12+ with `message_interceptors.incoming.set_header_timestamp` (and by
+/// the older `rabbitmq_message_timestamp` plugin). Trusted only when a round
+/// trip showed that the broker overwrites it (`shardline_connect::stamps`).
+pub const BROKER_TIMESTAMP_MS: &str = "timestamp_in_ms";
 
 /// Dead-letter headers.
 pub const FAIL_REASON: &str = "x-fail-reason";

@@ -77,6 +77,36 @@ impl Level {
     }
 }
 
+/// Where the time an event's backlog age counts from came from
+/// (docs/semantics.md §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StampSource {
+    /// The worker's own clock when it received the event: the event carried
+    /// no publish time, or one later than that.
+    Received,
+    /// The broker's stamp ([`crate::headers::BROKER_TIMESTAMP_MS`]), trusted
+    /// because the worker saw the broker overwrite a planted one.
+    Broker,
+    /// The publisher's claim (`x-published-at-ms`, else the AMQP `timestamp`),
+    /// earlier than the worker received the event and not verified.
+    Publisher,
+}
+
+impl StampSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Received => "received",
+            Self::Broker => "broker",
+            Self::Publisher => "publisher",
+        }
+    }
+}
+
+/// The label of a WARN or PAGE whose backlog age rests on a publisher's
+/// claim ([`StampSource::Publisher`]): `PAGE (publisher-claimed)`.
+pub const PUBLISHER_CLAIMED: &str = "publisher-claimed";
+
 /// One shard's status as a worker writes it (JSON).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ShardReport {
@@ -85,6 +115,11 @@ pub struct ShardReport {
     pub owner: String,
     /// Age of the oldest unprocessed event, 0 when none.
     pub backlog_age_seconds: f64,
+    /// What that age counts from; absent when there is no backlog, and in
+    /// documents of workers that predate it (their ages could rest on a
+    /// publisher's claim unlabelled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backlog_age_source: Option<StampSource>,
     /// How long the in-flight event has been worked on; absent when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inflight_age_seconds: Option<f64>,
@@ -116,6 +151,15 @@ impl ShardReport {
     /// The worker consuming the shard; none once it stopped.
     pub fn owner(&self) -> Option<&str> {
         self.stopped_at_ms.is_none().then_some(self.owner.as_str())
+    }
+
+    /// The label a level above OK carries when the backlog age rests on a
+    /// publisher's claim ([`PUBLISHER_CLAIMED`]); none for a stopped report,
+    /// whose age counts from the stop.
+    pub fn level_label(&self, level: Level) -> Option<&'static str> {
+        let claimed =
+            self.stopped_at_ms.is_none() && self.backlog_age_source == Some(StampSource::Publisher);
+        (claimed && level > Level::Ok).then_some(PUBLISHER_CLAIMED)
     }
 
     /// The backlog age now: when the shard had a backlog, it has aged since
@@ -271,6 +315,7 @@ mod tests {
             shard: 3,
             owner: "worker-a".into(),
             backlog_age_seconds: 12.5,
+            backlog_age_source: None,
             inflight_age_seconds: Some(1.25),
             inflight_events: 1,
             waiting_events: 0,
@@ -320,11 +365,49 @@ mod tests {
     }
 
     #[test]
+    fn a_level_resting_on_a_publishers_claim_is_labelled() {
+        let report: ShardReport = serde_json::from_str(
+            r#"{"shard":1,"owner":"w","backlog_age_seconds":300.0,"backlog_age_source":"publisher","held_events":1,"updated_at_ms":1}"#,
+        )
+        .unwrap();
+        assert_eq!(report.backlog_age_source, Some(StampSource::Publisher));
+        assert_eq!(report.level_label(Level::Page), Some("publisher-claimed"));
+        assert_eq!(report.level_label(Level::Warn), Some("publisher-claimed"));
+        assert_eq!(report.level_label(Level::Ok), None, "OK needs no label");
+        for seen in [StampSource::Received, StampSource::Broker] {
+            let seen = ShardReport {
+                backlog_age_source: Some(seen),
+                ..report.clone()
+            };
+            assert_eq!(seen.level_label(Level::Page), None);
+        }
+        let stopped = ShardReport {
+            stopped_at_ms: Some(1),
+            ..report.clone()
+        };
+        assert_eq!(
+            stopped.level_label(Level::Page),
+            None,
+            "a stopped shard's age counts from the stop"
+        );
+        let older = ShardReport {
+            backlog_age_source: None,
+            ..report
+        };
+        assert_eq!(older.level_label(Level::Page), None);
+        assert_eq!(
+            serde_json::to_value(Some(StampSource::Broker)).unwrap(),
+            "broker"
+        );
+    }
+
+    #[test]
     fn a_backlog_keeps_ageing_after_its_report() {
         let report = ShardReport {
             shard: 0,
             owner: "w".into(),
             backlog_age_seconds: 10.0,
+            backlog_age_source: Some(StampSource::Received),
             inflight_age_seconds: None,
             inflight_events: 0,
             waiting_events: 0,

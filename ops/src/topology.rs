@@ -18,7 +18,8 @@ use shardline_contract::QueueType;
 use shardline_contract::Version;
 use shardline_contract::fleet::{FleetAssignment, MemberRecord};
 use shardline_contract::status::{
-    BreakerState, Level, PauseCause, ShardReport, Thresholds, WorkerReport, unix_ms,
+    BreakerState, Level, PUBLISHER_CLAIMED, PauseCause, ShardReport, StampSource, Thresholds,
+    WorkerReport, unix_ms,
 };
 use shardline_contract::{Keys, Names, ShardId};
 
@@ -171,6 +172,9 @@ pub struct ShardLine {
     /// Backlog age now, from the report.
     pub backlog_age: Option<Duration>,
     pub level: Option<Level>,
+    /// `publisher-claimed` when the level (WARN or PAGE) rests on a
+    /// publisher's claim ([`ShardReport::level_label`]); it pages all the same.
+    pub label: Option<&'static str>,
 }
 
 impl ShardLine {
@@ -188,13 +192,28 @@ impl ShardLine {
             Some(at) if queue.messages > 0 => Duration::from_millis(now_ms.saturating_sub(at)),
             Some(_) => Duration::ZERO,
         });
+        let level = backlog_age.map(|age| Level::of(age, t));
+        let label = report
+            .as_ref()
+            .zip(level)
+            .and_then(|(r, l)| r.level_label(l));
         Self {
             shard,
             queue,
-            level: backlog_age.map(|age| Level::of(age, t)),
+            level,
+            label,
             report,
             backlog_age,
         }
+    }
+
+    /// The level as shown: `PAGE`, or `PAGE (publisher-claimed)`.
+    pub fn level_text(&self) -> Option<String> {
+        let level = self.level?.as_str();
+        Some(match self.label {
+            Some(label) => format!("{level} ({label})"),
+            None => level.to_owned(),
+        })
     }
 
     /// The worker consuming the shard, as its fresh status says; none when
@@ -548,6 +567,8 @@ impl StatusReport {
                 })),
                 "backlog_age_seconds": s.backlog_age.map(secs),
                 "level": s.level.map(Level::as_str),
+                "level_label": s.label,
+                "backlog_age_source": s.report.as_ref().and_then(|r| r.backlog_age_source).map(StampSource::as_str),
                 "inflight_age_seconds": s.report.as_ref().and_then(|r| r.inflight_age_seconds),
                 "inflight_events": s.report.as_ref().map(|r| r.inflight_events),
                 "held_events": s.report.as_ref().map(|r| r.held_events),
@@ -611,6 +632,16 @@ impl StatusReport {
             .chain(["owner".len()])
             .max()
             .unwrap_or(5);
+        let levels: Vec<String> = shards
+            .iter()
+            .map(|s| s.level_text().unwrap_or_else(|| "-".to_owned()))
+            .collect();
+        let level_width = levels
+            .iter()
+            .map(String::len)
+            .chain(["level".len()])
+            .max()
+            .unwrap_or(5);
         let mut out = format!(
             "{}  (backlog WARN from {}, PAGE from {})\n",
             self.url,
@@ -619,18 +650,17 @@ impl StatusReport {
         );
         let _ = writeln!(
             out,
-            "{:<5}  {:<width$}  {:>9}  {:>9}  {:<owner_width$}  {:>9}  {:<5}  note",
+            "{:<5}  {:<width$}  {:>9}  {:>9}  {:<owner_width$}  {:>9}  {:<level_width$}  note",
             "shard", "queue", "messages", "consumers", "owner", "backlog", "level"
         );
         let mut total = 0u64;
-        for s in shards {
+        for (s, level) in shards.iter().zip(&levels) {
             total += u64::from(s.queue.messages);
             let owner = s.owner().unwrap_or("-");
             let backlog = s.backlog_age.map_or_else(
                 || "-".to_owned(),
                 |age| format!("{:.1}s", age.as_secs_f64()),
             );
-            let level = s.level.map_or("-", Level::as_str);
             // With an elastic fleet: the member the shard is assigned to.
             let assigned = self
                 .fleet
@@ -644,7 +674,7 @@ impl StatusReport {
                 .join("; ");
             let _ = writeln!(
                 out,
-                "{:<5}  {:<width$}  {:>9}  {:>9}  {owner:<owner_width$}  {backlog:>9}  {level:<5}  {note}",
+                "{:<5}  {:<width$}  {:>9}  {:>9}  {owner:<owner_width$}  {backlog:>9}  {level:<level_width$}  {note}",
                 s.shard, s.queue.queue, s.queue.messages, s.queue.consumers,
             );
         }
@@ -685,16 +715,29 @@ impl StatusReport {
                 "shard status unavailable (Redis: {e}): owner and backlog unknown"
             );
         }
-        let paged: Vec<String> = shards
-            .iter()
-            .filter(|s| s.level == Some(Level::Page))
-            .map(|s| s.shard.to_string())
-            .collect();
-        if !paged.is_empty() {
+        let paged = |label: Option<&str>| -> Vec<String> {
+            shards
+                .iter()
+                .filter(|s| s.level == Some(Level::Page) && s.label == label)
+                .map(|s| s.shard.to_string())
+                .collect()
+        };
+        let seen = paged(None);
+        if !seen.is_empty() {
             let _ = writeln!(
                 out,
                 "PAGE: shard(s) {} behind by more than {}",
-                paged.join(", "),
+                seen.join(", "),
+                humantime::format_duration(t.page)
+            );
+        }
+        let claimed = paged(Some(PUBLISHER_CLAIMED));
+        if !claimed.is_empty() {
+            let _ = writeln!(
+                out,
+                "PAGE ({PUBLISHER_CLAIMED}): shard(s) {} behind by more than {} as their publishers claim \
+                 (x-published-at-ms or timestamp; no broker stamp vouches for it)",
+                claimed.join(", "),
                 humantime::format_duration(t.page)
             );
         }
@@ -792,6 +835,7 @@ mod tests {
             shard,
             owner: "worker-a".into(),
             backlog_age_seconds: backlog,
+            backlog_age_source: Some(StampSource::Received),
             inflight_age_seconds: Some(backlog),
             inflight_events: 1,
             waiting_events: 0,
@@ -1083,6 +1127,56 @@ mod tests {
             table.contains("shard status unavailable (Redis: timed out)"),
             "{table}"
         );
+    }
+
+    #[test]
+    fn a_page_on_a_publishers_claim_is_labelled_and_still_pages() {
+        let t = Thresholds::default();
+        let now = 1_000_000;
+        let claimed = |shard: u16, backlog: f64| ShardReport {
+            backlog_age_source: Some(StampSource::Publisher),
+            ..report(shard, backlog, now)
+        };
+        let shards = vec![
+            ShardLine::new(0, st("q.0", 1, 1), Some(claimed(0, 300.0)), now, &t),
+            ShardLine::new(1, st("q.1", 1, 1), Some(claimed(1, 45.0)), now, &t),
+            ShardLine::new(2, st("q.2", 1, 1), Some(claimed(2, 1.0)), now, &t),
+            ShardLine::new(3, st("q.3", 1, 1), Some(report(3, 300.0, now)), now, &t),
+        ];
+        let status = status_of(shards, t);
+        let text: Vec<_> = status.shards.iter().map(ShardLine::level_text).collect();
+        assert_eq!(
+            text,
+            [
+                Some("PAGE (publisher-claimed)".to_owned()),
+                Some("WARN (publisher-claimed)".to_owned()),
+                Some("OK".to_owned()),
+                Some("PAGE".to_owned()),
+            ]
+        );
+        assert!(
+            status.needs_attention(),
+            "a claimed PAGE exits 3 all the same"
+        );
+        let table = status.table();
+        assert!(
+            table.contains("PAGE (publisher-claimed): shard(s) 0 behind by more than 2m"),
+            "{table}"
+        );
+        assert!(table.contains("PAGE: shard(s) 3 behind"), "{table}");
+        let row = table.lines().find(|l| l.starts_with("0 ")).unwrap();
+        assert!(row.contains("  PAGE (publisher-claimed)  "), "{row}");
+        let json = status.json();
+        assert_eq!(json["shards"][0]["level"], "PAGE");
+        assert_eq!(json["shards"][0]["level_label"], "publisher-claimed");
+        assert_eq!(json["shards"][0]["backlog_age_source"], "publisher");
+        assert_eq!(json["shards"][2]["level_label"], serde_json::Value::Null);
+        assert_eq!(json["shards"][3]["level_label"], serde_json::Value::Null);
+        assert_eq!(json["shards"][3]["backlog_age_source"], "received");
+        assert_eq!(json["needs_attention"], true);
+        let only_claimed = status_of(status.shards[..1].to_vec(), t);
+        assert!(only_claimed.needs_attention());
+        assert!(!only_claimed.table().contains("PAGE: shard"));
     }
 
     #[test]

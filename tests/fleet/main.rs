@@ -34,6 +34,7 @@
 //! - [`trace`]: the publisher's trace continues into the downstream call.
 //! - [`trace_otlp`]: the binaries export their spans over OTLP/HTTP, flushed on exit.
 //! - [`observability`]: `/metrics` backlog age behind a slow downstream, `/readyz`, `topology status`.
+//! - [`stamps`]: a publisher's `x-published-at-ms` moves no backlog age forward and pages only as `publisher-claimed`.
 //! - [`nack`]: a nacked event is sent again on a new connection, within `nack_retries`.
 //! - [`dlq`]: `dlq list|show|replay|purge` on dead letters a worker made.
 //! - [`replay_records`]: only a replay the operator tools recorded passes the gate; a publisher's own marker skips nothing.
@@ -75,6 +76,7 @@ mod reconcile_runs;
 mod replay_records;
 mod scale;
 mod shutdown;
+mod stamps;
 mod standby;
 mod tls;
 mod topology;

@@ -2,7 +2,9 @@
 //! events the gate holds. Written by the shard's task, read by scrapes
 //! (`metrics.rs`), the status writer (`status.rs`), `/readyz` and
 //! [`crate::Progress`]. Ages come from one monotonic clock anchored to the wall
-//! clock once.
+//! clock once. An event's age counts from its [`Stamp`]: the broker's, when
+//! it stamps messages itself, else the publisher's claim (labelled as such),
+//! never later than the worker received it (docs/semantics.md §5).
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -11,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use lapin::BasicProperties;
 use shardline_contract::ShardId;
 use shardline_contract::headers;
-use shardline_contract::status::HeldRef;
+use shardline_contract::status::{HeldRef, StampSource};
 
 /// Where a shard's consumer is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,16 +50,16 @@ pub(crate) struct ShardWatch {
     /// Monotonic nanoseconds (see [`Clock`]) when the in-flight event was taken.
     inflight_since_ns: AtomicU64,
     /// When the in-flight event was published (the oldest of them).
-    inflight_published_ms: AtomicU64,
+    inflight_published: AtomicStamp,
     /// Handler calls in flight (retry backoff included).
     inflight: AtomicU64,
     /// Events taken and not started: waiting for their order or a slot.
     waiting: AtomicU64,
     /// When the oldest waiting event was published.
-    waiting_oldest_ms: AtomicU64,
+    waiting_oldest: AtomicStamp,
     held: AtomicU64,
     /// When the oldest held event was published.
-    held_oldest_ms: AtomicU64,
+    held_oldest: AtomicStamp,
     /// Which events the gate holds (for the status in Redis).
     held_refs: Mutex<Vec<HeldRef>>,
 }
@@ -69,12 +71,12 @@ impl ShardWatch {
             state: AtomicU8::new(ShardState::Idle as u8),
             assigned: AtomicBool::new(true),
             inflight_since_ns: AtomicU64::new(0),
-            inflight_published_ms: AtomicU64::new(0),
+            inflight_published: AtomicStamp::default(),
             inflight: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
-            waiting_oldest_ms: AtomicU64::new(0),
+            waiting_oldest: AtomicStamp::default(),
             held: AtomicU64::new(0),
-            held_oldest_ms: AtomicU64::new(0),
+            held_oldest: AtomicStamp::default(),
             held_refs: Mutex::default(),
         })
     }
@@ -107,15 +109,15 @@ impl ShardWatch {
         }
     }
 
-    /// The shard's task starts working on an event published at `published_ms`.
-    pub(crate) fn start_inflight(&self, published_ms: u64) {
-        self.set_inflight(1, CLOCK.now_ns(), published_ms);
+    /// The shard's task starts working on an event published at `published`.
+    pub(crate) fn start_inflight(&self, published: Stamp) {
+        self.set_inflight(1, CLOCK.now_ns(), published);
     }
 
     /// A started event ran at monotonic `since_ns` ([`ShardWatch::now_ns`]).
     /// `count` calls are in flight, the oldest taken at `since_ns`, the oldest
-    /// published at `published_ms`.
-    pub(crate) fn set_inflight(&self, count: usize, since_ns: u64, published_ms: u64) {
+    /// published at `published`.
+    pub(crate) fn set_inflight(&self, count: usize, since_ns: u64, published: Stamp) {
         if self.state.load(Ordering::Relaxed) == ShardState::Registered as u8 {
             // Deliveries come only to the active consumer.
             let _ = self.state.compare_exchange(
@@ -128,14 +130,13 @@ impl ShardWatch {
         self.inflight.store(count as u64, Ordering::Relaxed);
         self.inflight_since_ns
             .store(since_ns.max(1), Ordering::Relaxed);
-        self.inflight_published_ms
-            .store(published_ms, Ordering::Relaxed);
+        self.inflight_published.store(Some(published));
     }
 
     pub(crate) fn clear_inflight(&self) {
         self.inflight.store(0, Ordering::Relaxed);
         self.inflight_since_ns.store(0, Ordering::Relaxed);
-        self.inflight_published_ms.store(0, Ordering::Relaxed);
+        self.inflight_published.store(None);
     }
 
     /// Now on the watch's monotonic clock, for [`ShardWatch::set_inflight`].
@@ -144,11 +145,10 @@ impl ShardWatch {
     }
 
     /// `waiting` events are taken and not started, the oldest published at
-    /// `oldest_ms`.
-    pub(crate) fn set_waiting(&self, waiting: usize, oldest_ms: Option<u64>) {
+    /// `oldest`.
+    pub(crate) fn set_waiting(&self, waiting: usize, oldest: Option<Stamp>) {
         self.waiting.store(waiting as u64, Ordering::Relaxed);
-        self.waiting_oldest_ms
-            .store(oldest_ms.unwrap_or(0), Ordering::Relaxed);
+        self.waiting_oldest.store(oldest);
     }
 
     pub(crate) fn inflight_elapsed(&self) -> Option<Duration> {
@@ -158,11 +158,10 @@ impl ShardWatch {
         }
     }
 
-    /// The gate holds `held` events, the oldest published at `oldest_ms`.
-    pub(crate) fn set_held(&self, held: usize, oldest_ms: Option<u64>) {
+    /// The gate holds `held` events, the oldest published at `oldest`.
+    pub(crate) fn set_held(&self, held: usize, oldest: Option<Stamp>) {
         self.held.store(held as u64, Ordering::Relaxed);
-        self.held_oldest_ms
-            .store(oldest_ms.unwrap_or(0), Ordering::Relaxed);
+        self.held_oldest.store(oldest);
     }
 
     /// Events the gate holds, as last set.
@@ -187,18 +186,20 @@ impl ShardWatch {
 
     /// What the shard looks like at `now_ms`.
     pub(crate) fn snapshot(&self, now_ms: u64) -> Snapshot {
-        let inflight_published = self.inflight_published_ms.load(Ordering::Relaxed);
-        let held_oldest = self.held_oldest_ms.load(Ordering::Relaxed);
-        let waiting_oldest = self.waiting_oldest_ms.load(Ordering::Relaxed);
-        let head = [inflight_published, held_oldest, waiting_oldest]
-            .into_iter()
-            .filter(|ms| *ms > 0)
-            .min();
+        let head = [
+            &self.inflight_published,
+            &self.held_oldest,
+            &self.waiting_oldest,
+        ]
+        .into_iter()
+        .filter_map(AtomicStamp::load)
+        .min();
         Snapshot {
             state: self.state(),
-            backlog_age: head.map_or(Duration::ZERO, |ms| {
-                Duration::from_millis(now_ms.saturating_sub(ms))
+            backlog_age: head.map_or(Duration::ZERO, |stamp| {
+                Duration::from_millis(now_ms.saturating_sub(stamp.ms))
             }),
+            backlog_source: head.map(|stamp| stamp.source),
             inflight_age: self.inflight_elapsed(),
             inflight: self.inflight.load(Ordering::Relaxed),
             waiting: self.waiting.load(Ordering::Relaxed),
@@ -214,6 +215,8 @@ pub(crate) struct Snapshot {
     /// Age of the oldest unprocessed event (in flight, waiting or held); zero
     /// when none.
     pub(crate) backlog_age: Duration,
+    /// What that age counts from; none when there is no backlog.
+    pub(crate) backlog_source: Option<StampSource>,
     /// How long the (oldest) in-flight event has been worked on, if there is one.
     pub(crate) inflight_age: Option<Duration>,
     /// Handler calls in flight.
@@ -223,14 +226,100 @@ pub(crate) struct Snapshot {
     pub(crate) held: u64,
 }
 
-/// When a delivery was published: `x-published-at-ms`, else the AMQP
-/// `timestamp` (seconds), else `received_ms`.
-pub(crate) fn published_ms(properties: &BasicProperties, received_ms: u64) -> u64 {
-    headers::header_i64(properties, headers::PUBLISHED_AT_MS)
-        .and_then(|ms| u64::try_from(ms).ok())
-        .or_else(|| properties.timestamp().map(|s| s.saturating_mul(1000)))
-        .filter(|ms| *ms > 0)
-        .unwrap_or(received_ms)
+/// When an event was published, in unix milliseconds, and who says so.
+/// Ordered by time first, so that the oldest of several is their `min`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Stamp {
+    pub(crate) ms: u64,
+    pub(crate) source: StampSource,
+}
+
+impl Stamp {
+    /// The worker's own receive time.
+    pub(crate) fn received(ms: u64) -> Self {
+        Self {
+            ms,
+            source: StampSource::Received,
+        }
+    }
+}
+
+/// A [`Stamp`] shared between the shard's task and its readers: the time
+/// and its source in two atomics (a reader may see one set's time with
+/// another's source for an instant; the next read is whole).
+#[derive(Debug, Default)]
+struct AtomicStamp {
+    /// Unix milliseconds, 0 for none.
+    ms: AtomicU64,
+    source: AtomicU8,
+}
+
+impl AtomicStamp {
+    fn store(&self, stamp: Option<Stamp>) {
+        let (ms, source) = stamp.map_or((0, StampSource::Received), |s| (s.ms, s.source));
+        self.source.store(source as u8, Ordering::Relaxed);
+        self.ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn load(&self) -> Option<Stamp> {
+        let ms = self.ms.load(Ordering::Relaxed);
+        let source = match self.source.load(Ordering::Relaxed) {
+            s if s == StampSource::Broker as u8 => StampSource::Broker,
+            s if s == StampSource::Publisher as u8 => StampSource::Publisher,
+            _ => StampSource::Received,
+        };
+        (ms > 0).then_some(Stamp { ms, source })
+    }
+}
+
+/// Whether this worker's broker overwrites `timestamp_in_ms` on every
+/// incoming message, as the stamp probe (`shardline_connect::stamps`) last
+/// found on connecting.
+static BROKER_STAMPS: AtomicBool = AtomicBool::new(false);
+
+/// Trusts the broker's stamps from now on, or stops trusting them; returns
+/// whether they were trusted before.
+pub(crate) fn trust_broker_stamps(trusted: bool) -> bool {
+    BROKER_STAMPS.swap(trusted, Ordering::Relaxed)
+}
+
+/// When a delivery received at `received_ms` was published (see [`stamp`]),
+/// trusting the broker's stamps as the probe found.
+pub(crate) fn published_ms(properties: &BasicProperties, received_ms: u64) -> Stamp {
+    stamp(
+        properties,
+        received_ms,
+        BROKER_STAMPS.load(Ordering::Relaxed),
+    )
+}
+
+/// When a delivery received at `received_ms` was published: the broker's
+/// `timestamp_in_ms` when `broker_stamps` (the probe saw the broker overwrite
+/// it), else the publisher's `x-published-at-ms`, else the AMQP `timestamp`
+/// (seconds), else `received_ms`. A time later than `received_ms` is not
+/// believed (the event was here then; a clock ahead of ours, or a forged
+/// stamp, would hide its age) and `received_ms` counts instead: no skew
+/// allowance is needed, both times being read on the worker's clock.
+pub(crate) fn stamp(properties: &BasicProperties, received_ms: u64, broker_stamps: bool) -> Stamp {
+    let millis = |name| {
+        headers::header_i64(properties, name)
+            .and_then(|ms| u64::try_from(ms).ok())
+            .filter(|ms| *ms > 0)
+    };
+    let broker = broker_stamps
+        .then(|| millis(headers::BROKER_TIMESTAMP_MS))
+        .flatten()
+        .map(|ms| (ms, StampSource::Broker));
+    let publisher = || {
+        millis(headers::PUBLISHED_AT_MS)
+            .or_else(|| properties.timestamp().map(|s| s.saturating_mul(1000)))
+            .filter(|ms| *ms > 0)
+            .map(|ms| (ms, StampSource::Publisher))
+    };
+    match broker.or_else(publisher) {
+        Some((ms, source)) if ms < received_ms => Stamp { ms, source },
+        _ => Stamp::received(received_ms),
+    }
 }
 
 /// Wall-clock unix milliseconds now.
@@ -273,21 +362,35 @@ impl Clock {
 mod tests {
     use super::*;
     use shardline_contract::ShardCount;
+    use shardline_contract::status::StampSource::{Broker, Publisher, Received};
+
+    fn claimed(ms: u64) -> Stamp {
+        Stamp {
+            ms,
+            source: Publisher,
+        }
+    }
 
     #[test]
     fn backlog_is_the_oldest_of_in_flight_and_held() {
         let watch = ShardWatch::new(ShardCount::new(1).unwrap().ids().next().unwrap());
         let now = 1_000_000;
         assert_eq!(watch.snapshot(now).backlog_age, Duration::ZERO);
-        watch.start_inflight(now - 5_000);
-        watch.set_held(2, Some(now - 9_000));
+        assert_eq!(watch.snapshot(now).backlog_source, None);
+        watch.start_inflight(Stamp::received(now - 5_000));
+        watch.set_held(2, Some(claimed(now - 9_000)));
         let snap = watch.snapshot(now);
         assert_eq!(snap.backlog_age, Duration::from_secs(9));
+        assert_eq!(snap.backlog_source, Some(Publisher), "the head's source");
         assert_eq!(snap.held, 2);
         assert!(snap.inflight_age.is_some());
         watch.set_held(0, None);
-        assert_eq!(watch.snapshot(now).backlog_age, Duration::from_secs(5));
-        watch.set_waiting(3, Some(now - 7_000));
+        let snap = watch.snapshot(now);
+        assert_eq!(
+            (snap.backlog_age, snap.backlog_source),
+            (Duration::from_secs(5), Some(Received))
+        );
+        watch.set_waiting(3, Some(claimed(now - 7_000)));
         let snap = watch.snapshot(now);
         assert_eq!(
             (snap.backlog_age, snap.waiting),
@@ -298,22 +401,94 @@ mod tests {
         let snap = watch.snapshot(now);
         assert_eq!(snap.backlog_age, Duration::ZERO);
         assert_eq!(snap.inflight_age, None);
-        // A publisher clock ahead of ours reads as no age, not a negative one.
-        watch.start_inflight(now + 3_000);
-        assert_eq!(watch.snapshot(now).backlog_age, Duration::ZERO);
+        assert_eq!(snap.backlog_source, None);
+    }
+
+    fn with_published_at(ms: i64) -> BasicProperties {
+        let mut headers = lapin::types::FieldTable::default();
+        headers.insert(
+            headers::PUBLISHED_AT_MS.into(),
+            lapin::types::AMQPValue::LongLongInt(ms),
+        );
+        BasicProperties::default().with_headers(headers)
+    }
+
+    fn with_broker_stamp(props: BasicProperties, ms: i64) -> BasicProperties {
+        let mut headers = props.headers().clone().unwrap_or_default();
+        headers.insert(
+            headers::BROKER_TIMESTAMP_MS.into(),
+            lapin::types::AMQPValue::LongLongInt(ms),
+        );
+        props.with_headers(headers)
     }
 
     #[test]
     fn publish_time_falls_back_to_timestamp_then_receipt() {
+        let received = 1_800_000_000_000;
         let bare = BasicProperties::default();
-        assert_eq!(published_ms(&bare, 42), 42);
+        assert_eq!(stamp(&bare, 42, false), Stamp::received(42));
         let stamped = BasicProperties::default().with_timestamp(1_700_000_000);
-        assert_eq!(published_ms(&stamped, 42), 1_700_000_000_000);
+        assert_eq!(stamp(&stamped, received, false), claimed(1_700_000_000_000));
         let props = headers::event_properties(
             "id",
             UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
             &headers::new_traceparent(),
         );
-        assert_eq!(published_ms(&props, 42), 1_700_000_000_123);
+        assert_eq!(stamp(&props, received, false), claimed(1_700_000_000_123));
+    }
+
+    #[test]
+    fn a_claim_later_than_the_receipt_is_ignored() {
+        let received = 1_800_000_000_000;
+        for later in [received, received + 1, received + 3_600_000] {
+            let props = with_published_at(i64::try_from(later).unwrap());
+            assert_eq!(stamp(&props, received, false), Stamp::received(received));
+            assert_eq!(stamp(&props, received, true), Stamp::received(received));
+        }
+        let ahead = BasicProperties::default().with_timestamp(received / 1000 + 60);
+        assert_eq!(stamp(&ahead, received, false), Stamp::received(received));
+        assert_eq!(
+            stamp(&with_published_at(-5), received, false),
+            Stamp::received(received),
+            "a negative claim is no claim"
+        );
+    }
+
+    #[test]
+    fn a_past_claim_counts_as_the_publishers() {
+        let received = 1_800_000_000_000;
+        let props = with_published_at(1_700_000_000_000);
+        assert_eq!(stamp(&props, received, false), claimed(1_700_000_000_000));
+    }
+
+    #[test]
+    fn the_brokers_stamp_counts_only_once_the_probe_trusted_it() {
+        let received = 1_800_000_000_000;
+        let props = with_broker_stamp(with_published_at(1_000), 1_799_999_999_000);
+        assert_eq!(
+            stamp(&props, received, false),
+            claimed(1_000),
+            "untrusted, timestamp_in_ms is one more header a publisher can set"
+        );
+        assert_eq!(
+            stamp(&props, received, true),
+            Stamp {
+                ms: 1_799_999_999_000,
+                source: Broker
+            },
+            "trusted, it beats the publisher's claim"
+        );
+        let ahead = with_broker_stamp(with_published_at(1_000), 1_800_000_005_000);
+        assert_eq!(
+            stamp(&ahead, received, true),
+            Stamp::received(received),
+            "a broker clock ahead of ours counts from the receipt"
+        );
+        let unstamped = with_published_at(1_000);
+        assert_eq!(
+            stamp(&unstamped, received, true),
+            claimed(1_000),
+            "a message the broker did not stamp keeps the publisher's claim"
+        );
     }
 }

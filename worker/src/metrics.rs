@@ -21,7 +21,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use shardline_contract::ShardId;
 use shardline_contract::headers::FailReason;
-use shardline_contract::status::{Level, Thresholds};
+use shardline_contract::status::{Level, StampSource, Thresholds};
 
 use crate::breaker::BreakerMetrics;
 use crate::handler::Fault;
@@ -65,6 +65,9 @@ pub mod names {
     pub const BACKLOG_AGE_SECONDS: &str = "shardline_backlog_age_seconds";
     /// Gauge `{shard}`: 0 OK, 1 WARN, 2 PAGE (thresholds: `Config::backlog`).
     pub const BACKLOG_LEVEL: &str = "shardline_backlog_level";
+    /// Gauge `{shard}`: 1 when the backlog age counts from a publisher's
+    /// claim (`publisher-claimed`), 0 otherwise.
+    pub const BACKLOG_PUBLISHER_CLAIMED: &str = "shardline_backlog_publisher_claimed";
     /// Gauge `{shard}`: messages ready in the shard queue (passive declare, polled).
     pub const QUEUE_DEPTH: &str = "shardline_queue_depth";
     /// Gauge: messages in the dead-letter queue (passive declare, polled).
@@ -595,14 +598,25 @@ impl Collector for LiveCollector {
         Self::gauge_family(
             &mut encoder,
             names::BACKLOG_AGE_SECONDS,
-            "Age of the shard's oldest unprocessed event (in flight, waiting or held), 0 when none",
+            "Age of the shard's oldest unprocessed event (in flight, waiting or held), 0 when none; \
+             counted from the broker's stamp when it overwrites timestamp_in_ms, else from the \
+             publisher's claim (x-published-at-ms or timestamp, unverified: see \
+             shardline_backlog_publisher_claimed), never from later than the worker received it",
             &each(&|s| s.backlog_age.as_secs_f64()),
         )?;
         Self::gauge_family(
             &mut encoder,
             names::BACKLOG_LEVEL,
-            "Backlog level: 0 OK, 1 WARN (--backlog-warn), 2 PAGE (--backlog-page)",
+            "Backlog level: 0 OK, 1 WARN (--backlog-warn), 2 PAGE (--backlog-page); the age may \
+             rest on a publisher's claim (shardline_backlog_publisher_claimed 1)",
             &each_int(&|s| i64::from(Level::of(s.backlog_age, &self.backlog).value())),
+        )?;
+        Self::gauge_family(
+            &mut encoder,
+            names::BACKLOG_PUBLISHER_CLAIMED,
+            "1 when the backlog age counts from a publisher's claim (x-published-at-ms or \
+             timestamp) the worker cannot verify: its WARN or PAGE is publisher-claimed",
+            &each_int(&|s| i64::from(s.backlog_source == Some(StampSource::Publisher))),
         )?;
         Self::gauge_family(
             &mut encoder,
@@ -793,7 +807,10 @@ mod tests {
         let m = Metrics::new(&shards(2), Thresholds::default(), Duration::from_secs(60));
         let s1 = m.shards()[1].clone();
         s1.watch.set_state(ShardState::Consuming);
-        s1.watch.start_inflight(unix_ms() - 45_000);
+        s1.watch.start_inflight(crate::live::Stamp {
+            ms: unix_ms() - 45_000,
+            source: StampSource::Publisher,
+        });
         for _ in 0..3 {
             s1.attempt();
         }
@@ -822,6 +839,8 @@ mod tests {
             "shardline_backlog_level{shard=\"1\"} 1",
             "shardline_backlog_level{shard=\"0\"} 0",
             "shardline_backlog_age_seconds{shard=\"0\"} 0",
+            "shardline_backlog_publisher_claimed{shard=\"1\"} 1",
+            "shardline_backlog_publisher_claimed{shard=\"0\"} 0",
             "shardline_shard_active{shard=\"1\"} 1",
             "shardline_shard_active{shard=\"0\"} 0",
             "shardline_stuck{shard=\"1\"} 0",

@@ -39,7 +39,7 @@ use crate::intake::gate::{Expired, Gate, Holdable as _};
 use crate::intake::group::{self, Group, Grouped};
 use crate::intake::lookahead::Lookahead;
 use crate::intake::schedule::{Entry, Schedule};
-use crate::live::{ShardState, ShardWatch, published_ms, unix_ms};
+use crate::live::{ShardState, ShardWatch, Stamp, published_ms, unix_ms};
 use crate::settle::{Settled, ack_duplicate, settle};
 
 /// How long closing a channel or a connection may take. lapin's close waits
@@ -326,7 +326,7 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
         let mut in_flight = None;
         ctx.metrics
             .watch
-            .start_inflight(published_ms(&ready.delivery.properties, unix_ms()));
+            .start_inflight(held_published_ms(&ready, unix_ms()));
         let finished = {
             let work = settle(
                 ctx,
@@ -416,7 +416,7 @@ async fn to_gate(
 struct Job {
     ready: Ready,
     directive: Directive,
-    published_ms: u64,
+    published: Stamp,
 }
 
 impl Job {
@@ -475,7 +475,7 @@ struct Started {
     /// Started beyond the slots, as the breaker's evidence attempt.
     extra: bool,
     since_ns: u64,
-    published_ms: u64,
+    published: Stamp,
 }
 
 /// Settles up to `--concurrency` deliveries at once, never two of one order
@@ -534,7 +534,7 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
                     alone,
                     extra,
                     since_ns: ShardWatch::now_ns(),
-                    published_ms: item.published_ms,
+                    published: item.published,
                 },
             );
             let slot = spare.pop().unwrap_or_else(|| redis.fork());
@@ -596,14 +596,14 @@ fn job_entry(ready: Ready, directive: Directive) -> Entry<Job> {
         .ok()
         .map(|d| String::from(d.order_key.clone()));
     let alone = ready.delivery.redelivered;
-    let published_ms = published_ms(&ready.delivery.properties, unix_ms());
+    let published = held_published_ms(&ready, unix_ms());
     Entry {
         order,
         alone,
         item: Job {
             ready,
             directive,
-            published_ms,
+            published,
         },
     }
 }
@@ -633,13 +633,13 @@ async fn run_job(
 fn sync_running(watch: &ShardWatch, started: &HashMap<u64, Started>, schedule: &Schedule<Job>) {
     match started
         .values()
-        .map(|s| (s.since_ns, s.published_ms))
+        .map(|s| (s.since_ns, s.published))
         .reduce(|a, b| (a.0.min(b.0), a.1.min(b.1)))
     {
-        Some((since_ns, published_ms)) => watch.set_inflight(started.len(), since_ns, published_ms),
+        Some((since_ns, published)) => watch.set_inflight(started.len(), since_ns, published),
         None => watch.clear_inflight(),
     }
-    let oldest = schedule.pending().map(|job| job.published_ms).min();
+    let oldest = schedule.pending().map(|job| job.published).min();
     watch.set_waiting(schedule.waiting(), oldest);
 }
 
@@ -698,8 +698,10 @@ impl Drop for HeldGauge<'_> {
     }
 }
 
-/// When a held event was published; without publish time, when it was first held.
-fn held_published_ms(ready: &Ready, now_ms: u64) -> u64 {
+/// When an event was published; without publish time (or with one later than
+/// it was received), when it was received: when the gate first held it, for
+/// one it held (also once released), else `now_ms`.
+fn held_published_ms(ready: &Ready, now_ms: u64) -> Stamp {
     let received = ready.held_since().map_or(now_ms, |since| {
         now_ms.saturating_sub(u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX))
     });

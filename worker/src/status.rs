@@ -47,6 +47,7 @@ fn reports(
             shard,
             owner: owner.to_owned(),
             backlog_age_seconds: round_ms(snap.backlog_age),
+            backlog_age_source: snap.backlog_source,
             inflight_age_seconds: snap.inflight_age.map(round_ms),
             inflight_events: snap.inflight,
             waiting_events: snap.waiting,
@@ -171,6 +172,7 @@ async fn write_stopped(
     for report in consumed {
         let report = Document {
             backlog_age_seconds: 0.0,
+            backlog_age_source: None,
             inflight_age_seconds: None,
             inflight_events: 0,
             waiting_events: 0,
@@ -278,7 +280,9 @@ fn json(document: &impl serde::Serialize) -> Result<String, String> {
 mod tests {
     use super::*;
     use shardline_contract::ShardCount;
-    use shardline_contract::status::Thresholds;
+    use shardline_contract::status::{StampSource, Thresholds};
+
+    use crate::live::Stamp;
 
     #[test]
     fn consuming_shards_are_reported_and_the_worker_lists_them_all() {
@@ -286,13 +290,17 @@ mod tests {
         let metrics = Metrics::new(&shards, Thresholds::default(), Duration::from_secs(60));
         let watch = &metrics.shards()[1].watch;
         watch.set_state(ShardState::Consuming);
-        watch.start_inflight(unix_ms() - 5_000);
+        watch.start_inflight(Stamp {
+            ms: unix_ms() - 5_000,
+            source: StampSource::Publisher,
+        });
         metrics.shards()[2].watch.set_state(ShardState::StandingBy);
         let (docs, worker) = reports(&metrics, "w1", None);
         assert_eq!(docs.len(), 1);
         assert_eq!((docs[0].shard, docs[0].owner.as_str()), (1, "w1"));
         assert_eq!(docs[0].inflight_events, 1);
         assert!(docs[0].backlog_age_seconds >= 5.0);
+        assert_eq!(docs[0].backlog_age_source, Some(StampSource::Publisher));
         assert_eq!(worker.assigned, [0, 1, 2]);
         assert_eq!(worker.consuming, [1]);
         assert_eq!(worker.worker, "w1");

@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use lapin::Connection;
 use shardline_connect::broker::{self, BrokerError};
-use shardline_connect::{RedisPool, declare, probe};
+use shardline_connect::{RedisPool, declare, probe, stamps};
 use shardline_contract::{Keys, ShardId};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
@@ -277,6 +277,7 @@ impl Worker {
         check_queues(&config).await?;
         let mut conns = Broker::connect(&config).await?;
         log_connected(&config);
+        probe_stamps(&conns.dead_letters, true).await;
         tokio::spawn(poll_depths(
             config.clone(),
             metrics.clone(),
@@ -335,6 +336,34 @@ impl Broker {
             consume,
             dead_letters,
         })
+    }
+}
+
+/// Asks the broker behind `conn` whether it stamps every message itself
+/// ([`stamps::broker_stamps`], a round trip of at most
+/// [`stamps::PROBE_TIMEOUT`]), and counts backlog ages from its stamps if so,
+/// else from the publishers' claims (docs/semantics.md §5). Says which at
+/// start, and after a reconnect when it changed. A failed probe trusts no
+/// stamp, with a warning; it never fails the worker. On the dead letters'
+/// connection: a channel the broker closes there takes no id a shard needs.
+async fn probe_stamps(conn: &Connection, at_start: bool) {
+    let trusted = stamps::broker_stamps(conn).await.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot tell whether the broker stamps messages: its stamps are not trusted");
+        false
+    });
+    let before = live::trust_broker_stamps(trusted);
+    if !at_start && before == trusted {
+        return;
+    }
+    if trusted {
+        tracing::info!(
+            "the broker stamps every message (it overwrote a planted timestamp_in_ms): backlog ages count from its stamps"
+        );
+    } else {
+        tracing::info!(
+            "the broker does not overwrite timestamp_in_ms (RabbitMQ 3.12+: message_interceptors.incoming.set_header_timestamp.overwrite = true): \
+             backlog ages count from the publishers' claims, and a WARN or PAGE resting on one is labelled publisher-claimed"
+        );
     }
 }
 
@@ -591,6 +620,7 @@ async fn reconnect(
             Ok(conns) => {
                 metrics.broker_reconnected();
                 tracing::info!(tries, "reconnected to the broker");
+                probe_stamps(&conns.dead_letters, false).await;
                 return Some(conns);
             }
             Err(e) => tracing::warn!(tries, error = %e, "reconnect failed"),

@@ -134,6 +134,7 @@ fn pending_reasons_in_their_order() {
         shard: e.shard.get(),
         owner: "w".into(),
         backlog_age_seconds: backlog,
+        backlog_age_source: None,
         inflight_age_seconds: None,
         inflight_events: 0,
         waiting_events: 0,
