@@ -391,7 +391,7 @@ impl Processor {
                 shard = %self.shard,
                 order_id = %decoded.envelope.order_id,
                 seq = decoded.envelope.seq,
-                marker = ?marker.id,
+                marker = %shardline_contract::text::shown(&marker.id),
                 "replay marker ignored: no replay record matches the event; it is gated like a fresh event"
             );
         }
