@@ -284,6 +284,33 @@ fn corpus() -> Vec<Case> {
     );
     int_tp.garbage_traceparent = true;
     cases.push(int_tp);
+    // Huge and odd headers, replay markers among them: each a seq 1, so
+    // whatever the marker says, the event runs as a fresh one would.
+    let huge = "h".repeat(60 * 1024);
+    for (name, headers) in [
+        ("a 60 KB unknown header", vec![("x-huge", long(&huge))]),
+        (
+            "a 60 KB tracestate",
+            vec![(headers::TRACESTATE, long(&huge))],
+        ),
+        (
+            "a replay marker that is an integer",
+            vec![(headers::REPLAY, AMQPValue::LongLongInt(7))],
+        ),
+        (
+            "a 60 KB replay marker",
+            vec![(headers::REPLAY, long(&huge))],
+        ),
+        (
+            "a replay marker with control characters",
+            vec![(headers::REPLAY, long("dl-\u{1b}]0;pwned\u{7}\r\nX: 1"))],
+        ),
+    ] {
+        let order = format!("hostile-headers-{}", cases.len());
+        let mut odd = table(headers);
+        odd.insert(headers::TRACEPARENT.into(), long(&new_traceparent()));
+        cases.push(Case::processed(name, envelope(&order, ""), props_with(odd)));
+    }
     cases.push(Case::processed(
         "x-published-at-ms a string",
         envelope("hostile-pub-str", ""),
