@@ -3,6 +3,7 @@
 //! generated token.
 
 use std::net::SocketAddr;
+use crate::out::say;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -133,7 +134,7 @@ pub(crate) async fn run(
         } else {
             format!("{}/", config.base_path.trim_end_matches('/'))
         };
-        println!(
+        say!(
             "shardline console: no token given, generated an admin token. Log in at:\n    http://{host}{base}login?token={}",
             token.secret()
         );

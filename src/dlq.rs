@@ -2,6 +2,7 @@
 //! [`shardline_ops::dlq`], its reports and progress printed as they come.
 
 use std::process::ExitCode;
+use crate::out::say;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
@@ -133,10 +134,10 @@ pub(crate) async fn run(
             if args.json {
                 println!("{:#}", report.json());
             } else {
-                print!("{}", report.table());
+                crate::out::text(&report.table());
             }
         }
-        DlqCommand::Show(args) => print!("{}", dlq::show(&fleet, &args.id).await.flags()?.text()),
+        DlqCommand::Show(args) => crate::out::text(&dlq::show(&fleet, &args.id).await.flags()?.text()),
         DlqCommand::Replay(args) => return replay(&fleet, args, &shutdown).await,
         DlqCommand::Purge(args) if !args.yes => anyhow::bail!(Usage(
             "`dlq purge` deletes dead letters for good; add --yes to do it (see `dlq list` first)"
@@ -145,10 +146,10 @@ pub(crate) async fn run(
         DlqCommand::Purge(args) => {
             let report = dlq::purge(&fleet, &args.filters.into()).await.flags()?;
             for letter in &report.removed {
-                println!("removed {letter}");
+                say!("removed {letter}");
             }
             let removed = report.removed.len();
-            println!(
+            say!(
                 "purged {removed} dead letter(s) of {} read; {} left in the DLQ",
                 report.read,
                 report.read - removed
@@ -156,7 +157,7 @@ pub(crate) async fn run(
         }
         DlqCommand::Reindex => {
             let report = dlq::reindex(&fleet, &shutdown).await.flags()?;
-            println!(
+            say!(
                 "reindexed {} dead letter(s) of {} read ({} without a dead-letter id, given a derived one); {} stale entr(y/ies) removed; {} failure group(s){}",
                 report.indexed,
                 report.read,
@@ -174,13 +175,13 @@ pub(crate) async fn run(
             let report = dlq::release(&fleet, &args.order_id).await.flags()?;
             let order = &report.order_id;
             match report.held_by.first() {
-                None => println!("order {order} was not quarantined; nothing to release"),
-                Some(id) => println!(
+                None => say!("order {order} was not quarantined; nothing to release"),
+                Some(id) => say!(
                     "released order {order}: it was quarantined behind dead letter {id} ({} dead letter(s) held it); its later events flow again",
                     report.held_by.len()
                 ),
             }
-            println!(
+            say!(
                 "{} dead letter(s) of order {order} stay in the DLQ (`dlq replay --order-id {order}` applies them where they land, `dlq purge --order-id {order} --yes` drops them)",
                 report.letters_in_dlq
             );
@@ -208,22 +209,22 @@ async fn replay(
     }
     let report = report.flags()?;
     for order in &report.locked_elsewhere {
-        println!(
+        say!(
             "order {order}: another replay was replaying it for longer than --wait; its letters stay in the DLQ (run again later)"
         );
     }
     if report.dry_run {
         for (letter, shard) in &report.planned {
-            println!("would replay {letter} to shard {shard}");
+            say!("would replay {letter} to shard {shard}");
         }
-        println!(
+        say!(
             "dry run: {} would be replayed, {} skipped, of {} read; nothing changed",
             report.planned.len(),
             report.skipped.len(),
             report.read
         );
     } else if report.matching == 0 {
-        println!(
+        say!(
             "nothing to replay: 0 replayable of {} read ({} skipped)",
             report.read,
             report.skipped.len()
@@ -244,9 +245,9 @@ fn print_event(event: Event, bar: &mut Option<ProgressBar>) {
         match bar {
             Some(bar) => {
                 bar.inc(1);
-                bar.suspend(|| println!("{line}"));
+                bar.suspend(|| say!("{line}"));
             }
-            None => println!("{line}"),
+            None => say!("{line}"),
         }
         return;
     }
@@ -257,5 +258,5 @@ fn print_event(event: Event, bar: &mut Option<ProgressBar>) {
         *bar = Some(crate::progress::bar(letters as u64, "dead letters"));
         return;
     }
-    println!("{event}");
+    say!("{event}");
 }

@@ -6,6 +6,7 @@ mod console;
 mod demo;
 mod dlq;
 mod environment;
+mod out;
 mod progress;
 mod publish;
 mod receive;
@@ -323,7 +324,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            eprintln!("error: {}", out::error_line(&format!("{e:#}")));
             ExitCode::from(exit_code(&e))
         }
     }

@@ -3,6 +3,7 @@
 //! [`shardline_bench::load`]). The bench reuses [`publisher_config`].
 
 use std::path::PathBuf;
+use crate::out::say;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, anyhow};
@@ -118,7 +119,7 @@ pub(crate) async fn publish(
         let mut publisher = Publisher::connect(config).await?;
         publisher.publish_event(&event).await?;
         if let Some(trace) = publisher.last_trace() {
-            println!("trace {}", trace.trace_id());
+            say!("trace {}", trace.trace_id());
         }
         return finish(publisher, false).await;
     }
@@ -178,7 +179,7 @@ async fn finish(mut publisher: Publisher, interrupted: bool) -> anyhow::Result<E
     let exchange = publisher.config().names.exchange.clone();
     let url = publisher.config().amqp.to_string();
     publisher.close().await?;
-    println!(
+    say!(
         "{}published {} ({} confirmed) to exchange {exchange} at {url}",
         if interrupted { "interrupted: " } else { "" },
         events(counts.published),
@@ -278,7 +279,7 @@ pub(crate) async fn load(
     progress.finish_and_clear();
     let report = report.flags()?;
     publisher.close().await?;
-    println!("{report}");
+    say!("{report}");
     Ok(ExitCode::SUCCESS)
 }
 

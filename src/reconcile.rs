@@ -122,7 +122,7 @@ pub(crate) async fn run(
         if args.json {
             println!("{}", report.json(&crate::flag));
         } else {
-            print!("{}", report.text(&crate::flag));
+            crate::out::text(&report.text(&crate::flag));
         }
     };
     let Some(interval) = args.interval else {

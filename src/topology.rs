@@ -89,7 +89,7 @@ pub(crate) async fn run(global: &GlobalArgs, cmd: TopologyCommand) -> anyhow::Re
             if args.json {
                 println!("{}", report.json());
             } else {
-                print!("{}", report.table());
+                crate::out::text(&report.table());
             }
             Ok(if report.needs_attention() {
                 ExitCode::from(EXIT_ATTENTION)

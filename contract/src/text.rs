@@ -51,6 +51,18 @@ pub fn shown(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Text of several lines with each [`hidden`] character but the line feed
+/// escaped as [`shown`] does: what a terminal may print of text from
+/// outside (a `\r`, an escape sequence or a bidi override shows as its
+/// escape, never obeyed).
+pub fn shown_lines(text: &str) -> Cow<'_, str> {
+    if !text.contains(|c: char| c != '\n' && hidden(c)) {
+        return Cow::Borrowed(text);
+    }
+    let lines: Vec<Cow<'_, str>> = text.split('\n').map(shown).collect();
+    Cow::Owned(lines.join("\n"))
+}
+
 /// JSON text as one line that shows what it holds: whitespace between
 /// tokens dropped, and each [`hidden`] character written as a JSON `\u`
 /// escape (a pair for one beyond U+FFFF). Valid JSON stays valid and means
@@ -93,6 +105,16 @@ pub fn json_line(json: &str) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_stay_lines_and_nothing_else_is_obeyed() {
+        assert_eq!(shown_lines("a\nb"), "a\nb");
+        assert!(matches!(shown_lines("plain\ntext"), Cow::Borrowed(_)));
+        assert_eq!(
+            shown_lines("x\u{1b}]0;title\u{7}\r\ny\u{202e}z"),
+            "x\\u{1b}]0;title\\u{7}\\r\ny\\u{202e}z"
+        );
+    }
 
     #[test]
     fn hidden_characters_are_shown_as_escapes() {

@@ -5,6 +5,7 @@
 use std::fmt;
 
 use serde::Serialize;
+use shardline_contract::text::shown;
 
 /// What identifies a letter in reports and events.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -27,15 +28,17 @@ impl LetterRef {
     }
 }
 
-/// `{id} reason=… order=… seq=… shard=…`.
+/// `{id} reason=… order=… seq=… shard=…`, on one line whatever the letter
+/// holds (its texts come from headers and bodies: hidden characters are
+/// shown as escapes).
 impl fmt::Display for LetterRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
             "{} reason={} order={} seq={} shard={}",
-            self.id(),
-            self.reason,
-            self.order_id.as_deref().unwrap_or("-"),
+            shown(self.id()),
+            shown(&self.reason),
+            shown(self.order_id.as_deref().unwrap_or("-")),
             opt(self.seq),
             opt(self.shard)
         )

@@ -5,6 +5,7 @@ use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
 use shardline_contract::headers::{self, header_i64, header_str};
+use shardline_contract::text::{shown, shown_lines};
 use shardline_contract::{Envelope, Outline};
 
 use crate::letter::{LetterRef, opt};
@@ -111,15 +112,16 @@ impl Letter {
             .unwrap_or_default()
     }
 
-    /// Headers and body, as `dlq show` prints them.
+    /// Headers and body, as `dlq show` prints them: one line per header
+    /// and the body's own lines, hidden characters shown as escapes.
     pub fn text(&self) -> String {
         let p = self.properties();
         let text_of = |s: &Option<lapin::types::ShortString>| {
-            s.as_ref().map_or("-", |s| s.as_str()).to_owned()
+            shown(s.as_ref().map_or("-", |s| s.as_str())).into_owned()
         };
         let mut lines = vec![
-            format!("dead letter {}", self.info.id()),
-            format!("routing key: {}", self.routing_key()),
+            format!("dead letter {}", shown(self.info.id())),
+            format!("routing key: {}", shown(self.routing_key())),
             format!("message id: {}", text_of(p.message_id())),
             format!("content type: {}", text_of(p.content_type())),
             format!("delivery mode: {}", opt(*p.delivery_mode())),
@@ -127,10 +129,10 @@ impl Letter {
             "headers:".to_owned(),
         ];
         for (name, value) in self.headers() {
-            lines.push(format!("  {name}: {value}"));
+            lines.push(format!("  {}: {}", shown(&name), shown(&value)));
         }
         lines.push(format!("body ({} bytes):", self.body().len()));
-        lines.push(String::from_utf8_lossy(self.body()).into_owned());
+        lines.push(shown_lines(&String::from_utf8_lossy(self.body())).into_owned());
         lines.join("\n") + "\n"
     }
 }
@@ -158,6 +160,25 @@ mod tests {
             false,
             body.to_vec(),
         ))
+    }
+
+    #[test]
+    fn show_prints_escapes_of_what_a_terminal_would_obey() {
+        let hostile = "\u{1b}]0;pwned\u{7}\u{1b}[2J\r\u{202e}";
+        let mut delivery = Delivery::mock(1, "dlx".into(), "handler".into(), false, Vec::new());
+        delivery.data = format!("{{\"order_id\":\"A\",\n\"x\":\"{hostile}\"}}").into_bytes();
+        let mut table = lapin::types::FieldTable::default();
+        table.insert(
+            format!("x-{hostile}").as_str().into(),
+            AMQPValue::LongString(hostile.into()),
+        );
+        delivery.properties = BasicProperties::default()
+            .with_message_id(hostile.into())
+            .with_headers(table);
+        let text = Letter::new(delivery).text();
+        assert!(!text.contains(['\u{1b}', '\u{7}', '\r', '\u{202e}']), "{text}");
+        assert!(text.contains("\\u{1b}]0;pwned"), "{text}");
+        assert!(text.contains("{\"order_id\":\"A\",\n\"x\""), "the body keeps its lines: {text}");
     }
 
     #[test]

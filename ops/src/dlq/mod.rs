@@ -28,6 +28,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use shardline_contract::OrderId;
 use shardline_contract::letters::IndexEntry;
+use shardline_contract::text::shown;
 
 pub(crate) use index::Index;
 pub use index::{GroupCount, GroupSummary, LetterQuery};
@@ -408,10 +409,10 @@ impl ListReport {
         if letters.is_empty() {
             return out;
         }
-        let id_w = letters.iter().map(|l| l.id.len()).max().unwrap_or(2).max(2);
+        let id_w = letters.iter().map(|l| shown(&l.id).len()).max().unwrap_or(2).max(2);
         let order_w = letters
             .iter()
-            .map(|l| l.order_id.as_deref().map_or(1, str::len))
+            .map(|l| l.order_id.as_deref().map_or(1, |o| shown(o).len()))
             .max()
             .unwrap_or(5)
             .max(5);
@@ -424,15 +425,15 @@ impl ListReport {
             let _ = writeln!(
                 out,
                 "{:<id_w$}  {:<11}  {:>8}  {:<order_w$}  {:>5}  {:>5}  {:<24}  {:>10}  {}",
-                l.id,
-                l.reason,
+                shown(&l.id),
+                shown(&l.reason),
                 opt(l.attempts),
-                l.order_id.as_deref().unwrap_or("-"),
+                shown(l.order_id.as_deref().unwrap_or("-")),
                 opt(l.seq),
                 opt(l.shard),
                 failed_at(l).as_deref().unwrap_or("-"),
                 age_text(age(l, self.at)),
-                cut(if l.error.is_empty() { "-" } else { &l.error }, ERROR_CHARS),
+                cut(&shown(if l.error.is_empty() { "-" } else { &l.error }), ERROR_CHARS),
             );
         }
         let summary = self.summary();
@@ -440,7 +441,8 @@ impl ListReport {
         for (reason, g) in &summary.by_reason {
             let _ = writeln!(
                 out,
-                "  {reason:<11}  {:>6}  oldest {}",
+                "  {:<11}  {:>6}  oldest {}",
+                shown(reason),
                 g.count,
                 age_text(g.oldest)
             );
@@ -449,11 +451,12 @@ impl ListReport {
         for ((reason, error), g) in &summary.by_error {
             let _ = writeln!(
                 out,
-                "  {reason:<11}  {:>6}  oldest {:>10}  {}  {}",
+                "  {:<11}  {:>6}  oldest {:>10}  {}  {}",
+                shown(reason),
                 g.count,
                 age_text(g.oldest),
                 g.id.as_deref().unwrap_or("-"),
-                cut(if error.is_empty() { "-" } else { error }, ERROR_CHARS)
+                cut(&shown(if error.is_empty() { "-" } else { error }), ERROR_CHARS)
             );
         }
         out
@@ -479,6 +482,34 @@ fn cut(s: &str, max: usize) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// What a letter can hold that a terminal would obey: escape sequences
+    /// (title, clear screen), a carriage return, a bidi override.
+    const HOSTILE: &str = "x\u{1b}]0;pwned\u{7}\u{1b}[2J\r\nforged\u{202e}";
+
+    #[test]
+    fn the_table_shows_escapes_and_keeps_one_line_per_letter() {
+        let entry = IndexEntry {
+            id: format!("dl-{HOSTILE}"),
+            reason: format!("handler{HOSTILE}"),
+            error: format!("downstream said {HOSTILE}"),
+            order_id: Some(format!("A{HOSTILE}")),
+            ..IndexEntry::default()
+        }
+        .grouped();
+        let report = ListReport {
+            letters: vec![entry],
+            indexed: 1,
+            depth: 1,
+            at: SystemTime::now(),
+        };
+        let table = report.table();
+        assert!(!table.contains(['\u{1b}', '\u{7}', '\r', '\u{202e}']), "{table}");
+        assert!(table.contains("\\u{1b}]0;pwned"), "{table}");
+        let rows = table.lines().filter(|l| l.starts_with("dl-")).count();
+        assert_eq!(rows, 1, "{table}");
+        assert!(!table.lines().any(|l| l.starts_with("forged")), "{table}");
+    }
 
     /// `dlq release` lifts the quarantine and raises the order's fence to
     /// the shard's current epoch, so a stale owner's dead letter (epoch below
