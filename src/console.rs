@@ -2,8 +2,8 @@
 //! [`shardline_console::Config`], the listener, and the login URL of a
 //! generated token.
 
-use std::net::SocketAddr;
 use crate::out::say;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;

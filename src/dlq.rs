@@ -1,8 +1,8 @@
 //! `shardline dlq list|show|replay|purge|release|reindex`: flags to
 //! [`shardline_ops::dlq`], its reports and progress printed as they come.
 
-use std::process::ExitCode;
 use crate::out::say;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
@@ -137,7 +137,9 @@ pub(crate) async fn run(
                 crate::out::text(&report.table());
             }
         }
-        DlqCommand::Show(args) => crate::out::text(&dlq::show(&fleet, &args.id).await.flags()?.text()),
+        DlqCommand::Show(args) => {
+            crate::out::text(&dlq::show(&fleet, &args.id).await.flags()?.text())
+        }
         DlqCommand::Replay(args) => return replay(&fleet, args, &shutdown).await,
         DlqCommand::Purge(args) if !args.yes => anyhow::bail!(Usage(
             "`dlq purge` deletes dead letters for good; add --yes to do it (see `dlq list` first)"

@@ -2,8 +2,8 @@
 //! stdin) and `shardline load` (the load generator,
 //! [`shardline_bench::load`]). The bench reuses [`publisher_config`].
 
-use std::path::PathBuf;
 use crate::out::say;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, anyhow};

@@ -397,3 +397,55 @@ async fn dlq_reindex_rebuilds_the_groups_the_worker_wrote() {
     assert_eq!(indexed(&env).await, 8);
     worker.assert_running().await;
 }
+
+/// A letter full of what a terminal would obey — escape sequences that
+/// retitle and clear it, a bell, a carriage return, a bidi override — in its
+/// order id, its body and a header: `dlq list` and `dlq show` print their
+/// escapes, never an ESC or BEL byte, and `--json` still carries the exact text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_list_and_show_print_escapes_not_escape_sequences() {
+    const HOSTILE: &str = "\u{1b}]0;pwned\u{7}\u{1b}[2J\r\u{202e}";
+    let env = TestEnv::new("dlq-terminal").await;
+    env.apply_topology().await;
+    let conn = env.connect().await;
+    let downstream = Downstream::start().await;
+    let worker = env.start_worker("w1", &downstream, |_| {}).await;
+    let order = format!("term{HOSTILE}");
+    let body = serde_json::json!({"order_id": order, "event": "e", "seq": 1, "note": HOSTILE});
+    let mut headers = lapin::types::FieldTable::default();
+    headers.insert(
+        "x-note".into(),
+        lapin::types::AMQPValue::LongString(HOSTILE.into()),
+    );
+    let props = lapin::BasicProperties::default().with_headers(headers);
+    Publisher::connect(&env)
+        .await
+        .publish_with(0, body.to_string().as_bytes(), props)
+        .await;
+    wait_depth(&env, &conn, 1, PROCESSING).await;
+    wait_indexed(&env, 1, PROCESSING).await;
+    worker.stop().await;
+
+    let list = run_ok(&env, &["dlq", "list"]).await;
+    let id = ids(&list_json(&env, &[]).await).remove(0);
+    let show = run_ok(&env, &["dlq", "show", &id]).await;
+    for (what, out) in [("list", &list), ("show", &show)] {
+        let stdout = &out.stdout;
+        assert!(
+            !stdout.iter().any(|b| matches!(b, 0x1b | 0x07 | b'\r')),
+            "dlq {what} printed a raw escape: {}",
+            text(out)
+        );
+        assert!(
+            String::from_utf8_lossy(stdout).contains("\\u{1b}]0;pwned\\u{7}"),
+            "dlq {what} shows the escapes: {}",
+            text(out)
+        );
+    }
+    let json = list_json(&env, &[]).await;
+    assert_eq!(
+        json["dead_letters"][0]["order_id"],
+        order.as_str(),
+        "{json}"
+    );
+}

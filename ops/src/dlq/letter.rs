@@ -176,9 +176,15 @@ mod tests {
             .with_message_id(hostile.into())
             .with_headers(table);
         let text = Letter::new(delivery).text();
-        assert!(!text.contains(['\u{1b}', '\u{7}', '\r', '\u{202e}']), "{text}");
+        assert!(
+            !text.contains(['\u{1b}', '\u{7}', '\r', '\u{202e}']),
+            "{text}"
+        );
         assert!(text.contains("\\u{1b}]0;pwned"), "{text}");
-        assert!(text.contains("{\"order_id\":\"A\",\n\"x\""), "the body keeps its lines: {text}");
+        assert!(
+            text.contains("{\"order_id\":\"A\",\n\"x\""),
+            "the body keeps its lines: {text}"
+        );
     }
 
     #[test]

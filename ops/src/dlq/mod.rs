@@ -409,7 +409,12 @@ impl ListReport {
         if letters.is_empty() {
             return out;
         }
-        let id_w = letters.iter().map(|l| shown(&l.id).len()).max().unwrap_or(2).max(2);
+        let id_w = letters
+            .iter()
+            .map(|l| shown(&l.id).len())
+            .max()
+            .unwrap_or(2)
+            .max(2);
         let order_w = letters
             .iter()
             .map(|l| l.order_id.as_deref().map_or(1, |o| shown(o).len()))
@@ -433,7 +438,10 @@ impl ListReport {
                 opt(l.shard),
                 failed_at(l).as_deref().unwrap_or("-"),
                 age_text(age(l, self.at)),
-                cut(&shown(if l.error.is_empty() { "-" } else { &l.error }), ERROR_CHARS),
+                cut(
+                    &shown(if l.error.is_empty() { "-" } else { &l.error }),
+                    ERROR_CHARS
+                ),
             );
         }
         let summary = self.summary();
@@ -456,7 +464,10 @@ impl ListReport {
                 g.count,
                 age_text(g.oldest),
                 g.id.as_deref().unwrap_or("-"),
-                cut(&shown(if error.is_empty() { "-" } else { error }), ERROR_CHARS)
+                cut(
+                    &shown(if error.is_empty() { "-" } else { error }),
+                    ERROR_CHARS
+                )
             );
         }
         out
@@ -504,7 +515,10 @@ mod tests {
             at: SystemTime::now(),
         };
         let table = report.table();
-        assert!(!table.contains(['\u{1b}', '\u{7}', '\r', '\u{202e}']), "{table}");
+        assert!(
+            !table.contains(['\u{1b}', '\u{7}', '\r', '\u{202e}']),
+            "{table}"
+        );
         assert!(table.contains("\\u{1b}]0;pwned"), "{table}");
         let rows = table.lines().filter(|l| l.starts_with("dl-")).count();
         assert_eq!(rows, 1, "{table}");
