@@ -117,7 +117,10 @@ pub(crate) async fn run(
             page: args.backlog_page,
         },
     };
-    config.validate().map_err(|e| Usage(e.rename_field(flag)))?;
+    config
+        .validate()
+        .and_then(|()| config.validate_listen(args.listen))
+        .map_err(|e| Usage(e.rename_field(flag)))?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("--listen {}", args.listen))?;

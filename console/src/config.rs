@@ -1,6 +1,8 @@
 //! The console's settings: who may log in, where it is mounted, which Host
 //! names it answers to, the backlog thresholds of its fleet page.
 
+use std::net::SocketAddr;
+
 use shardline_contract::status::Thresholds;
 use shardline_ops::ReconcileConfig;
 
@@ -58,6 +60,24 @@ impl Config {
     }
 }
 
+impl Config {
+    /// A console listening beyond loopback (`0.0.0.0`, a LAN address) must
+    /// name the host names people reach it by: a console opened to the
+    /// network is opened on purpose, and without them the Host check would
+    /// refuse every request not made by IP address.
+    pub fn validate_listen(&self, listen: SocketAddr) -> Result<(), Error> {
+        if listen.ip().is_loopback() || !self.allowed_hosts.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Config {
+            field: "allowed_hosts",
+            message: format!(
+                "allowed_hosts: required to listen on {listen}, beyond this machine: name the host names people reach the console by (put it behind a TLS proxy, docs/security.md), or listen on 127.0.0.1"
+            ),
+        })
+    }
+}
+
 /// The base path with one trailing `/` (`""` is `/`).
 pub(crate) fn base_path(path: &str) -> Result<String, Error> {
     let path = if path.is_empty() { "/" } else { path };
@@ -95,5 +115,27 @@ mod tests {
         assert!(base_path("console").is_err());
         assert!(base_path("//evil.example").is_err());
         assert!(base_path("/a?b").is_err());
+    }
+
+    #[test]
+    fn beyond_loopback_the_host_names_are_required() {
+        let mut config = Config::default();
+        for local in ["127.0.0.1:8080", "[::1]:8080"] {
+            assert!(config.validate_listen(local.parse().unwrap()).is_ok());
+        }
+        for open in ["0.0.0.0:8080", "[::]:8080", "10.1.2.3:8080"] {
+            let err = config.validate_listen(open.parse().unwrap()).unwrap_err();
+            assert!(
+                err.rename_field(|_| "--allowed-host".into())
+                    .starts_with("--allowed-host: required to listen on"),
+                "{err}"
+            );
+        }
+        config.allowed_hosts = vec!["console.example".into()];
+        assert!(
+            config
+                .validate_listen("0.0.0.0:8080".parse().unwrap())
+                .is_ok()
+        );
     }
 }

@@ -109,6 +109,7 @@ pub async fn serve(
     config.validate()?;
     let base = config::base_path(&config.base_path)?;
     let addr = listener.local_addr()?;
+    config.validate_listen(addr)?;
     let state = Arc::new(State {
         fleet,
         tokens: config.tokens,

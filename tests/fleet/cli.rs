@@ -106,6 +106,19 @@ async fn a_prefetch_of_0_is_a_usage_error() {
     assert_eq!(error_line(&out, 2), "error: --prefetch must be at least 1");
 }
 
+/// A console opened beyond this machine without the host names people
+/// reach it by refuses to start, naming the flag (nothing is bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_beyond_loopback_without_allowed_hosts_is_a_usage_error() {
+    let env = TestEnv::new("exit-console-listen").await;
+    let out = env.cli(&["console", "--listen", "0.0.0.0:0"]).await;
+    let line = error_line(&out, 2);
+    assert!(
+        line.starts_with("error: --allowed-host: required to listen on 0.0.0.0:0"),
+        "{line}"
+    );
+}
+
 /// A password the broker refuses: the line says ACCESS_REFUSED and whom it
 /// refused, with the password redacted, and no warning that the broker "did
 /// not answer" comes before it.
