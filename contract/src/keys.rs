@@ -225,6 +225,11 @@ impl Keys {
         self.key("dlq:replay:", order_key)
     }
 
+    /// The pattern matching every order's replay lock (for `SCAN`).
+    pub fn dlq_replay_lock_pattern(&self) -> String {
+        format!("{}dlq:replay:*", glob_escape(&self.prefix))
+    }
+
     /// A replay's record ([`crate::replay`]), by the dead-letter id its
     /// event carries in `x-shardline-replay`.
     pub fn replay_record(&self, id: &str) -> String {

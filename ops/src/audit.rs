@@ -18,6 +18,19 @@ pub const UNREADABLE: &str = "unreadable";
 /// Characters of an unreadable entry's text kept in its `detail`.
 const EXCERPT_CHARS: usize = 200;
 
+/// Bytes an entry may take as stored: a larger `detail` is kept as an
+/// excerpt of [`DETAIL_EXCERPT_CHARS`] with its size, so that no caller can
+/// grow the log beyond [`CAP`] × this.
+pub const MAX_ENTRY_BYTES: usize = 4096;
+
+/// Characters of an oversize `detail` kept, as JSON text (with the who and
+/// action cut to [`NAME_CHARS`], even characters JSON writes as six bytes
+/// keep the entry within [`MAX_ENTRY_BYTES`]).
+const DETAIL_EXCERPT_CHARS: usize = 500;
+
+/// Characters of an oversize entry's who and action kept.
+const NAME_CHARS: usize = 50;
+
 /// One operator action.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AuditEntry {
@@ -60,10 +73,7 @@ impl AuditEntry {
 /// Appends `entry` to the fleet's audit log (the oldest entries beyond
 /// [`CAP`] go).
 pub async fn record(fleet: &Fleet, entry: &AuditEntry) -> Result<(), Error> {
-    let text = serde_json::to_string(entry).map_err(|e| Error::Encode {
-        what: "an audit entry",
-        cause: e.to_string(),
-    })?;
+    let text = stored(entry)?;
     capped::push(
         fleet,
         &fleet.keys.audit(),
@@ -72,6 +82,33 @@ pub async fn record(fleet: &Fleet, entry: &AuditEntry) -> Result<(), Error> {
         "writing the audit log",
     )
     .await
+}
+
+/// `entry` as stored: at most [`MAX_ENTRY_BYTES`] (the who and action of
+/// the console's entries are short; an oversize `detail` becomes
+/// `{"excerpt": …, "bytes": n}`).
+fn stored(entry: &AuditEntry) -> Result<String, Error> {
+    let encode = |entry: &AuditEntry| {
+        serde_json::to_string(entry).map_err(|e| Error::Encode {
+            what: "an audit entry",
+            cause: e.to_string(),
+        })
+    };
+    let text = encode(entry)?;
+    if text.len() <= MAX_ENTRY_BYTES {
+        return Ok(text);
+    }
+    let detail = entry.detail.to_string();
+    let cut = AuditEntry {
+        who: capped::excerpt(&entry.who, NAME_CHARS),
+        action: capped::excerpt(&entry.action, NAME_CHARS),
+        detail: serde_json::json!({
+            "excerpt": capped::excerpt(&detail, DETAIL_EXCERPT_CHARS),
+            "bytes": detail.len(),
+        }),
+        ..entry.clone()
+    };
+    encode(&cut)
 }
 
 /// The `limit` newest entries (at most [`CAP`]), newest first.
@@ -91,6 +128,28 @@ pub async fn recent(fleet: &Fleet, limit: usize) -> Result<Vec<AuditEntry>, Erro
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_oversize_entry_is_stored_as_an_excerpt_with_its_size() {
+        let small = AuditEntry::now("ops", "replay", serde_json::json!({"group": "0a1b"}));
+        assert_eq!(
+            stored(&small).unwrap(),
+            serde_json::to_string(&small).unwrap()
+        );
+        let huge = "\u{1}".repeat(1_500_000);
+        let entry = AuditEntry::now(&huge, "replay", serde_json::json!({"note": huge}));
+        let text = stored(&entry).unwrap();
+        assert!(text.len() <= MAX_ENTRY_BYTES, "{} bytes", text.len());
+        let back = AuditEntry::parse(&text);
+        assert_eq!(back.action, "replay");
+        assert_eq!(back.detail["bytes"], 6 * 1_500_000 + r#"{"note":""}"#.len());
+        assert!(
+            back.detail["excerpt"]
+                .as_str()
+                .unwrap()
+                .starts_with(r#"{"note":"\u0001"#)
+        );
+    }
 
     #[test]
     fn an_entry_reads_back_as_written_and_garbage_as_unreadable() {

@@ -177,6 +177,30 @@ async fn renew(mut redis: MultiplexedConnection, token: String, held: Arc<Mutex<
     }
 }
 
+/// The lock of a replay that is running now (not in its tail), if any:
+/// while one runs, the letters it holds unacked cannot be read by others.
+pub(crate) async fn running(
+    fleet: &Fleet,
+    redis: &mut MultiplexedConnection,
+) -> Result<Option<String>, Error> {
+    let keys = crate::fleet::scan(redis, &fleet.keys.dlq_replay_lock_pattern())
+        .await
+        .map_err(redis_error(fleet, "looking for running replays"))?;
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    let values: Vec<Option<String>> = redis::cmd("MGET")
+        .arg(&keys)
+        .query_async(redis)
+        .await
+        .map_err(redis_error(fleet, "reading replay locks"))?;
+    Ok(keys
+        .into_iter()
+        .zip(values)
+        .find(|(_, v)| v.as_deref().is_some_and(|v| v.starts_with("run:")))
+        .map(|(key, _)| key))
+}
+
 /// Which of `order_ids` a replay holds (running or in its tail).
 pub(crate) async fn locked(
     fleet: &Fleet,
@@ -278,17 +302,29 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_finished_replay_leaves_its_lock_for_the_tail() {
+    async fn a_running_replay_refuses_a_reindex_and_its_tail_does_not() {
         let fleet = fleet();
         let mut locks = ReplayLocks::new(&fleet, Duration::from_secs(60))
             .await
             .unwrap();
         assert!(locks.take(&id("A")).await.unwrap());
+        let mut redis = fleet.redis.connect().await.unwrap();
+        let running_lock = running(&fleet, &mut redis).await.unwrap();
+        assert_eq!(running_lock, Some(fleet.keys.dlq_replay_lock("A")));
+        let refused = crate::dlq::reindex(&fleet, &CancellationToken::new()).await;
+        assert!(
+            matches!(&refused, Err(Error::Refused(line)) if line.contains("a replay is running")),
+            "{refused:?}"
+        );
         locks.finish().await.unwrap();
+        assert_eq!(
+            running(&fleet, &mut redis).await.unwrap(),
+            None,
+            "a tail runs nothing"
+        );
         let (held, ttl) = value(&fleet, "A").await;
         assert!(held.unwrap().starts_with("done:"));
         assert!(ttl > 10_000 && ttl <= 60_000, "the tail: {ttl}");
-        let mut redis = fleet.redis.connect().await.unwrap();
         let _: () = redis::cmd("DEL")
             .arg(fleet.keys.dlq_replay_lock("A"))
             .query_async(&mut redis)

@@ -32,7 +32,8 @@ pub struct ReindexReport {
     pub cancelled: bool,
 }
 
-/// Reads every letter (without acking: they all return to the queue, in
+/// Refuses while a replay runs (its lock `run:…` in Redis). Reads every
+/// letter (without acking: they all return to the queue, in
 /// order, when the reader closes), writes its entry as the worker would have
 /// (over an entry of another group or order), then removes the entries that were in the index before the run but whose
 /// letter was not read. A letter another reader holds at that moment (a
@@ -40,7 +41,13 @@ pub struct ReindexReport {
 /// and if that reader puts it back, the index's count falls short of the
 /// DLQ's depth and asks for another reindex.
 pub async fn reindex(fleet: &Fleet, cancel: &CancellationToken) -> Result<ReindexReport, Error> {
-    let mut index = Index::open(fleet).await?;
+    let mut redis = fleet.redis.connect().await?;
+    if let Some(lock) = super::lock::running(fleet, &mut redis).await? {
+        return Err(Error::Refused(format!(
+            "a replay is running (it holds {lock}): reindex once it ends — the letters it holds unacked cannot be read now, and their index entries would be removed"
+        )));
+    }
+    let mut index = Index::on(fleet, redis);
     let before: HashSet<String> = index.all_ids().await?.into_iter().collect();
     let mut report = ReindexReport::default();
     let mut seen = HashSet::new();
