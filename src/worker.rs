@@ -153,6 +153,12 @@ pub(crate) struct WorkerArgs {
     /// Events held per shard at most (also the consumer window's reserve).
     #[arg(long, default_value_t = Config::default().max_held, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_held: u16,
+    /// Bytes of event bodies held per shard at most: held, read ahead and
+    /// waiting to run. At the bound the shard takes no new delivery (held
+    /// events stay; gaps are given up only at `--max-held` or their grace);
+    /// one event larger than the bound is taken when nothing else is held.
+    #[arg(long, default_value_t = Config::default().max_held_bytes, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_held_bytes: usize,
     /// Held events whose gap never filled: `dead-letter` (reason `seq-gap`) or
     /// `apply` (skip the gap).
     #[arg(long, value_enum, default_value_t = OnGapArg::DeadLetter)]
@@ -307,6 +313,7 @@ impl WorkerArgs {
             gap_grace: self.gap_grace,
             start_grace: self.start_grace,
             max_held: self.max_held,
+            max_held_bytes: self.max_held_bytes,
             on_gap: match self.on_gap {
                 OnGapArg::DeadLetter => OnGap::DeadLetter,
                 OnGapArg::Apply => OnGap::Apply,
@@ -437,6 +444,7 @@ mod tests {
             (parsed.gap_grace, parsed.start_grace, parsed.max_held),
             (library.gap_grace, library.start_grace, library.max_held)
         );
+        assert_eq!(parsed.max_held_bytes, library.max_held_bytes);
     }
 
     #[test]

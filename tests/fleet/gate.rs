@@ -530,3 +530,85 @@ async fn at_max_held_the_oldest_gap_times_out_early() {
     assert_exactly_once(&calls, &processed);
     assert_eq!(dlq::depth(&f.env, &f.conn).await, 0);
 }
+
+/// Seq `seq` of `order` with a body of about `pad` bytes more than usual.
+fn padded(env: &TestEnv, order: &str, seq: u64, pad: usize) -> Event {
+    let mut event = ev(env, order, seq);
+    event.body = NewEvent {
+        order_id: shardline_contract::OrderId::new(order).unwrap(),
+        event: event.event.clone(),
+        seq: Some(seq),
+        event_id: None,
+        data: serde_json::json!({ "pad": "x".repeat(pad) }),
+    }
+    .to_body()
+    .unwrap();
+    event
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_max_held_bytes_the_shard_takes_no_new_delivery() {
+    // Bodies of about 4 KB against a bound of 10,000 bytes: the third is
+    // taken (8 KB held, below it), a fourth is not. `--max-held` (5) is not
+    // reached: its window (prefetch 1 + 5) leaves the rest ready in the queue.
+    const BOUND: usize = 10_000;
+    let f = fleet("gate-bytes", Downstream::start().await, |c| {
+        graces(Duration::from_secs(60), Duration::from_secs(3))(c);
+        c.max_held_bytes = BOUND;
+        c.max_held = 5;
+    })
+    .await;
+    let order = "bytes-a";
+    // A new order from seq 3: each is held for the start grace.
+    let events: Vec<Event> = (3..=12).map(|s| padded(&f.env, order, s, 4_000)).collect();
+    let largest = events
+        .iter()
+        .map(|e| e.body.len())
+        .max()
+        .unwrap_or_default();
+    f.publisher.publish(&events).await;
+
+    let counts = f.worker.wait_held(3).await;
+    let ready = f.env.shard_statuses(&f.conn).await[usize::from(events[0].shard)].messages;
+    assert_eq!(
+        (counts.held, counts.processed),
+        (3, 0),
+        "{}",
+        f.worker.describe()
+    );
+    assert!(
+        ready >= 4,
+        "the rest waits in the queue: {ready} ready\n{}",
+        f.worker.describe()
+    );
+
+    // Held stay held until the start grace ends (nothing is given up for
+    // bytes), then all run in order. Polled throughout: never more held.
+    let most = std::cell::Cell::new((0_u64, 0_u64));
+    let calls = wait_until("every event of the order processed", PROCESSING, || {
+        let counts = f.worker.counts();
+        let (held, bytes) = most.get();
+        most.set((held.max(counts.held), bytes.max(counts.held_bytes)));
+        let calls = f.downstream.calls();
+        let done = check(all_ok(&calls, &events), || f.worker.describe());
+        async move { done.map(|()| calls) }
+    })
+    .await;
+    let (most_held, most_bytes) = most.get();
+    assert_eq!(most_held, 3, "at the byte bound, never more held");
+    let bound = u64::try_from(BOUND + largest).unwrap_or(u64::MAX);
+    assert!(
+        most_bytes >= 3 * 4_000 && most_bytes < bound,
+        "held bytes {most_bytes}: at most one body past the bound"
+    );
+    assert_eq!(
+        seqs(&calls, order),
+        (3..=12).collect::<Vec<_>>(),
+        "{}",
+        describe(&calls)
+    );
+    assert_exactly_once(&calls, &events);
+    f.worker.assert_all_processed(10).await;
+    assert_eq!(f.worker.counts().gaps, 1, "the gap at start, only");
+    assert_eq!(dlq::depth(&f.env, &f.conn).await, 0);
+}

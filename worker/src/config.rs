@@ -100,6 +100,15 @@ pub struct Config {
     /// `prefetch + concurrency + max_held` (`prefetch + max_held` at
     /// concurrency 1). Default 64.
     pub max_held: u16,
+    /// Bytes of event bodies a shard holds decoded at most: held by the gate,
+    /// read ahead and waiting to run (not those in flight). At the bound the
+    /// shard takes no new delivery until one of them runs; held events stay
+    /// held and nothing is given up for bytes (gaps only at `max_held` or
+    /// their grace). The next delivery's size is known only once it is taken,
+    /// so the last one may go past the bound by its body; one event larger
+    /// than the bound is taken when nothing else is held. Default 64 MiB:
+    /// `max_held` (64) events at the default body limit (1 MiB).
+    pub max_held_bytes: usize,
     /// What to do with held events whose gap never filled. Default dead-letter.
     pub on_gap: OnGap,
     /// What an order's later events do once one of its events is
@@ -240,6 +249,7 @@ impl Default for Config {
             gap_grace: Duration::from_secs(120),
             start_grace: Duration::from_secs(5),
             max_held: 64,
+            max_held_bytes: 64 * 1024 * 1024,
             on_gap: OnGap::DeadLetter,
             on_dead_letter: OnDeadLetter::Continue,
             kinds_ttl: None,

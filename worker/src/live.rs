@@ -58,6 +58,9 @@ pub(crate) struct ShardWatch {
     /// When the oldest waiting event was published.
     waiting_oldest: AtomicStamp,
     held: AtomicU64,
+    /// Bytes of event bodies held decoded: held, read ahead, waiting to run
+    /// (`--max-held-bytes`).
+    held_bytes: AtomicU64,
     /// When the oldest held event was published.
     held_oldest: AtomicStamp,
     /// Which events the gate holds (for the status in Redis).
@@ -76,6 +79,7 @@ impl ShardWatch {
             waiting: AtomicU64::new(0),
             waiting_oldest: AtomicStamp::default(),
             held: AtomicU64::new(0),
+            held_bytes: AtomicU64::new(0),
             held_oldest: AtomicStamp::default(),
             held_refs: Mutex::default(),
         })
@@ -87,6 +91,7 @@ impl ShardWatch {
             self.clear_inflight();
             self.set_waiting(0, None);
             self.set_held(0, None);
+            self.set_held_bytes(0);
             self.set_held_refs(Vec::new());
         }
     }
@@ -169,6 +174,16 @@ impl ShardWatch {
         self.held.load(Ordering::Relaxed)
     }
 
+    /// The shard holds `bytes` of event bodies decoded.
+    pub(crate) fn set_held_bytes(&self, bytes: usize) {
+        self.held_bytes.store(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Bytes of event bodies held decoded, as last set.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.held_bytes.load(Ordering::Relaxed)
+    }
+
     /// The events the gate holds now, by order and kind.
     pub(crate) fn set_held_refs(&self, refs: Vec<HeldRef>) {
         if let Ok(mut held) = self.held_refs.lock() {
@@ -204,6 +219,7 @@ impl ShardWatch {
             inflight: self.inflight.load(Ordering::Relaxed),
             waiting: self.waiting.load(Ordering::Relaxed),
             held: self.held.load(Ordering::Relaxed),
+            held_bytes: self.held_bytes.load(Ordering::Relaxed),
         }
     }
 }
@@ -224,6 +240,7 @@ pub(crate) struct Snapshot {
     /// Events waiting for their order (or a slot).
     pub(crate) waiting: u64,
     pub(crate) held: u64,
+    pub(crate) held_bytes: u64,
 }
 
 /// When an event was published, in unix milliseconds, and who says so.

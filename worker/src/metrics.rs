@@ -74,6 +74,9 @@ pub mod names {
     pub const DLQ_DEPTH: &str = "shardline_dlq_depth";
     /// Gauge `{shard}`: events the sequence gate holds.
     pub const HELD_EVENTS: &str = "shardline_held_events";
+    /// Gauge `{shard}`: bytes of event bodies the shard holds decoded (held,
+    /// read ahead, waiting to run), bounded by `--max-held-bytes`.
+    pub const HELD_BYTES: &str = "shardline_held_bytes";
     /// Gauge `{shard}`: handler calls in flight (claimed, not yet acked; retry
     /// backoff included), at most `--concurrency`.
     pub const INFLIGHT_EVENTS: &str = "shardline_inflight_events";
@@ -456,6 +459,7 @@ impl Metrics {
             redis_outages: self.worker.redis_outages.get(),
             broker_reconnects: self.worker.broker_reconnects.get(),
             held: sum(|m| m.watch.held()),
+            held_bytes: sum(|m| m.watch.held_bytes()),
             gaps: self.worker.gaps.get(),
             fenced_writes: self.worker.fenced.get(),
             grouped: self.worker.grouped.get(),
@@ -626,6 +630,13 @@ impl Collector for LiveCollector {
         )?;
         Self::gauge_family(
             &mut encoder,
+            names::HELD_BYTES,
+            "Bytes of event bodies the shard holds decoded (held, read ahead, waiting to run), \
+             at most about --max-held-bytes",
+            &each_int(&|s| i64::try_from(s.held_bytes).unwrap_or(i64::MAX)),
+        )?;
+        Self::gauge_family(
+            &mut encoder,
             names::INFLIGHT_EVENTS,
             "Handler calls in flight (claimed, not yet acked), at most --concurrency",
             &each_int(&|s| i64::try_from(s.inflight).unwrap_or(i64::MAX)),
@@ -678,6 +689,9 @@ pub struct Counts {
     pub broker_reconnects: u64,
     /// Events the sequence gate holds now.
     pub held: u64,
+    /// Bytes of event bodies held decoded now (held, read ahead, waiting
+    /// to run: `--max-held-bytes`).
+    pub held_bytes: u64,
     /// Sequence gaps given up on (timed out or accepted as a start).
     pub gaps: u64,
     /// Order-state writes refused because a newer consumer wrote the order.

@@ -99,8 +99,8 @@ pub(crate) async fn consume_shard(
     } else {
         ShardState::Registered
     });
-    let mut lookahead = Lookahead::new(consumer);
     let mut gate = Gate::new(config);
+    let mut lookahead = Lookahead::counting(consumer, gate.bytes().clone());
     let inputs = Loop {
         config,
         ctx,
@@ -270,7 +270,9 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
     let max = usize::from(config.grouping().size);
     loop {
         gauge.sync(gate);
-        let (deadline, intake) = clock.gate_wait(gate);
+        let (deadline, room) = clock.gate_wait(gate);
+        // At the byte bound only a delivery already taken ahead is next.
+        let intake = room && (!gate.is_full_of_bytes() || lookahead.has_parked());
         let (ready, directive, released) = match gate.pop_runnable() {
             Some((ready, directive)) => (ready, directive, true),
             None => {
@@ -508,7 +510,7 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
     let mut extra_running = false;
     loop {
         while let Some((ready, directive)) = gate.pop_runnable() {
-            schedule.push_released(job_entry(ready, directive));
+            schedule.push_released(waits(gate, job_entry(ready, directive)));
         }
         loop {
             let (entry, extra) = match schedule.next() {
@@ -523,6 +525,7 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
                 evidence_wanted = false;
                 extra_running = true;
             }
+            gate.bytes().sub(entry.item.ready.delivery.data.len());
             let Entry { order, alone, item } = entry;
             let id = next_id;
             next_id += 1;
@@ -547,7 +550,8 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
         gauge.sync(gate);
         sync_running(watch, &started, &schedule);
         let (deadline, room) = clock.gate_wait(gate);
-        let intake = (schedule.accepts() || evidence_wanted) && room;
+        // At the byte bound no new delivery, but the breaker's evidence.
+        let intake = ((schedule.accepts() && !gate.is_full_of_bytes()) || evidence_wanted) && room;
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => {
@@ -572,7 +576,7 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
                 }
                 // Released successors go before the order's later arrivals.
                 while let Some((ready, directive)) = gate.pop_runnable() {
-                    schedule.push_released(job_entry(ready, directive));
+                    schedule.push_released(waits(gate, job_entry(ready, directive)));
                 }
                 schedule.finish(done.order.as_deref(), done.alone);
             }
@@ -580,11 +584,18 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
             () = clock.changed() => {}
             _ = sleep_until(deadline), if deadline.is_some() => clock.expire(ctx, gate),
             next = lookahead.next(&ctx.processor), if intake => match next? {
-                Some(ready) => schedule.push(job_entry(ready, Directive::Normal)),
+                Some(ready) => schedule.push(waits(gate, job_entry(ready, Directive::Normal))),
                 None => return Err(ShardError::ConsumerCancelled),
             },
         }
     }
+}
+
+/// `entry` waits to run: its body counts in the shard's decoded bytes until
+/// it starts.
+fn waits(gate: &Gate<Ready>, entry: Entry<Job>) -> Entry<Job> {
+    gate.bytes().add(entry.item.ready.delivery.data.len());
+    entry
 }
 
 /// A delivery as the schedule sees it: its order, and whether it runs alone
@@ -684,6 +695,7 @@ impl<'a> HeldGauge<'a> {
             waiting.map(|r| held_published_ms(r, now)).min()
         });
         self.watch.set_held(gate.held(), oldest.flatten());
+        self.watch.set_held_bytes(gate.bytes().get());
         // Listed again only when the gate changed, not per event.
         if gate.version() != self.refs_of {
             self.watch.set_held_refs(held_refs(gate));
@@ -695,6 +707,7 @@ impl<'a> HeldGauge<'a> {
 impl Drop for HeldGauge<'_> {
     fn drop(&mut self) {
         self.watch.set_held(0, None);
+        self.watch.set_held_bytes(0);
     }
 }
 

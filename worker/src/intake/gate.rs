@@ -16,12 +16,15 @@ use tokio::time::Instant;
 
 use crate::config::{Config, OnGap};
 use crate::delivery::Directive;
+use crate::intake::bytes::HeldBytes;
 
 /// What the gate holds: an item that remembers when it was first held, so
 /// that an event released and held again keeps the grace of its arrival.
 pub(crate) trait Holdable {
     fn held_since(&self) -> Option<Instant>;
     fn set_held_since(&mut self, at: Instant);
+    /// Its body's bytes, counted against `--max-held-bytes`.
+    fn size(&self) -> usize;
 }
 
 struct Held<T> {
@@ -38,6 +41,9 @@ pub(crate) struct Gate<T> {
     version: u64,
     runnable: VecDeque<(T, Directive)>,
     max_held: usize,
+    /// The shard's decoded bytes: the gate counts its held and runnable
+    /// events' bodies there.
+    bytes: HeldBytes,
     gap_grace: Duration,
     start_grace: Duration,
     on_gap: OnGap,
@@ -62,6 +68,7 @@ impl<T: Holdable> Gate<T> {
             version: 0,
             runnable: VecDeque::new(),
             max_held: usize::from(config.max_held.max(1)),
+            bytes: HeldBytes::new(config.max_held_bytes),
             gap_grace: config.gap_grace,
             start_grace: config.start_grace,
             on_gap: config.on_gap,
@@ -88,6 +95,20 @@ impl<T: Holdable> Gate<T> {
     /// rather than give up a gap early.
     pub(crate) fn is_full(&self) -> bool {
         self.held >= self.max_held
+    }
+
+    /// The shard's decoded bytes (`--max-held-bytes`), which the gate's
+    /// held and runnable events are counted in; shared with the lookahead.
+    pub(crate) fn bytes(&self) -> &HeldBytes {
+        &self.bytes
+    }
+
+    /// At `--max-held-bytes` (the gate's events with those read ahead and
+    /// waiting): the shard takes no new delivery. Nothing is given up for
+    /// bytes; held events wait for their gap or its grace, as below
+    /// `--max-held`.
+    pub(crate) fn is_full_of_bytes(&self) -> bool {
+        !self.bytes.has_room()
     }
 
     /// Calls were paused for `by` (the downstream breaker): every hold's
@@ -151,6 +172,7 @@ impl<T: Holdable> Gate<T> {
         if item.held_since().is_none() {
             item.set_held_since(now);
         }
+        self.bytes.add(item.size());
         self.orders
             .entry(order_key.clone())
             .or_default()
@@ -178,7 +200,11 @@ impl<T: Holdable> Gate<T> {
 
     /// The next delivery the gate released, before any new one is taken.
     pub(crate) fn pop_runnable(&mut self) -> Option<(T, Directive)> {
-        self.runnable.pop_front()
+        let next = self.runnable.pop_front();
+        if let Some((item, _)) = &next {
+            self.bytes.sub(item.size());
+        }
+        next
     }
 
     /// When the earliest hold ends.
@@ -280,6 +306,7 @@ mod tests {
     struct Item {
         seq: u64,
         since: Option<Instant>,
+        size: usize,
     }
 
     impl Holdable for Item {
@@ -290,6 +317,10 @@ mod tests {
         fn set_held_since(&mut self, at: Instant) {
             self.since = Some(at);
         }
+
+        fn size(&self) -> usize {
+            self.size
+        }
     }
 
     fn key(order: &str) -> OrderKey {
@@ -297,7 +328,16 @@ mod tests {
     }
 
     fn item(seq: u64) -> Box<Item> {
-        Box::new(Item { seq, since: None })
+        sized(seq, 0)
+    }
+
+    /// An item whose body is `size` bytes.
+    fn sized(seq: u64, size: usize) -> Box<Item> {
+        Box::new(Item {
+            seq,
+            since: None,
+            size,
+        })
     }
 
     fn gate(config: Config) -> Gate<Item> {
@@ -490,5 +530,73 @@ mod tests {
         // The same seq of another order is no copy.
         assert!(g.hold(item(3), &key("B"), 3, false, t0).is_ok());
         assert_eq!(g.held(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_are_counted_while_held_and_until_released_events_are_taken() {
+        let mut g = gate(Config::default());
+        let t0 = Instant::now();
+        g.hold(sized(3, 100), &key("A"), 3, false, t0).unwrap();
+        g.hold(sized(4, 50), &key("A"), 4, false, t0).unwrap();
+        assert_eq!(g.bytes().get(), 150);
+        assert!(g.hold(sized(3, 100), &key("A"), 3, false, t0).is_err());
+        assert_eq!(g.bytes().get(), 150, "a second copy is not held");
+        // Released: counted until it is taken to run.
+        g.passed(&key("A"));
+        assert_eq!(g.bytes().get(), 150);
+        assert_eq!(g.pop_runnable().map(|(i, _)| i.seq), Some(3));
+        assert_eq!(g.bytes().get(), 50);
+        // Given up: the same.
+        assert_eq!(after(&mut g, Duration::from_secs(120)).await.len(), 1);
+        assert_eq!(g.bytes().get(), 50);
+        assert_eq!(drain(&mut g).len(), 1);
+        assert_eq!(g.bytes().get(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_max_held_bytes_the_gate_is_full_and_gives_nothing_up() {
+        let mut g = gate(Config {
+            max_held_bytes: 100,
+            ..Config::default()
+        });
+        let t0 = Instant::now();
+        assert!(!g.is_full_of_bytes());
+        assert!(
+            g.hold(sized(3, 60), &key("A"), 3, false, t0)
+                .unwrap()
+                .is_empty()
+        );
+        assert!(!g.is_full_of_bytes(), "below the bound");
+        assert!(
+            g.hold(sized(5, 60), &key("B"), 5, false, t0)
+                .unwrap()
+                .is_empty(),
+            "no gap is given up for bytes"
+        );
+        assert!(g.is_full_of_bytes());
+        assert!(!g.is_full(), "two events are far below --max-held");
+        assert_eq!(g.held(), 2);
+        assert!(drain(&mut g).is_empty(), "held events stay held");
+        // A's gap fills: its event runs, and there is room again.
+        g.passed(&key("A"));
+        assert!(g.is_full_of_bytes(), "released, not yet taken");
+        assert_eq!(drain(&mut g).len(), 1);
+        assert!(!g.is_full_of_bytes());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_single_event_larger_than_the_bound_is_taken_when_nothing_is_held() {
+        let mut g = gate(Config {
+            max_held_bytes: 100,
+            ..Config::default()
+        });
+        let t0 = Instant::now();
+        assert!(!g.is_full_of_bytes(), "holding nothing: room for any size");
+        g.hold(sized(3, 1_000), &key("A"), 3, false, t0).unwrap();
+        assert!(g.is_full_of_bytes());
+        g.passed(&key("A"));
+        assert_eq!(drain(&mut g).len(), 1);
+        assert!(!g.is_full_of_bytes());
+        assert_eq!(g.bytes().get(), 0);
     }
 }

@@ -7,6 +7,11 @@
 //! down the broker window; the deliveries passed over on the way wait here, in
 //! delivery order, and the evidence event comes back to the front, unsettled,
 //! with the outcome of its attempt (`Ready::tried`).
+//!
+//! The deliveries kept here count in the shard's decoded bytes
+//! (`intake::bytes`): at `--max-held-bytes` a peek takes nothing new. The
+//! evidence search alone reads on past the bound (up to the broker window):
+//! a breaker left without evidence would dead-letter an event as poison.
 
 use std::collections::{HashSet, VecDeque};
 
@@ -18,6 +23,7 @@ use tokio::time::Instant;
 use crate::attempt::Processor;
 use crate::dedup::OrderState;
 use crate::delivery::{Message, Ready};
+use crate::intake::bytes::HeldBytes;
 use crate::intake::decode;
 use crate::intake::gate::Holdable;
 use crate::settle::Upcoming;
@@ -29,6 +35,10 @@ impl Holdable for Ready {
 
     fn set_held_since(&mut self, at: Instant) {
         self.held_since = Some(at);
+    }
+
+    fn size(&self) -> usize {
+        self.delivery.data.len()
     }
 }
 
@@ -55,6 +65,16 @@ enum Peeked {
     End(Option<lapin::Error>),
 }
 
+impl Peeked {
+    /// The bytes it counts in the shard's decoded bytes.
+    fn size(&self) -> usize {
+        match self {
+            Peeked::Ready(ready) => ready.delivery.data.len(),
+            Peeked::End(_) => 0,
+        }
+    }
+}
+
 /// Where a shard's deliveries come from: its broker consumer, or in unit
 /// tests a stream of mock deliveries.
 pub(crate) trait Deliveries: Stream<Item = Result<Delivery, lapin::Error>> + Unpin {}
@@ -66,14 +86,42 @@ impl<T: Stream<Item = Result<Delivery, lapin::Error>> + Unpin> Deliveries for T 
 pub(crate) struct Lookahead<S = Consumer> {
     consumer: S,
     parked: VecDeque<Peeked>,
+    /// The shard's decoded bytes, which `parked` counts in.
+    bytes: HeldBytes,
 }
 
 impl<S: Deliveries> Lookahead<S> {
+    /// Reads ahead whatever the bytes held (unit tests).
+    #[cfg(test)]
     pub(crate) fn new(consumer: S) -> Self {
+        Self::counting(consumer, HeldBytes::unbounded())
+    }
+
+    /// Counts what it keeps in the shard's `bytes`, and reads ahead only
+    /// below their bound.
+    pub(crate) fn counting(consumer: S, bytes: HeldBytes) -> Self {
         Self {
             consumer,
             parked: VecDeque::new(),
+            bytes,
         }
+    }
+
+    /// Whether a delivery taken ahead is kept here: the next one needs no
+    /// new delivery from the broker.
+    pub(crate) fn has_parked(&self) -> bool {
+        !self.parked.is_empty()
+    }
+
+    fn park_back(&mut self, peeked: Peeked) {
+        self.bytes.add(peeked.size());
+        self.parked.push_back(peeked);
+    }
+
+    fn unpark_front(&mut self) -> Option<Peeked> {
+        let peeked = self.parked.pop_front()?;
+        self.bytes.sub(peeked.size());
+        Some(peeked)
     }
 
     /// The next delivery: the one taken ahead, else the broker's next.
@@ -82,7 +130,7 @@ impl<S: Deliveries> Lookahead<S> {
         &mut self,
         processor: &Processor,
     ) -> Result<Option<Ready>, lapin::Error> {
-        let peeked = match self.parked.pop_front() {
+        let peeked = match self.unpark_front() {
             Some(peeked) => peeked,
             None => Self::wrap(self.consumer.next().await, processor),
         };
@@ -94,11 +142,13 @@ impl<S: Deliveries> Lookahead<S> {
     }
 
     /// The next delivery if the broker has already sent it; never waits.
+    /// At `--max-held-bytes` it takes none from the broker.
     pub(crate) fn peek(&mut self, processor: &Processor) -> Option<&mut Ready> {
         if self.parked.is_empty()
+            && self.bytes.has_room()
             && let Some(next) = self.consumer.next().now_or_never()
         {
-            self.parked.push_back(Self::wrap(next, processor));
+            self.park_back(Self::wrap(next, processor));
         }
         match self.parked.front_mut() {
             Some(Peeked::Ready(ready)) => Some(ready),
@@ -108,7 +158,8 @@ impl<S: Deliveries> Lookahead<S> {
 
     /// Up to `max` deliveries from the front that the broker has already
     /// sent, while each `fits`; never waits. The first that does not fit
-    /// stays here.
+    /// stays here. What it takes counts against `--max-held-bytes` until it
+    /// returns: it takes nothing new from the broker past the bound.
     pub(crate) fn take_while(
         &mut self,
         max: usize,
@@ -116,8 +167,13 @@ impl<S: Deliveries> Lookahead<S> {
         fits: impl Fn(&Ready) -> bool,
     ) -> Vec<Ready> {
         let mut taken = Vec::new();
-        while taken.len() < max && self.peek(processor).is_some_and(|ready| fits(ready)) {
-            if let Some(Peeked::Ready(ready)) = self.parked.pop_front() {
+        let mut taken_bytes = 0;
+        while taken.len() < max
+            && (self.has_parked() || self.bytes.has_room_with(taken_bytes))
+            && self.peek(processor).is_some_and(|ready| fits(ready))
+        {
+            if let Some(Peeked::Ready(ready)) = self.unpark_front() {
+                taken_bytes += ready.delivery.data.len();
                 taken.push(ready);
             }
         }
@@ -127,6 +183,7 @@ impl<S: Deliveries> Lookahead<S> {
     /// Puts deliveries taken from the front back, in their order.
     pub(crate) fn unpark(&mut self, deliveries: Vec<Ready>) {
         for ready in deliveries.into_iter().rev() {
+            self.bytes.add(ready.delivery.data.len());
             self.parked.push_front(Peeked::Ready(ready));
         }
     }
@@ -147,7 +204,7 @@ impl<S: Deliveries> Lookahead<S> {
         while !matches!(self.parked.back(), Some(Peeked::End(_)))
             && let Some(next) = self.consumer.next().now_or_never()
         {
-            self.parked.push_back(Self::wrap(next, processor));
+            self.park_back(Self::wrap(next, processor));
         }
         let mut passed: HashSet<&str> = HashSet::from([order_key]);
         let mut found = None;
@@ -163,9 +220,11 @@ impl<S: Deliveries> Lookahead<S> {
             }
             passed.insert(order);
         }
-        match self.parked.remove(found?) {
-            Some(Peeked::Ready(ready)) => Some(ready),
-            _ => None,
+        let found = self.parked.remove(found?)?;
+        self.bytes.sub(found.size());
+        match found {
+            Peeked::Ready(ready) => Some(ready),
+            Peeked::End(_) => None,
         }
     }
 
@@ -176,7 +235,7 @@ impl<S: Deliveries> Lookahead<S> {
             return std::future::pending().await;
         }
         let next = self.consumer.next().await;
-        self.parked.push_back(Self::wrap(next, processor));
+        self.park_back(Self::wrap(next, processor));
     }
 
     /// Forgets the verdict asked for early (its claim stays; asking again
@@ -191,6 +250,7 @@ impl<S: Deliveries> Lookahead<S> {
     /// here (the worker is stopping; the broker redelivers it).
     pub(crate) async fn release<O: OrderState>(&mut self, store: &mut O) {
         for peeked in std::mem::take(&mut self.parked) {
+            self.bytes.sub(peeked.size());
             if let Peeked::Ready(ready) = peeked
                 && let Some(claim) = ready.held_claim()
             {
@@ -364,5 +424,23 @@ mod tests {
             lookahead.next(&processor).await.unwrap().is_none(),
             "cancelled by the broker"
         );
+    }
+
+    #[tokio::test]
+    async fn at_the_byte_bound_a_peek_takes_nothing_new_and_what_it_keeps_counts() {
+        let processor = test_processor();
+        let bytes = HeldBytes::new(1);
+        let broker = stream::iter(vec![event(1, "A", 1, false), event(2, "A", 2, false)]);
+        let mut lookahead = Lookahead::counting(broker.chain(stream::pending()), bytes.clone());
+        let size = lookahead.peek(&processor).map(|r| r.delivery.data.len());
+        assert!(size.is_some(), "holding nothing: room for one of any size");
+        assert_eq!(Some(bytes.get()), size, "kept ahead, counted");
+        assert_eq!(tags(&mut lookahead, 1).await, [1]);
+        assert_eq!(bytes.get(), 0, "taken to run: no longer counted");
+        bytes.add(1);
+        assert!(lookahead.peek(&processor).is_none(), "at the bound");
+        bytes.sub(1);
+        let next = lookahead.peek(&processor).map(|r| r.delivery.delivery_tag);
+        assert_eq!(next, Some(2));
     }
 }

@@ -6,6 +6,7 @@
 //!
 //! Stages call forward only: intake → attempt → settle.
 
+pub(crate) mod bytes;
 pub(crate) mod control;
 pub(crate) mod gate;
 pub(crate) mod group;
