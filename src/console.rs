@@ -115,6 +115,7 @@ pub(crate) async fn run(
             warn: args.backlog_warn,
             page: args.backlog_page,
         },
+        limits: shardline_connect::inbound::Inbound::default(),
     };
     config.validate().map_err(|e| Usage(e.rename_field(flag)))?;
     let listener = tokio::net::TcpListener::bind(args.listen)
