@@ -116,6 +116,7 @@ pub(crate) async fn run(
             warn: args.backlog_warn,
             page: args.backlog_page,
         },
+        limits: shardline_connect::inbound::Inbound::default(),
     };
     config
         .validate()

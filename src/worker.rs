@@ -326,6 +326,7 @@ impl WorkerArgs {
             management: global.management_url.clone(),
             delivery_limit: (self.queue_type == QueueType::Quorum).then_some(self.delivery_limit),
             metrics_addr: global.metrics_addr,
+            metrics_limits: shardline_worker::Inbound::default(),
             backlog: Thresholds {
                 warn: self.backlog_warn,
                 page: self.backlog_page,

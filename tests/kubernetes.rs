@@ -30,6 +30,7 @@ const KINDS: &[(&str, &str)] = &[
     ("v1", "Service"),
     ("v1", "ConfigMap"),
     ("v1", "Secret"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 ];
 
 /// Every document of every `*.yaml` and `*.yml` file under `deploy/kubernetes/`.
@@ -399,6 +400,7 @@ fn the_manifests_hold_the_fleet_and_the_readme_names_each_file() {
         "Service",
         "ConfigMap",
         "Secret",
+        "NetworkPolicy",
     ] {
         assert!(m.all(kind).next().is_some(), "{DIR} has no {kind}");
     }
@@ -549,6 +551,71 @@ fn probes_ask_the_metrics_port() {
             .iter()
             .any(|p| p["containerPort"].as_u64() == Some(u64::from(port))),
         "the worker container does not declare port {port}"
+    );
+}
+
+/// The metrics port listens on all addresses (the kubelet and Prometheus reach
+/// the pod IP), so a NetworkPolicy admits to it only the nodes (an ipBlock:
+/// the kubelet probes from the node) and Prometheus (a podSelector), and
+/// nothing else to the worker pods.
+#[test]
+fn only_the_nodes_and_prometheus_reach_the_metrics_port() {
+    let m = manifests();
+    let port = metrics_port(&m);
+    let worker = m.worker();
+    let container = worker_container(&worker);
+    let policy = m.one("NetworkPolicy", WORKER);
+    let spec = &policy["spec"];
+    assert_selects("the NetworkPolicy", &spec["podSelector"], &worker);
+    let types: Vec<_> = seq(spec, "policyTypes")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(types, ["Ingress"], "ingress only: {spec:?}");
+    let [rule] = seq(spec, "ingress") else {
+        panic!("one ingress rule: {spec:?}");
+    };
+    let ports = seq(rule, "ports");
+    assert!(!ports.is_empty(), "the rule names its port: {rule:?}");
+    for p in ports {
+        assert_eq!(port_number(&p["port"], &container), port, "{p:?}");
+        assert_eq!(str_of(p, "protocol").unwrap_or("TCP"), "TCP");
+    }
+    let from = seq(rule, "from");
+    assert_eq!(from.len(), 2, "the nodes and Prometheus: {from:?}");
+    let nodes = from
+        .iter()
+        .find_map(|peer| peer.get("ipBlock"))
+        .unwrap_or_else(|| panic!("no ipBlock for the nodes: {from:?}"));
+    let cidr = str_of(nodes, "cidr").unwrap_or_default();
+    let (ip, prefix) = cidr
+        .split_once('/')
+        .unwrap_or_else(|| panic!("{cidr} is not a CIDR"));
+    let ip: std::net::IpAddr = ip.parse().unwrap_or_else(|e| panic!("{cidr}: {e}"));
+    let prefix: u8 = prefix.parse().unwrap_or_else(|e| panic!("{cidr}: {e}"));
+    assert!(
+        prefix > 0 && prefix <= if ip.is_ipv4() { 32 } else { 128 },
+        "{cidr}: not everyone"
+    );
+    assert!(nodes.get("except").is_none(), "{nodes:?}");
+    let prometheus = from
+        .iter()
+        .find(|peer| peer.get("podSelector").is_some())
+        .unwrap_or_else(|| panic!("no podSelector for Prometheus: {from:?}"));
+    let pods = string_map(prometheus["podSelector"].get("matchLabels"));
+    assert!(
+        pods.values().any(|v| v.contains("prometheus")),
+        "the podSelector selects Prometheus: {pods:?}"
+    );
+    // Without it a podSelector selects only the policy's own namespace.
+    assert!(
+        !string_map(
+            prometheus
+                .get("namespaceSelector")
+                .and_then(|n| n.get("matchLabels"))
+        )
+        .is_empty(),
+        "Prometheus's namespace is named: {prometheus:?}"
     );
 }
 

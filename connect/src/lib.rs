@@ -7,10 +7,13 @@
 //! - [`management`]: the management HTTP API, for the policies AMQP cannot show.
 //! - [`probe`]: what the broker can do (its server properties) and the decision table built on it.
 //! - [`declare`]: declaring the topology (`topology apply`) and reading it back (`status`).
+//! - [`inbound`]: the guarded accept loop of every HTTP port shardline serves (the worker's
+//!   metrics and health port, the console): timeouts, a connection cap, body limits.
 //! - [`stamps`]: whether the broker stamps messages itself (a round trip through an exclusive queue).
 
 pub mod broker;
 pub mod declare;
+pub mod inbound;
 pub mod management;
 pub mod probe;
 pub mod redis_target;

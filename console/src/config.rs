@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 
+use shardline_connect::inbound::Inbound;
 use shardline_contract::status::Thresholds;
 use shardline_ops::ReconcileConfig;
 
@@ -28,6 +29,10 @@ pub struct Config {
     /// The order database: with it the reconcile page offers a dry run
     /// (its `dry_run` is set for each run). Default none.
     pub reconcile: Option<ReconcileConfig>,
+    /// The limits of its port: header-read and idle timeouts, the
+    /// connection cap, the request body limit. Default
+    /// [`Inbound::default`]: 10 s, 5 s, 64, 1 MiB.
+    pub limits: Inbound,
 }
 
 impl Config {
@@ -54,6 +59,12 @@ impl Config {
             return Err(Error::Config {
                 field: "thresholds.page",
                 message: "thresholds.page must not be below thresholds.warn".into(),
+            });
+        }
+        if let Err(e) = self.limits.validate() {
+            return Err(Error::Config {
+                field: "limits",
+                message: format!("limits.{e}"),
             });
         }
         Ok(())

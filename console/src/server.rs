@@ -1,17 +1,21 @@
 //! The routes under the base path, the shared state, and [`serve`]: the
-//! accept loop until the stop token fires.
+//! guarded accept loop (`shardline_connect::inbound`: timeouts, a connection
+//! cap, body limits) until the stop token fires.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::middleware;
 use axum::routing::{get, post};
+use shardline_connect::inbound;
 use shardline_ops::Fleet;
 use shardline_ops::topology::StatusConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tower_service::Service;
 
 use crate::history::{self, History};
 use crate::jobs::Jobs;
@@ -127,15 +131,19 @@ pub async fn serve(
     });
     tracing::info!(%addr, base = %state.base, tokens = state.tokens.len(), "console listening");
     let sampler = tokio::spawn(sample(Arc::clone(&state), shutdown.clone()));
-    let served = axum::serve(listener, router(Arc::clone(&state)))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await;
+    let router = router(Arc::clone(&state)).layer(DefaultBodyLimit::max(
+        usize::try_from(config.limits.max_body).unwrap_or(usize::MAX),
+    ));
+    inbound::serve(listener, config.limits, shutdown.clone(), move |req| {
+        let mut router = router.clone();
+        async move { router.call(req).await }
+    })
+    .await;
     shutdown.cancel();
     state.jobs.stop().await;
     if let Err(e) = sampler.await {
         tracing::debug!(error = %e, "console: the fleet sampler ended");
     }
-    served?;
     Ok(())
 }
 

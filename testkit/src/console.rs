@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 
+use shardline_connect::inbound::Inbound;
 use shardline_console::{Config, Tokens};
 use shardline_ops::ReconcileConfig;
 use tokio::task::JoinHandle;
@@ -26,6 +27,15 @@ pub struct ServedConsole {
 impl ServedConsole {
     /// Serves `env`'s fleet; with `reconcile`, its reconcile page offers a dry run.
     pub async fn start(env: &TestEnv, reconcile: Option<ReconcileConfig>) -> Self {
+        Self::start_with(env, reconcile, Inbound::default()).await
+    }
+
+    /// [`Self::start`] with its port under `limits` (short timeouts for a test).
+    pub async fn start_with(
+        env: &TestEnv,
+        reconcile: Option<ReconcileConfig>,
+        limits: Inbound,
+    ) -> Self {
         let config = Config {
             tokens: Tokens::parse(
                 &format!("# test tokens\nops:admin:{ADMIN}\nviewer:read-only:{VIEWER}\n"),
@@ -34,6 +44,7 @@ impl ServedConsole {
             .unwrap(),
             base_path: "/".into(),
             reconcile,
+            limits,
             ..Config::default()
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -43,6 +43,7 @@
 //! - [`dlq_index`]: the dead-letter index under load (reconcile every second while the index is read and another order replayed never compensates a dead letter) and after a Redis loss (`dlq reindex` after `FLUSHDB` rebuilds the same groups).
 //! - [`quarantine`]: `--on-dead-letter quarantine` holds an order behind its dead letter until replayed or released.
 //! - [`tls`]: `amqps://` and `rediss://` with a certificate from a private CA.
+//! - [`ports`]: 300 idle or half-sent connections to the metrics port and to the console: probes still answer, events still flow, the server closes them; a file limit of 64 is refused at start, named.
 //! - [`console`]: `shardline console` in-process: tokens, the session cookie, Host/Origin/CSRF checks, the JSON API, hostile text escaped.
 //! - [`audit`]: the audit log in Redis: newest first, capped, one per key prefix, an unreadable entry read as such.
 //!
@@ -69,6 +70,7 @@ mod hostile;
 mod nack;
 mod observability;
 mod ordering;
+mod ports;
 mod quarantine;
 mod rate;
 mod reconcile;

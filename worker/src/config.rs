@@ -5,6 +5,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use shardline_connect::inbound::Inbound;
 use shardline_connect::management::ManagementTarget;
 use shardline_connect::probe::Plan;
 use shardline_connect::{AmqpTarget, RedisTarget, TopologyOptions};
@@ -135,6 +136,10 @@ pub struct Config {
     pub management: Option<ManagementTarget>,
     /// Serve `/metrics`, `/healthz` and `/readyz` here. Default none (off).
     pub metrics_addr: Option<SocketAddr>,
+    /// The limits of the `metrics_addr` port: header-read and idle timeouts,
+    /// the connection cap (counted in the file descriptors checked at start),
+    /// the body limit. Default [`Inbound::default`]: 10 s, 5 s, 64, 1 MiB.
+    pub metrics_limits: Inbound,
     /// Backlog age from which a shard is at WARN and at PAGE (metrics, status).
     /// Default 30 s and 2 min.
     pub backlog: Thresholds,
@@ -259,6 +264,7 @@ impl Default for Config {
             management: None,
             delivery_limit: None,
             metrics_addr: None,
+            metrics_limits: Inbound::default(),
             backlog: Thresholds::default(),
             stuck_after: Duration::from_secs(60),
         }

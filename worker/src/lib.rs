@@ -129,6 +129,7 @@ pub use limits::{FileNeed, LimitError};
 pub use live::ShardState;
 pub use metrics::Counts;
 pub use progress::Progress;
+pub use shardline_connect::inbound::Inbound;
 pub use shardline_contract::status::Thresholds;
 pub use signal::cancel_on_signal;
 pub use supervisor::{Worker, run};

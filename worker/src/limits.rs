@@ -19,6 +19,8 @@
 
 use std::fmt;
 
+use shardline_connect::inbound::Inbound;
+
 /// RabbitMQ's default `channel_max` (3.x and 4.x): channels per connection.
 pub(crate) const BROKER_CHANNEL_MAX: usize = 2047;
 
@@ -92,10 +94,6 @@ pub(crate) fn redis_connections(shards: usize) -> usize {
 /// (`probe::read_all`; a reconnect closes the old pair first).
 const BROKER_CONNECTIONS: usize = 4;
 
-/// Connections the metrics endpoint serves at once (its cap), plus its
-/// listening socket when it serves.
-pub(crate) const METRICS_CONNECTIONS: usize = 64;
-
 /// Descriptors beyond the connections: the runtime's epoll and event fds,
 /// DNS lookups, TLS roots read from files, `/proc` reads, the management
 /// API's client, standard streams.
@@ -114,17 +112,17 @@ pub struct FileNeed {
 
 impl FileNeed {
     /// The need of a worker of `shards` shards whose handler holds
-    /// `handler` connections with every call in flight, serving metrics or not.
-    pub(crate) fn of(shards: usize, handler: usize, serves_metrics: bool) -> Self {
+    /// `handler` connections with every call in flight, serving metrics
+    /// under `metrics` or not: the port's cap of connections, the one
+    /// accepted while an evicted one closes, its listener
+    /// ([`Inbound::descriptors`]). The cap bounds what inbound sockets take,
+    /// so they cannot starve the broker and Redis connections.
+    pub(crate) fn of(shards: usize, handler: usize, metrics: Option<&Inbound>) -> Self {
         Self {
             broker: BROKER_CONNECTIONS,
             redis: redis_connections(shards),
             handler,
-            metrics: if serves_metrics {
-                METRICS_CONNECTIONS + 1
-            } else {
-                0
-            },
+            metrics: metrics.map_or(0, Inbound::descriptors),
             spare: SPARE_FILES,
         }
     }
@@ -135,7 +133,7 @@ impl FileNeed {
     }
 }
 
-/// The sum as the logs show it: `4 broker + 16 Redis + 0 handler + 65 metrics + 32 spare = 117`.
+/// The sum as the logs show it: `4 broker + 16 Redis + 0 handler + 66 metrics + 32 spare = 118`.
 impl fmt::Display for FileNeed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -297,22 +295,22 @@ mod tests {
 
     #[test]
     fn the_need_adds_its_terms_and_shows_them() {
-        let noop = FileNeed::of(1024, 0, false);
+        let noop = FileNeed::of(1024, 0, None);
         assert_eq!(noop.total(), 4 + 16 + 32);
-        let http = FileNeed::of(1024, 1024, true);
-        assert_eq!(http.total(), 4 + 16 + 1024 + 65 + 32);
+        let http = FileNeed::of(1024, 1024, Some(&Inbound::default()));
+        assert_eq!(http.total(), 4 + 16 + 1024 + 66 + 32);
         assert_eq!(
             http.to_string(),
-            "4 broker + 16 Redis + 1024 handler + 65 metrics + 32 spare = 1141"
+            "4 broker + 16 Redis + 1024 handler + 66 metrics + 32 spare = 1142"
         );
     }
 
     #[test]
     fn a_hard_limit_below_the_need_refuses_a_soft_one_warns() {
-        let need = FileNeed::of(1024, 1024, true);
+        let need = FileNeed::of(1024, 1024, Some(&Inbound::default()));
         let limit = |soft, hard| NoFile { soft, hard };
         assert_eq!(judge(&need, limit(4096, 4096)), Files::Enough);
-        assert_eq!(judge(&need, limit(1141, 1141)), Files::Enough);
+        assert_eq!(judge(&need, limit(1142, 1142)), Files::Enough);
         assert_eq!(judge(&need, limit(1024, 4096)), Files::Low { soft: 1024 });
         assert_eq!(judge(&need, limit(1024, 1024)), Files::Short { hard: 1024 });
         let refusal = LimitError::Files {
@@ -325,7 +323,7 @@ mod tests {
             refusal.starts_with("RLIMIT_NOFILE: the hard limit 1024"),
             "{refusal}"
         );
-        assert!(refusal.contains("= 1141"), "{refusal}");
+        assert!(refusal.contains("= 1142"), "{refusal}");
         assert!(!refusal.contains('\n'), "{refusal}");
     }
 }

@@ -266,10 +266,7 @@ impl Worker {
             status_writer: Arc::new(WriterHealth::default()),
         });
         if let Some(listener) = listener {
-            if let Ok(addr) = listener.local_addr() {
-                tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-            }
-            tokio::spawn(http::serve(listener, readiness.clone(), background.clone()));
+            http::spawn(listener, config.metrics_limits, &readiness, &background);
         }
         let writer =
             start_status_writer(&config, &pool, &metrics, breaker, &readiness, &background);
@@ -745,7 +742,7 @@ fn check_limits(config: &Config, handler: &dyn Handler) -> Result<(), WorkerErro
     let need = limits::FileNeed::of(
         shards,
         handler.connections(calls),
-        config.metrics_addr.is_some(),
+        config.metrics_addr.map(|_| &config.metrics_limits),
     );
     limits::check_files(&need)?;
     Ok(())
