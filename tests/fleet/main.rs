@@ -43,6 +43,7 @@
 //! - [`dlq_index`]: the dead-letter index under load (reconcile every second while the index is read and another order replayed never compensates a dead letter) and after a Redis loss (`dlq reindex` after `FLUSHDB` rebuilds the same groups).
 //! - [`quarantine`]: `--on-dead-letter quarantine` holds an order behind its dead letter until replayed or released.
 //! - [`tls`]: `amqps://` and `rediss://` with a certificate from a private CA.
+//! - [`secrets`]: a canary password in every URL and connection string reaches no output (logs at trace, errors, help, DLQ, status, metrics, dead-letter headers).
 //! - [`console`]: `shardline console` in-process: tokens, the session cookie, Host/Origin/CSRF checks, the JSON API, hostile text escaped.
 //! - [`audit`]: the audit log in Redis: newest first, capped, one per key prefix, an unreadable entry read as such.
 //!
@@ -75,6 +76,7 @@ mod reconcile;
 mod reconcile_runs;
 mod replay_records;
 mod scale;
+mod secrets;
 mod shutdown;
 mod stamps;
 mod standby;
