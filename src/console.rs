@@ -48,7 +48,7 @@ pub(crate) struct ConsoleArgs {
     /// PostgreSQL URL of the order database: the reconcile page then offers
     /// a dry run (read-only; it emits and writes nothing).
     #[arg(long)]
-    pub orders_url: Option<String>,
+    pub orders_url: Option<shardline_connect::redact::Redacted>,
     #[command(flatten)]
     pub orders: OrdersArgs,
 }
@@ -101,7 +101,7 @@ pub(crate) async fn run(
     // A dry run's config is checked now: a bad URL fails the start, naming the flag.
     let reconcile = match args.orders_url {
         Some(url) => {
-            let config = args.orders.config(url, true, usize::MAX);
+            let config = args.orders.config(url.into_inner(), true, usize::MAX);
             Reconciler::new(global.fleet(), config.clone()).flags()?;
             Some(config)
         }

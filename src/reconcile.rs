@@ -23,7 +23,7 @@ pub(crate) struct ReconcileArgs {
     /// PostgreSQL URL of the order database (`postgres://user:password@host/db`,
     /// or a key=value string). Only read, in a read-only transaction.
     #[arg(long)]
-    pub orders_url: String,
+    pub orders_url: shardline_connect::redact::Redacted,
     #[command(flatten)]
     pub orders: OrdersArgs,
     /// Run every INTERVAL until SIGTERM or Ctrl-C (a failed run is logged and
@@ -108,7 +108,7 @@ pub(crate) async fn run(
 ) -> anyhow::Result<ExitCode> {
     let config = args
         .orders
-        .config(args.orders_url, args.dry_run, args.max_emit);
+        .config(args.orders_url.into_inner(), args.dry_run, args.max_emit);
     let reconciler = Reconciler::new(global.fleet(), config).flags()?;
     let metrics = Arc::new(Metrics::new());
     if let Some(addr) = global.metrics_addr {

@@ -46,7 +46,7 @@ pub(crate) struct WorkerArgs {
     pub rebalance_max_moves: usize,
     /// `http(s)://…` (POST each event), `log` (JSON lines on stdout) or `noop`.
     #[arg(long)]
-    pub handler: String,
+    pub handler: shardline_connect::redact::Redacted,
     /// Events read ahead per shard.
     #[arg(long, default_value_t = Config::default().prefetch)]
     pub prefetch: u16,
@@ -390,7 +390,7 @@ fn handler_error(e: HandlerSpecError) -> anyhow::Error {
 fn handler_of(
     args: &WorkerArgs,
 ) -> Result<std::sync::Arc<dyn shardline_worker::Handler>, HandlerSpecError> {
-    let spec = args.handler.as_str();
+    let spec = args.handler.expose();
     if spec.starts_with("http://") || spec.starts_with("https://") {
         let http = shardline_worker::Http::new(spec)?
             .with_config_statuses(args.config_statuses.iter().copied());
@@ -596,7 +596,7 @@ mod tests {
             cli.worker
                 .config(&cli.global)
                 .unwrap_or_else(|e| panic!("{words:?} is refused: {e}"));
-            shardline_worker::from_spec(&cli.worker.handler)
+            shardline_worker::from_spec(cli.worker.handler.expose())
                 .unwrap_or_else(|e| panic!("{words:?}: the handler is refused: {e}"));
         }
     }

@@ -87,7 +87,8 @@ pub fn renamed(
         }
         cmd = cmd.mut_subcommands(|sub| match commands.contains(&sub.get_name()) {
             true => sub.mut_args(|arg| match arg.get_long() == Some(flag) {
-                true => arg.default_value(value),
+                // The value came from the environment: help never shows it.
+                true => arg.default_value(value).hide_default_value(true),
                 false => arg,
             }),
             false => sub,

@@ -14,6 +14,8 @@ use lapin::{Connection, ConnectionProperties, ConnectionState, ErrorKind};
 use rand::Rng;
 use rand::seq::SliceRandom as _;
 
+use crate::redact::{PERCENT_ENCODE, redact, scrub};
+
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
     #[error("cannot connect to RabbitMQ at {url} (TCP connect, then AMQP handshake): {cause}")]
@@ -72,7 +74,7 @@ impl AmqpTarget {
     /// The address list in `text`.
     pub fn parse(text: &str) -> Result<Self, BrokerError> {
         let problem = |problem: &str| BrokerError::Address {
-            given: redact_list(text),
+            given: redact(text),
             problem: problem.to_owned(),
         };
         let mut addresses: Vec<String> = Vec::new();
@@ -90,6 +92,15 @@ impl AmqpTarget {
         }
         if addresses.is_empty() {
             return Err(problem("no address given"));
+        }
+        for address in &addresses {
+            if let Err(e) = address.parse::<lapin::uri::AMQPUri>() {
+                return Err(problem(&format!(
+                    "{} does not parse ({}); {PERCENT_ENCODE}",
+                    redact(address),
+                    scrub(&e, address)
+                )));
+            }
         }
         Ok(Self {
             addresses,
@@ -165,7 +176,7 @@ impl FromStr for AmqpTarget {
 /// The addresses, comma-separated, passwords redacted.
 impl fmt::Display for AmqpTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shown: Vec<String> = self.addresses.iter().map(|a| redact_url(a)).collect();
+        let shown: Vec<String> = self.addresses.iter().map(|a| redact(a)).collect();
         f.write_str(&shown.join(","))
     }
 }
@@ -195,9 +206,9 @@ pub async fn connect(target: &AmqpTarget, name: &str) -> Result<Connection, Brok
         let connecting = Connection::connect(&with_heartbeat, props);
         match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
             Ok(Ok(conn)) => return Ok(conn),
-            Ok(Err(e)) => failures.push((redact_url(url), failure(&e, url))),
+            Ok(Err(e)) => failures.push((redact(url), failure(&e, url))),
             Err(_) => failures.push((
-                redact_url(url),
+                redact(url),
                 format!(
                     "no AMQP handshake within {}s (a node that accepts TCP but does not answer: paused, overloaded?)",
                     CONNECT_TIMEOUT.as_secs()
@@ -431,45 +442,6 @@ pub(crate) fn host_port(url: &str) -> &str {
         .map_or(authority, |(_, host)| host)
 }
 
-/// A comma-separated list with the password of anything URL-like redacted.
-fn redact_list(text: &str) -> String {
-    text.split(',')
-        .map(redact_url)
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// `url` with its password replaced by `***`.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let Some((userinfo, host)) = authority.rsplit_once('@') else {
-        return url.to_owned();
-    };
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-        None => url.to_owned(),
-    }
-}
-
-/// `text` with any password of `url` blanked out, in case a library echoed it.
-pub fn scrub(text: &str, url: &str) -> String {
-    let password = url
-        .split_once("://")
-        .and_then(|(_, rest)| rest.split(['/', '?', '#']).next())
-        .and_then(|authority| authority.rsplit_once('@'))
-        .and_then(|(userinfo, _)| userinfo.split_once(':'))
-        .map(|(_, password)| password)
-        .filter(|p| !p.is_empty());
-    match password {
-        Some(p) => text.replace(p, "***"),
-        None => text.to_owned(),
-    }
-}
-
 /// The broker's reply text when `error` is a channel or connection error of `kind`.
 pub fn soft_error(error: &lapin::Error, kind: AMQPSoftError) -> Option<String> {
     match error.kind() {
@@ -501,21 +473,6 @@ mod tests {
     }
 
     #[test]
-    fn redacts_passwords_only() {
-        assert_eq!(
-            redact_url("amqp://guest:guest@127.0.0.1:5672/%2f"),
-            "amqp://guest:***@127.0.0.1:5672/%2f"
-        );
-        assert_eq!(
-            redact_url("rediss://:s3cr@t@redis.example:6380/0"),
-            "rediss://:***@redis.example:6380/0"
-        );
-        assert_eq!(redact_url("amqp://127.0.0.1:5672"), "amqp://127.0.0.1:5672");
-        assert_eq!(redact_url("amqp://user@host/vh"), "amqp://user@host/vh");
-        assert_eq!(redact_url("not a url"), "not a url");
-    }
-
-    #[test]
     fn address_lists_split_only_before_a_scheme() {
         let one = AmqpTarget::parse("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap();
         assert_eq!(one.addresses().len(), 1);
@@ -533,6 +490,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(bad.contains("amqp://") && !bad.contains("secret"), "{bad}");
+        let raw = AmqpTarget::parse("amqp://guest:s3/cr#t?x@127.0.0.1:5672/%2f")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            raw.contains("amqp://***@127.0.0.1:5672/%2f does not parse")
+                && raw.contains("percent-encode")
+                && !raw.contains("s3")
+                && !raw.contains("cr#t"),
+            "{raw}"
+        );
     }
 
     #[test]

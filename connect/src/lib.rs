@@ -3,6 +3,7 @@
 //! Modules, from the address to what is declared:
 //!
 //! - [`broker`]: broker addresses and connecting to RabbitMQ, with redacted URLs in every error.
+//! - [`redact`]: the one redaction of every address and connection string, for every output.
 //! - [`redis_target`]: Redis addresses (direct or through Sentinels), connections and pools.
 //! - [`management`]: the management HTTP API, for the policies AMQP cannot show.
 //! - [`probe`]: what the broker can do (its server properties) and the decision table built on it.
@@ -16,9 +17,11 @@ pub mod declare;
 pub mod inbound;
 pub mod management;
 pub mod probe;
+pub mod redact;
 pub mod redis_target;
 pub mod stamps;
 
-pub use broker::{AddressOrder, AmqpTarget, BrokerError, connect, connect_each, redact_url};
+pub use broker::{AddressOrder, AmqpTarget, BrokerError, connect, connect_each};
 pub use declare::{ApplyReport, DeclareError, DlqKind, ShardStatus, TopologyOptions};
+pub use redact::{redact, scrub};
 pub use redis_target::{PooledConnection, RedisError, RedisPool, RedisTarget};

@@ -31,10 +31,11 @@ impl ManagementTarget {
     /// `text` as a management URL; the credentials go into basic auth.
     pub fn parse(text: &str) -> Result<Self, ManagementError> {
         let fail = |cause: &str| ManagementError {
-            url: crate::broker::redact_url(text),
+            url: crate::redact(text),
             cause: cause.to_owned(),
         };
-        let mut base = reqwest::Url::parse(text).map_err(|e| fail(&e.to_string()))?;
+        let mut base = reqwest::Url::parse(text)
+            .map_err(|e| fail(&format!("{e}; {}", crate::redact::PERCENT_ENCODE)))?;
         if !matches!(base.scheme(), "http" | "https") {
             return Err(fail("must start with http:// or https://"));
         }

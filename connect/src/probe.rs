@@ -95,7 +95,7 @@ pub async fn server_info(url: &str) -> Result<ServerInfo, ProbeError> {
     let owned = url.to_owned();
     let fail = |cause: String| ProbeError {
         address: address.clone(),
-        cause: crate::broker::scrub(&cause, url),
+        cause: crate::scrub(&cause, url),
     };
     match tokio::task::spawn_blocking(move || read_start(&owned, PROBE_TIMEOUT)).await {
         Ok(Ok(props)) => Ok(ServerInfo::from_properties(&address, &props)),

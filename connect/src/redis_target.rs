@@ -18,7 +18,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::SentinelClient;
 use redis::{Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisFuture, ServerErrorKind, Value};
 
-use crate::broker::redact_url;
+use crate::redact::{PERCENT_ENCODE, redact, scrub};
 
 /// How long a command-line tool waits for Redis to answer before giving up
 /// (for each Sentinel in turn, with a Sentinel address).
@@ -343,8 +343,14 @@ impl RedisTarget {
                 cause: problem,
             })?;
             target.sentinels = Some(sentinels);
-        } else {
-            redis::Client::open(url).map_err(|e| target.error(&e))?;
+        } else if let Err(e) = redis::Client::open(url) {
+            return Err(match e.kind() {
+                ErrorKind::InvalidClientConfig => RedisError::Failed {
+                    url: target.to_string(),
+                    cause: url_problem(url, &target.scrub(&e.to_string())),
+                },
+                _ => target.error(&e),
+            });
         }
         Ok(target)
     }
@@ -363,7 +369,7 @@ impl RedisTarget {
 
     /// `text` with every password of the address blanked out.
     pub fn scrub(&self, text: &str) -> String {
-        scrub_secrets(text, &self.url)
+        scrub(text, &self.url)
     }
 
     /// A Redis error as [`RedisError::Failed`]: this address, redacted, and the
@@ -859,66 +865,34 @@ impl fmt::Debug for RedisTarget {
     }
 }
 
-/// `url` with the userinfo's password and the `sentinel_password` parameter
-/// shown as `***`.
-fn redact(url: &str) -> String {
-    let shown = redact_url(url);
-    let Some((head, query)) = shown.split_once('?') else {
-        return shown;
+/// What is wrong with a Redis URL the client refused, in words (the
+/// client's own, `Redis URL did not parse`, says nothing of what).
+fn url_problem(url: &str, client_says: &str) -> String {
+    const SCHEMES: &str = "redis://, rediss://, redis+sentinel:// or rediss+sentinel://";
+    let parsed = match reqwest::Url::parse(url) {
+        Ok(parsed) => parsed,
+        Err(e) => return format!("not a URL ({e}); {PERCENT_ENCODE}"),
     };
-    let (query, fragment) = match query.split_once('#') {
-        Some((query, fragment)) => (query, Some(fragment)),
-        None => (query, None),
-    };
-    let query: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some(("sentinel_password", _)) => "sentinel_password=***".to_owned(),
-            _ => pair.to_owned(),
-        })
-        .collect();
-    let mut out = format!("{head}?{}", query.join("&"));
-    if let Some(fragment) = fragment {
-        out.push('#');
-        out.push_str(fragment);
+    let scheme = parsed.scheme();
+    if !matches!(
+        scheme,
+        "redis" | "rediss" | "valkey" | "valkeys" | "unix" | "redis+unix"
+    ) {
+        return format!("the scheme must be {SCHEMES}, not `{scheme}://`");
     }
-    out
-}
-
-/// The passwords in `url`, as written and percent-decoded, even when the
-/// URL is malformed: the userinfo's and the `sentinel_password` parameter's.
-fn secrets(url: &str) -> Vec<String> {
-    let rest = url.split_once("://").map_or("", |(_, rest)| rest);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let userinfo_password = authority
-        .rsplit_once('@')
-        .and_then(|(userinfo, _)| userinfo.split_once(':'))
-        .map(|(_, password)| password);
-    let query = rest
-        .split_once('?')
-        .map_or("", |(_, q)| q.split('#').next().unwrap_or(""));
-    let sentinel_password = query
-        .split('&')
-        .filter_map(|pair| pair.strip_prefix("sentinel_password="));
-    let mut found: Vec<String> = userinfo_password
-        .into_iter()
-        .chain(sentinel_password)
-        .flat_map(|raw| {
-            let decoded = percent_decode_str(raw).decode_utf8_lossy().into_owned();
-            [raw.to_owned(), decoded]
-        })
-        .filter(|p| !p.is_empty())
-        .collect();
-    // Longest first, so that a password containing another is blanked whole.
-    found.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    found.dedup();
-    found
-}
-
-fn scrub_secrets(text: &str, url: &str) -> String {
-    secrets(url)
-        .iter()
-        .fold(text.to_owned(), |text, secret| text.replace(secret, "***"))
+    if parsed.host_str().is_none_or(str::is_empty) && !scheme.contains("unix") {
+        return "no host (redis://[[user]:password@]host[:port][/db])".into();
+    }
+    let db = parsed.path().trim_matches('/');
+    if !db.is_empty() && db.parse::<i64>().is_err() {
+        return "the path must be a database number, `/N`".into();
+    }
+    let client_says = client_says.trim_start_matches("Redis URL did not parse");
+    let client_says = client_says.trim_start_matches([' ', '-', ':']);
+    match client_says {
+        "" | "InvalidClientConfig" => format!("not a Redis URL; {PERCENT_ENCODE}"),
+        words => format!("{words}; {PERCENT_ENCODE}"),
+    }
 }
 
 fn one_line(text: &str) -> String {
@@ -941,6 +915,34 @@ mod tests {
             .to_string();
         assert!(bad.starts_with("Redis http://u:***@h/: "), "{bad}");
         assert!(!bad.contains("s3cret"), "{bad}");
+        assert!(bad.contains("the scheme must be redis://"), "{bad}");
+    }
+
+    #[test]
+    fn a_url_that_does_not_parse_says_why_and_never_shows_its_password() {
+        for (url, shown, why) in [
+            (
+                "redis://:pa/ss@127.0.0.1:6390",
+                "redis://***@127.0.0.1:6390",
+                "percent-encode reserved characters",
+            ),
+            (
+                "redis://:pa#ss@127.0.0.1:6390",
+                "redis://***@127.0.0.1:6390",
+                "percent-encode reserved characters",
+            ),
+            (
+                "redis://127.0.0.1:6379/zero",
+                "redis://127.0.0.1:6379/zero",
+                "/N",
+            ),
+        ] {
+            let e = RedisTarget::parse(url).map(|_| ()).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("Redis {shown}: ")), "{url}: {e}");
+            assert!(e.contains(why), "{url}: {e}");
+            assert!(!e.contains("pa/ss") && !e.contains("pa#ss"), "{e}");
+            assert!(!e.contains("InvalidClientConfig"), "{e}");
+        }
     }
 
     fn sentinels(url: &str) -> Sentinels {
@@ -1127,7 +1129,7 @@ mod tests {
             "{short}"
         );
         assert_eq!(
-            scrub_secrets("decoded Pw!x and Sen!tinel", bad),
+            scrub("decoded Pw!x and Sen!tinel", bad),
             "decoded *** and ***"
         );
     }

@@ -57,7 +57,7 @@ impl Token {
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
         {
             return Err(TokenError::Name {
-                name: name.to_owned(),
+                name: format!("{name:?}"),
             });
         }
         if secret.chars().any(char::is_whitespace) {
@@ -104,13 +104,13 @@ pub(crate) fn random_hex() -> String {
 pub enum TokenError {
     #[error("line {line}: expected `name:role:token`")]
     Syntax { line: usize },
-    #[error("line {line}: role {role:?} of {name}: expected `admin` or `read-only`")]
-    Role {
-        line: usize,
-        name: String,
-        role: String,
-    },
-    #[error("token name {name:?}: use letters, digits, `-`, `_`, `.` or `@`")]
+    /// The role is never quoted: in a line with its fields swapped, it is
+    /// the token.
+    #[error(
+        "line {line}: the role of {name} must be `admin` or `read-only` (a line is `name:role:token`)"
+    )]
+    Role { line: usize, name: String },
+    #[error("token name {name}: use letters, digits, `-`, `_`, `.` or `@`")]
     Name { name: String },
     #[error("token {name} contains whitespace")]
     Whitespace { name: String },
@@ -126,6 +126,35 @@ pub enum TokenError {
         #[source]
         source: Box<TokenError>,
     },
+}
+
+impl TokenError {
+    /// The error naming its token as [`shown_name`] shows `name`.
+    fn with_name(self, name: &str) -> Self {
+        if name.chars().count() < MIN_TOKEN_CHARS {
+            return self;
+        }
+        let shown = shown_name(name);
+        match self {
+            Self::Name { .. } => Self::Name { name: shown },
+            Self::Whitespace { .. } => Self::Whitespace { name: shown },
+            Self::TooShort { chars, .. } => Self::TooShort { name: shown, chars },
+            Self::DuplicateName { .. } => Self::DuplicateName { name: shown },
+            Self::DuplicateSecret { .. } => Self::DuplicateSecret { name: shown },
+            Self::Role { line, .. } => Self::Role { line, name: shown },
+            other => other,
+        }
+    }
+}
+
+/// A line's name as errors show it: not at all when it is as long as a
+/// token, since in a line with its fields swapped it is the token.
+fn shown_name(name: &str) -> String {
+    match name.chars().count() < MIN_TOKEN_CHARS {
+        true => name.to_owned(),
+        false => "the line's first field (not shown: as long as a token; are the fields swapped?)"
+            .to_owned(),
+    }
 }
 
 /// The tokens the console accepts.
@@ -156,19 +185,18 @@ impl Tokens {
             let role = match role {
                 "admin" => Role::Admin,
                 "read-only" => Role::ReadOnly,
-                other => {
+                _ => {
                     return Err(TokenError::Role {
                         line: line_no,
-                        name: name.to_owned(),
-                        role: other.to_owned(),
+                        name: shown_name(name),
                     });
                 }
             };
             let token = Token::new(name, role, secret).map_err(|e| TokenError::Line {
                 line: line_no,
-                source: Box::new(e),
+                source: Box::new(e.with_name(name)),
             })?;
-            tokens.add(token)?;
+            tokens.add(token).map_err(|e| e.with_name(name))?;
         }
         Ok(tokens)
     }
@@ -271,6 +299,19 @@ mod tests {
             TokenError::DuplicateSecret { .. }
         ));
         assert!(Tokens::parse(":admin:0123456789abcdef", false).is_err());
+        // Fields swapped: the token is in the role's or the name's place.
+        const CANARY: &str = "CANARY0123456789abcdef";
+        for line in [
+            format!("ops:{CANARY}:admin"),
+            format!("{CANARY}:admin:ops"),
+            format!("{CANARY}:ops:admin"),
+            format!("admin:{CANARY}:ops"),
+            format!("read-only:ops:{CANARY}"),
+            format!("{CANARY}:admin:{CANARY}x\n{CANARY}:admin:{CANARY}y"),
+        ] {
+            let e = Tokens::parse(&line, false).unwrap_err().to_string();
+            assert!(!e.contains("CANARY"), "{line}: {e}");
+        }
         assert!(Tokens::parse("a b:admin:0123456789abcdef", false).is_err());
     }
 

@@ -44,6 +44,7 @@
 //! - [`quarantine`]: `--on-dead-letter quarantine` holds an order behind its dead letter until replayed or released.
 //! - [`tls`]: `amqps://` and `rediss://` with a certificate from a private CA.
 //! - [`ports`]: 300 idle or half-sent connections to the metrics port and to the console: probes still answer, events still flow, the server closes them; a file limit of 64 is refused at start, named.
+//! - [`secrets`]: a canary password in every URL and connection string reaches no output (logs at trace, errors, help, DLQ, status, metrics, dead-letter headers).
 //! - [`console`]: `shardline console` in-process: tokens, the session cookie, Host/Origin/CSRF checks, the JSON API, hostile text escaped.
 //! - [`audit`]: the audit log in Redis: newest first, capped, one per key prefix, an unreadable entry read as such.
 //!
@@ -77,6 +78,7 @@ mod reconcile;
 mod reconcile_runs;
 mod replay_records;
 mod scale;
+mod secrets;
 mod shutdown;
 mod stamps;
 mod standby;

@@ -310,7 +310,7 @@ pub fn from_spec(spec: &str) -> Result<Arc<dyn Handler>, HandlerSpecError> {
         "noop" => Ok(Arc::new(Noop)),
         "log" => Ok(Arc::new(Log)),
         s if s.starts_with("http://") || s.starts_with("https://") => Ok(Arc::new(Http::new(s)?)),
-        other => Err(HandlerSpecError::Unknown(other.to_owned())),
+        other => Err(HandlerSpecError::Unknown(shardline_connect::redact(other))),
     }
 }
 

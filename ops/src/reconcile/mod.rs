@@ -40,8 +40,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use history::{RUNS_CAP, RunSummary, record_run, runs};
 pub use metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics, names};
-use orders::{Columns, one_line, redact_orders_url};
+use orders::{Columns, one_line};
 use pending::Whereabouts;
+use shardline_connect::{redact, scrub};
 
 use crate::error::chain;
 pub use crate::findings::{
@@ -72,7 +73,7 @@ const REDIS_TIMEOUT: Duration = Duration::from_secs(10);
 const BATCH: usize = 500;
 
 /// What reconcile compares, and how far it may go.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ReconcileConfig {
     /// PostgreSQL URL of the order database (`postgres://user:password@host/db`,
     /// or a key=value string). Only read, in a read-only transaction. Required.
@@ -96,6 +97,21 @@ pub struct ReconcileConfig {
     /// compensations: a mass drift is an outage or a misconfiguration, not
     /// something to paper over. Default 1000.
     pub max_emit: usize,
+}
+
+/// The orders URL shown redacted.
+impl std::fmt::Debug for ReconcileConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReconcileConfig")
+            .field("orders_url", &redact(&self.orders_url))
+            .field("orders_query", &self.orders_query)
+            .field("window", &self.window)
+            .field("grace", &self.grace)
+            .field("expect", &self.expect)
+            .field("dry_run", &self.dry_run)
+            .field("max_emit", &self.max_emit)
+            .finish()
+    }
 }
 
 impl Default for ReconcileConfig {
@@ -194,16 +210,14 @@ impl Reconciler {
                 ),
             ));
         }
-        let orders_url = redact_orders_url(&config.orders_url);
+        let orders_url = redact(&config.orders_url);
         let mut orders: tokio_postgres::Config = config.orders_url.parse().map_err(|e| {
             Error::config(
                 &["orders_url"],
                 format!(
-                    "orders_url {orders_url}: {}",
-                    one_line(&shardline_connect::broker::scrub(
-                        &chain(&e),
-                        &config.orders_url
-                    ))
+                    "orders_url {orders_url}: {} ({})",
+                    one_line(&scrub(&chain(&e), &config.orders_url)),
+                    shardline_connect::redact::PERCENT_ENCODE
                 ),
             )
         })?;
@@ -230,9 +244,10 @@ impl Reconciler {
 
     /// `text` with the orders database's password blanked out, on one line.
     fn scrub_orders(&self, text: &str) -> String {
+        let text = scrub(text, &self.config.orders_url);
         let text = match self.orders.get_password() {
             Some(p) if !p.is_empty() => text.replace(&*String::from_utf8_lossy(p), "***"),
-            _ => text.to_owned(),
+            _ => text,
         };
         one_line(&text)
     }

@@ -116,22 +116,6 @@ impl Columns {
     }
 }
 
-/// A connection URL or key=value string with its password blanked out.
-pub(super) fn redact_orders_url(url: &str) -> String {
-    let mut out = shardline_connect::redact_url(url);
-    // key=value strings and URL parameters can carry the password too.
-    let mut from = 0;
-    while let Some(at) = out[from..].to_ascii_lowercase().find("password=") {
-        let start = from + at + "password=".len();
-        let end = out[start..]
-            .find([' ', '&', '#'])
-            .map_or(out.len(), |n| start + n);
-        out.replace_range(start..end, "***");
-        from = start + 3;
-    }
-    out
-}
-
 /// `text` on one line.
 pub(super) fn one_line(text: &str) -> String {
     text.split(['\n', '\r'])

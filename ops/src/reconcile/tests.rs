@@ -45,19 +45,19 @@ fn expectations_are_checked() {
 #[test]
 fn passwords_never_show() {
     assert_eq!(
-        redact_orders_url("postgres://app:s3cret@db:5432/orders?sslmode=disable"),
+        shardline_connect::redact("postgres://app:s3cret@db:5432/orders?sslmode=disable"),
         "postgres://app:***@db:5432/orders?sslmode=disable"
     );
     assert_eq!(
-        redact_orders_url("postgres://db/orders?user=app&password=s3cret&x=1"),
+        shardline_connect::redact("postgres://db/orders?user=app&password=s3cret&x=1"),
         "postgres://db/orders?user=app&password=***&x=1"
     );
     assert_eq!(
-        redact_orders_url("host=db user=app password=s3cret dbname=orders"),
+        shardline_connect::redact("host=db user=app password=s3cret dbname=orders"),
         "host=db user=app password=*** dbname=orders"
     );
     assert_eq!(
-        redact_orders_url("postgres://db/orders"),
+        shardline_connect::redact("postgres://db/orders"),
         "postgres://db/orders"
     );
     let config = |url: &str| ReconcileConfig {

@@ -21,7 +21,7 @@ use opentelemetry::KeyValue;
 use opentelemetry::trace::TraceContextExt as _;
 use reqwest::Url;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION, RETRY_AFTER};
-use shardline_connect::broker::redact_url;
+use shardline_connect::redact::{PERCENT_ENCODE, redact};
 use shardline_contract::headers::{BAGGAGE, TRACEPARENT, TRACESTATE};
 use shardline_contract::telemetry::{attr, event as span_event};
 
@@ -47,29 +47,55 @@ pub(crate) const TRACEPARENT_LIMIT: usize = 512;
 /// configuration. An answer of [`Http::with_config_statuses`] (default
 /// [`DEFAULT_CONFIG_STATUSES`]) is unconfirmed: the configuration's when other
 /// orders get it too. Any other status is the event's (permanent).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Http {
     client: reqwest::Client,
+    /// The URL without its userinfo: the credentials travel as basic auth
+    /// only, so that no error or log line of the HTTP stack can quote them.
     url: Url,
+    /// The user and password of the URL, percent-decoded.
+    auth: Option<(String, Option<String>)>,
     /// The URL as texts show it: its password hidden.
     shown: String,
     config_statuses: Vec<u16>,
 }
 
+/// The URL shown with its password hidden.
+impl fmt::Debug for Http {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Http")
+            .field("url", &self.shown)
+            .field("config_statuses", &self.config_statuses)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Http {
     pub fn new(url: &str) -> Result<Self, HandlerSpecError> {
-        let parsed = Url::parse(url).map_err(|e| HandlerSpecError::Url {
-            url: redact_url(url),
-            cause: e.to_string(),
+        let mut parsed = Url::parse(url).map_err(|e| HandlerSpecError::Url {
+            url: redact(url),
+            cause: format!("{e}; {PERCENT_ENCODE}"),
         })?;
+        let shown = redact(parsed.as_str());
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        let auth = (!parsed.username().is_empty() || parsed.password().is_some())
+            .then(|| (decode(parsed.username()), parsed.password().map(decode)));
+        // An http(s) URL has an authority, so neither can fail.
+        let _ = parsed.set_username("");
+        let _ = parsed.set_password(None);
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| HandlerSpecError::Client(e.to_string()))?;
         Ok(Self {
             client,
-            shown: redact_url(parsed.as_str()),
+            shown,
             url: parsed,
+            auth,
             config_statuses: DEFAULT_CONFIG_STATUSES.to_vec(),
         })
     }
@@ -168,9 +194,11 @@ impl Http {
 #[async_trait]
 impl Handler for Http {
     async fn handle(&self, event: &Event<'_>) -> Result<(), HandlerError> {
-        let response = self
-            .client
-            .post(self.url.clone())
+        let mut request = self.client.post(self.url.clone());
+        if let Some((user, password)) = &self.auth {
+            request = request.basic_auth(user, password.as_ref());
+        }
+        let response = request
             .headers(self.headers(event)?)
             .body(event.body.to_vec())
             .send()
@@ -520,7 +548,7 @@ mod tests {
     #[test]
     fn a_redirects_location_is_shown_without_userinfo_or_query() {
         let http = Http::new("http://user:secret@10.0.0.1:8080/events?token=t").unwrap();
-        assert_eq!(http.shown, "http://user:***@10.0.0.1:8080/events?token=t");
+        assert_eq!(http.shown, "http://user:***@10.0.0.1:8080/events?token=***");
         assert_eq!(
             http.shown_location("/landed?sig=abc#x"),
             "http://10.0.0.1:8080/landed"
@@ -529,6 +557,31 @@ mod tests {
             http.shown_location("https://u:p@other.example/v2/events?k=1"),
             "https://other.example/v2/events"
         );
+    }
+
+    #[test]
+    fn the_credentials_travel_as_basic_auth_never_in_the_url() {
+        let http = Http::new("http://us%40er:p%2Fw%23CANARY@10.0.0.1:8080/events").unwrap();
+        assert_eq!(http.url.as_str(), "http://10.0.0.1:8080/events");
+        assert_eq!(
+            http.auth,
+            Some(("us@er".to_owned(), Some("p/w#CANARY".to_owned())))
+        );
+        assert!(!format!("{http:?}").contains("CANARY"), "{http:?}");
+        // Typed raw, reserved characters make a URL that does not parse (or
+        // another one); the error never quotes the password.
+        for raw in [
+            "http://user:CANARY/x@127.0.0.1:1/",
+            "http://user:CANARY?x@127.0.0.1:1/",
+        ] {
+            match Http::new(raw) {
+                Err(e) => {
+                    let e = e.to_string();
+                    assert!(!e.contains("CANARY") && e.contains("percent-encode"), "{e}");
+                }
+                Ok(http) => assert!(!format!("{http:?}").contains("CANARY"), "{http:?}"),
+            }
+        }
     }
 
     /// A port nothing listens on: bound, then closed.
