@@ -8,7 +8,7 @@
 
 use shardline_contract::text::{shown, shown_lines};
 
-/// `println!` for text: [`line`] of the formatted text.
+/// `println!` for text: [`line()`] of the formatted text.
 macro_rules! say {
     ($($arg:tt)*) => {
         $crate::out::line(&format!($($arg)*))

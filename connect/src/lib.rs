@@ -3,7 +3,7 @@
 //! Modules, from the address to what is declared:
 //!
 //! - [`broker`]: broker addresses and connecting to RabbitMQ, with redacted URLs in every error.
-//! - [`redact`]: the one redaction of every address and connection string, for every output.
+//! - [`mod@redact`]: the one redaction of every address and connection string, for every output.
 //! - [`redis_target`]: Redis addresses (direct or through Sentinels), connections and pools.
 //! - [`management`]: the management HTTP API, for the policies AMQP cannot show.
 //! - [`probe`]: what the broker can do (its server properties) and the decision table built on it.

@@ -19,7 +19,7 @@ pub const UNREADABLE: &str = "unreadable";
 const EXCERPT_CHARS: usize = 200;
 
 /// Bytes an entry may take as stored: a larger `detail` is kept as an
-/// excerpt of [`DETAIL_EXCERPT_CHARS`] with its size, so that no caller can
+/// excerpt of its first 500 characters with its size, so that no caller can
 /// grow the log beyond [`CAP`] × this.
 pub const MAX_ENTRY_BYTES: usize = 4096;
 
