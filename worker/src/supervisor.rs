@@ -274,7 +274,7 @@ impl Worker {
         check_queues(&config).await?;
         let mut conns = Broker::connect(&config).await?;
         log_connected(&config);
-        probe_stamps(&conns.dead_letters, true).await;
+        spawn_stamp_probe(&config, true);
         tokio::spawn(poll_depths(
             config.clone(),
             metrics.clone(),
@@ -336,13 +336,36 @@ impl Broker {
     }
 }
 
+/// Runs [`probe_stamps`] in the background on a connection of its own,
+/// closed after: the probe publishes, and a memory or disk alarm blocks a
+/// connection that publishes (the broker stops reading it, so no channel of
+/// it opens), so neither the start nor the dead letters' connection may wait
+/// for it. Until it answers, no broker stamp is trusted.
+fn spawn_stamp_probe(config: &Config, at_start: bool) {
+    let amqp = config.amqp.clone();
+    let name = format!(
+        "shardline worker {} stamp probe",
+        bounded(&config.worker_name, NAME_MAX)
+    );
+    tokio::spawn(async move {
+        match broker::connect(&amqp, &name).await {
+            Ok(conn) => {
+                probe_stamps(&conn, at_start).await;
+                close_connection(&conn).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot open the stamp probe's connection: the broker's stamps are not trusted")
+            }
+        }
+    });
+}
+
 /// Asks the broker behind `conn` whether it stamps every message itself
 /// ([`stamps::broker_stamps`], a round trip of at most
 /// [`stamps::PROBE_TIMEOUT`]), and counts backlog ages from its stamps if so,
 /// else from the publishers' claims (docs/semantics.md §5). Says which at
 /// start, and after a reconnect when it changed. A failed probe trusts no
-/// stamp, with a warning; it never fails the worker. On the dead letters'
-/// connection: a channel the broker closes there takes no id a shard needs.
+/// stamp, with a warning; it never fails the worker.
 async fn probe_stamps(conn: &Connection, at_start: bool) {
     let trusted = stamps::broker_stamps(conn).await.unwrap_or_else(|e| {
         tracing::warn!(error = %e, "cannot tell whether the broker stamps messages: its stamps are not trusted");
@@ -617,7 +640,7 @@ async fn reconnect(
             Ok(conns) => {
                 metrics.broker_reconnected();
                 tracing::info!(tries, "reconnected to the broker");
-                probe_stamps(&conns.dead_letters, false).await;
+                spawn_stamp_probe(config, false);
                 return Some(conns);
             }
             Err(e) => tracing::warn!(tries, error = %e, "reconnect failed"),
