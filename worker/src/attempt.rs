@@ -376,16 +376,18 @@ impl Processor {
     /// Checks a replay marker against its replay record, once per delivery
     /// and before its first admit (so before the quarantine check): honoured
     /// only when the record the replay tool wrote matches this event; else
-    /// the event is gated like a fresh one and the ignored marker counted.
+    /// the event is gated like a fresh one and the ignored marker counted,
+    /// once per delivery however often it is admitted again.
     async fn check_replay<S: OrderState>(&self, store: &mut S, decoded: &Decoded) {
         let Some(marker) = decoded.replay.as_ref() else {
             return;
         };
-        if marker.unchecked() {
-            let honoured = store.replay_recorded(&marker.id, &marker.record).await;
-            marker.checked(honoured);
+        if !marker.unchecked() {
+            return;
         }
-        if decoded.replay_of().is_none() {
+        let honoured = store.replay_recorded(&marker.id, &marker.record).await;
+        marker.checked(honoured);
+        if !honoured {
             self.metrics.replay_marker_ignored();
             tracing::warn!(
                 shard = %self.shard,

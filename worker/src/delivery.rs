@@ -121,9 +121,7 @@ impl Decoded {
     /// It carries a replay marker not yet checked: it is admitted alone,
     /// after the check, never early with the previous commit.
     pub(crate) fn replay_unchecked(&self) -> bool {
-        self.replay
-            .as_ref()
-            .is_some_and(|marker| marker.honoured.get().is_none())
+        self.replay.as_ref().is_some_and(ReplayMarker::unchecked)
     }
 
     /// The claim this delivery makes (or may hold).

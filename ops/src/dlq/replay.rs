@@ -22,7 +22,7 @@ use serde::Serialize;
 use shardline_contract::envelope::order_key_of;
 use shardline_contract::headers::{self, FailReason, header_str};
 use shardline_contract::telemetry::{self, attr, op};
-use shardline_contract::{Names, OrderId, ShardId, replay};
+use shardline_contract::{Envelope, Names, OrderId, ShardId, replay};
 use shardline_publisher::Publisher;
 use tokio_util::sync::CancellationToken;
 
@@ -276,9 +276,10 @@ impl Replay<'_> {
             }
             let started = tokio::time::Instant::now();
             // Only envelopes are replayed (`Plan`): each has a valid order id.
-            let Some(order) = l.envelope.as_ref().map(|e| &e.order_id) else {
+            let Some(envelope) = l.envelope.as_ref() else {
                 continue;
             };
+            let order = &envelope.order_id;
             if self.report.locked_elsewhere.iter().any(|o| o == order) {
                 continue;
             }
@@ -299,7 +300,7 @@ impl Replay<'_> {
             }
             let shard = self.publisher.shard_of(order);
             let mut span = self.audit.start(l, shard);
-            let done = replay_one(&mut self.publisher, &mut self.index, l, shard).await;
+            let done = replay_one(&mut self.publisher, &mut self.index, l, envelope, shard).await;
             span.end(done.as_ref().err());
             done?;
             self.index.remove(&[l.index_id()]).await?;
@@ -568,11 +569,9 @@ async fn replay_one(
     publisher: &mut Publisher,
     index: &mut Index<'_>,
     l: &Letter,
+    envelope: &Envelope,
     shard: ShardId,
 ) -> Result<(), Error> {
-    let Some(envelope) = &l.envelope else {
-        return Ok(());
-    };
     let id = l
         .info
         .id
