@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use indicatif::ProgressBar;
 use shardline_contract::OrderId;
+use shardline_ops::dlq::Window;
 use shardline_ops::{Event, ReplayConfig, Usage, dlq};
 use tokio_util::sync::CancellationToken;
 
@@ -104,6 +105,14 @@ pub(crate) struct ReplayArgs {
     /// (its replay lock) before leaving the order's letters in the DLQ.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub wait: Duration,
+    /// Letters a pass over the DLQ may read past its last replay (holding
+    /// them unacked) before it gives them back and starts again.
+    #[arg(long, default_value_t = 100)]
+    pub window: usize,
+    /// Letters a pass may hold at most: when an order's next letter is not
+    /// within this many of the DLQ's head, the replay stops and names it.
+    #[arg(long, default_value_t = 10_000)]
+    pub reach: usize,
 }
 
 #[derive(Debug, Args)]
@@ -202,6 +211,10 @@ async fn replay(
         dry_run: args.dry_run,
         rate: args.rate,
         wait: args.wait,
+        window: Window {
+            size: args.window,
+            reach: args.reach,
+        },
         ..ReplayConfig::default()
     };
     let mut bar = None;

@@ -28,6 +28,20 @@ impl LetterRef {
     }
 }
 
+/// A letter as the dead-letter index describes it (its index id: a
+/// letter the broker dead-lettered itself has a derived one).
+impl From<&shardline_contract::letters::IndexEntry> for LetterRef {
+    fn from(e: &shardline_contract::letters::IndexEntry) -> Self {
+        Self {
+            id: Some(e.id.clone()),
+            reason: e.reason.clone(),
+            order_id: e.order_id.clone(),
+            seq: e.seq,
+            shard: e.shard.map(i64::from),
+        }
+    }
+}
+
 /// `{id} reason=… order=… seq=… shard=…`, on one line whatever the letter
 /// holds (its texts come from headers and bodies: hidden characters are
 /// shown as escapes).

@@ -8,6 +8,8 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::findings::ReconcileReport;
+use serde::Serialize;
+
 use crate::letter::LetterRef;
 
 /// One step of a long operation.
@@ -32,6 +34,14 @@ pub enum Event {
         skipped: usize,
         read: usize,
     },
+    /// The DLQ held letters the dead-letter index did not; a replay rebuilt
+    /// the index first (`dlq reindex`).
+    Reindexed { indexed: u64, derived: u64 },
+    /// The DLQ holds `missing` letters the index does not, and a replay
+    /// could not rebuild it (`cause`): those letters stay in the DLQ.
+    IndexShort { missing: u64, cause: String },
+    /// A replay stopped before its plan was done.
+    ReplayBlocked(Box<Blocked>),
     /// A replayed order's quarantine is lifted.
     QuarantineLifted { order_id: String },
     /// No worker applied an order's replayed events within `wait`.
@@ -83,6 +93,15 @@ impl fmt::Display for Event {
                 "replayed {replayed} of {matching} matching, {skipped} skipped (not envelopes), {read} read; {} left in the DLQ unreplayed",
                 read.saturating_sub(*replayed)
             ),
+            Self::Reindexed { indexed, derived } => write!(
+                f,
+                "the DLQ held letters the dead-letter index did not: index rebuilt first ({indexed} letters, {derived} dead-lettered by the broker)"
+            ),
+            Self::IndexShort { missing, cause } => write!(
+                f,
+                "{missing} letter(s) in the DLQ are not in the dead-letter index and are not replayed this time ({cause}); run `dlq reindex`, then replay again"
+            ),
+            Self::ReplayBlocked(blocked) => blocked.fmt(f),
             Self::QuarantineLifted { order_id } => {
                 write!(f, "order {order_id}: quarantine lifted")
             }
@@ -114,5 +133,45 @@ impl fmt::Display for Event {
             Self::Reconciled(report) => write!(f, "reconcile run: {}", report.summary()),
             Self::ReconcileFailed { error } => write!(f, "reconcile run failed: {error}"),
         }
+    }
+}
+
+/// Why a replay stopped before its plan was done: `letter` (when one was
+/// read) waits for `waits_for`, which no pass reached.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Blocked {
+    pub letter: Option<LetterRef>,
+    pub waits_for: LetterRef,
+    /// `waits_for` is not within this many letters of the DLQ's head;
+    /// `None`: the whole DLQ was read and it is not there.
+    pub reach: Option<usize>,
+    /// Planned letters left in the DLQ.
+    pub left: usize,
+}
+
+/// One line: what waits, for which letter, and what to do.
+impl fmt::Display for Blocked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self {
+            letter,
+            waits_for,
+            reach,
+            left,
+        } = self;
+        match letter {
+            Some(l) => write!(f, "stopped: {l} waits for {waits_for}, ")?,
+            None => write!(f, "stopped: the next letter to replay is {waits_for}, ")?,
+        }
+        match reach {
+            Some(reach) => write!(
+                f,
+                "which is not within the first {reach} letters of the DLQ (--reach; the letters ahead of it are held unacked while a replay reads past them)"
+            )?,
+            None => write!(
+                f,
+                "which is not in the DLQ (removed since the index was read: run `dlq reindex`)"
+            )?,
+        }
+        write!(f, "; {left} planned letter(s) left in the DLQ")
     }
 }

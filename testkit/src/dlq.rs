@@ -217,7 +217,6 @@ pub async fn delete_index(env: &TestEnv) {
 /// backstop): through the dead-letter exchange, with an `x-death` entry
 /// (reason `delivery_limit`) and none of the worker's dead-letter headers.
 pub async fn broker_dead_letter(env: &TestEnv, conn: &Connection, body: &[u8]) {
-    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
     use lapin::types::{AMQPValue, FieldTable};
     let mut death = FieldTable::default();
     death.insert(
@@ -238,18 +237,65 @@ pub async fn broker_dead_letter(env: &TestEnv, conn: &Connection, body: &[u8]) {
     let props = lapin::BasicProperties::default()
         .with_message_id("broker-dead-lettered".into())
         .with_headers(headers);
+    let channel = dlx_channel(conn).await;
+    to_dlx(env, &channel, body, props).await;
+    let _ = channel.close(200, "done".into()).await;
+}
+
+/// Puts `events` into the dead-letter queue as a worker would have
+/// dead-lettered them with `reason`, in this order (not indexed: `dlq
+/// reindex`, or a replay, indexes them); returns their dead-letter ids.
+pub async fn worker_dead_letters(
+    env: &TestEnv,
+    conn: &Connection,
+    events: &[&crate::Event],
+    reason: &str,
+) -> Vec<String> {
+    use lapin::types::{AMQPValue, FieldTable, LongString};
+    let channel = dlx_channel(conn).await;
+    let mut ids = Vec::with_capacity(events.len());
+    for (n, event) in events.iter().enumerate() {
+        let id = format!("test-letter-{n:05}-{}", event.key());
+        let text = |v: &str| AMQPValue::LongString(LongString::from(v.as_bytes().to_vec()));
+        let mut h = FieldTable::default();
+        h.insert(headers::DEAD_LETTER_ID.into(), text(&id));
+        h.insert(headers::FAIL_REASON.into(), text(reason));
+        h.insert(headers::ERROR.into(), text("put there by a test"));
+        h.insert(
+            headers::SHARD.into(),
+            AMQPValue::LongLongInt(event.shard.into()),
+        );
+        let props = lapin::BasicProperties::default().with_headers(h);
+        to_dlx(env, &channel, &event.body, props).await;
+        ids.push(id);
+    }
+    let _ = channel.close(200, "done".into()).await;
+    ids
+}
+
+async fn dlx_channel(conn: &Connection) -> lapin::Channel {
     let channel = conn.create_channel().await.unwrap();
     channel
-        .confirm_select(ConfirmSelectOptions::default())
+        .confirm_select(lapin::options::ConfirmSelectOptions::default())
         .await
         .unwrap();
+    channel
+}
+
+/// Publishes a letter to the dead-letter exchange, confirmed and routed.
+async fn to_dlx(
+    env: &TestEnv,
+    channel: &lapin::Channel,
+    body: &[u8],
+    props: lapin::BasicProperties,
+) {
     let confirm = channel
         .basic_publish(
             env.names.dead_letter_exchange.as_str().into(),
             "delivery_limit".into(),
-            BasicPublishOptions {
+            lapin::options::BasicPublishOptions {
                 mandatory: true,
-                ..BasicPublishOptions::default()
+                ..lapin::options::BasicPublishOptions::default()
             },
             body,
             props,
@@ -259,5 +305,4 @@ pub async fn broker_dead_letter(env: &TestEnv, conn: &Connection, body: &[u8]) {
         .await
         .unwrap();
     assert!(confirm.is_ack() && confirm.take_message().is_none());
-    let _ = channel.close(200, "done".into()).await;
 }

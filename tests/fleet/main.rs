@@ -77,6 +77,7 @@ mod rate;
 mod reconcile;
 mod reconcile_runs;
 mod replay_records;
+mod replay_window;
 mod scale;
 mod secrets;
 mod shutdown;

@@ -17,6 +17,7 @@
 mod index;
 mod letter;
 mod lock;
+mod plan;
 mod reader;
 mod reindex;
 mod replay;
@@ -34,12 +35,14 @@ pub(crate) use index::Index;
 pub use index::{GroupCount, GroupSummary, LetterQuery};
 pub use letter::Letter;
 pub(crate) use lock::locked;
+pub use plan::Window;
 use reader::Reader;
 pub(crate) use reader::browse;
 pub use reindex::{ReindexReport, reindex};
 pub use replay::{ReplayConfig, ReplayReport, replay};
 
 pub use crate::letter::LetterRef;
+pub use crate::progress::Blocked;
 
 use crate::fleet::{close, redis_error};
 use crate::letter::opt;
@@ -93,26 +96,41 @@ impl Filters {
     }
 }
 
+/// Opens a connection to the DLQ's broker, runs `op`, and closes it (every
+/// letter read on it and not removed returns to the queue). `op`'s errors
+/// name the DLQ.
+async fn with_dlq<T>(
+    fleet: &Fleet,
+    op: impl AsyncFnOnce(&lapin::Connection) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let queue = fleet.names.dead_letter_queue.clone();
+    let url = fleet.amqp.to_string();
+    let conn = fleet.connect("shardline dlq").await?;
+    let result = op(&conn).await.map_err(|source| Error::Dlq {
+        queue,
+        url,
+        source: Box::new(source),
+    });
+    close(&conn).await;
+    result
+}
+
 /// Opens the connection and the reading channel, runs `op`, then returns
 /// every letter not removed to the queue. `op`'s errors name the DLQ.
 async fn with_reader<T>(
     fleet: &Fleet,
     op: impl AsyncFnOnce(&Reader) -> Result<T, Error>,
 ) -> Result<T, Error> {
-    let queue = fleet.names.dead_letter_queue.clone();
-    let url = fleet.amqp.to_string();
-    let conn = fleet.connect("shardline dlq").await?;
-    let reader = Reader::open(&conn, &fleet.names)
-        .await
-        .map_err(Error::amqp(format!("opening {queue} on {url}")))?;
-    let result = op(&reader).await.map_err(|source| Error::Dlq {
-        queue,
-        url,
-        source: Box::new(source),
-    });
-    reader.release().await;
-    close(&conn).await;
-    result
+    with_dlq(fleet, async |conn| {
+        let queue = &fleet.names.dead_letter_queue;
+        let reader = Reader::open(conn, &fleet.names)
+            .await
+            .map_err(Error::amqp(format!("opening {queue}")))?;
+        let result = op(&reader).await;
+        reader.release().await;
+        result
+    })
+    .await
 }
 
 /// The matching dead letters, as the index has them.

@@ -1,16 +1,19 @@
 //! Replay: republish dead letters to their order's shard after the fix.
 //!
-//! Letters of one order go in seq order, each recorded in Redis first (its
-//! replay record, `shardline_contract::replay`) and marked
-//! `x-shardline-replay` with the record's id (so that the sequence gate of
-//! the failed attempt does not undo it, and no publisher can pass the gate
-//! by setting the header alone), each confirmed before it leaves the DLQ. An order that a worker keeps in
+//! The replay plans from the dead-letter index (`plan`): letters of one
+//! order go in seq order, each recorded in Redis first (its replay record,
+//! `shardline_contract::replay`) and marked `x-shardline-replay` with the
+//! record's id (so that the sequence gate of the failed attempt does not
+//! undo it, and no publisher can pass the gate by setting the header alone),
+//! each confirmed before it leaves the DLQ. It reads the DLQ in passes that
+//! hold few letters unacked (`Window`), so that the DLQ stays readable and
+//! its depth true while a slow replay runs. An order that a worker keeps in
 //! quarantine (`--on-dead-letter quarantine`) is followed in rounds: wait
 //! until the worker applied what was replayed, then replay what it
 //! quarantined meanwhile, until the quarantine is lifted or its blocker
 //! failed again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use lapin::types::{AMQPValue, FieldTable, LongString};
@@ -21,21 +24,30 @@ use redis::aio::MultiplexedConnection;
 use serde::Serialize;
 use shardline_contract::envelope::order_key_of;
 use shardline_contract::headers::{self, FailReason, header_str};
+use shardline_contract::letters::IndexEntry;
 use shardline_contract::telemetry::{self, attr, op};
 use shardline_contract::{Envelope, Names, OrderId, ShardId, replay};
 use shardline_publisher::Publisher;
 use tokio_util::sync::CancellationToken;
 
 use super::lock::ReplayLocks;
+use super::plan::{Next, Pass, Plan, Verdict, Window};
 use super::reader::Reader;
-use super::{Filters, Index, Letter, with_reader};
+use super::{Filters, Index, Letter, with_dlq};
 use crate::fleet::redis_error;
 use crate::letter::LetterRef;
+use crate::progress::Blocked;
 use crate::{Error, Event, Fleet};
 
 /// Follow-up rounds for quarantined orders at most: a steady stream of new
 /// events for one order could otherwise keep a replay going for ever.
 pub(crate) const MAX_ROUNDS: usize = 20;
+
+/// How often, and how long apart, a pass that found none of the letters it
+/// waits for reads the DLQ again before the replay stops: another reader
+/// (a letter page, `dlq show`) may hold them unacked for a moment.
+const END_RETRIES: u32 = 5;
+const END_PAUSE: Duration = Duration::from_secs(1);
 
 /// How often a replay looks whether the worker applied a quarantined order's events.
 const QUARANTINE_POLL: Duration = Duration::from_millis(100);
@@ -60,6 +72,8 @@ pub struct ReplayConfig {
     /// event may take to reach a worker and be processed. Default 2 min
     /// (reconcile's default grace).
     pub lock_tail: Duration,
+    /// How many letters a pass over the DLQ may hold unacked.
+    pub window: Window,
 }
 
 impl Default for ReplayConfig {
@@ -70,6 +84,7 @@ impl Default for ReplayConfig {
             rate: None,
             wait: Duration::from_secs(60),
             lock_tail: Duration::from_secs(120),
+            window: Window::default(),
         }
     }
 }
@@ -78,7 +93,8 @@ impl Default for ReplayConfig {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ReplayReport {
     pub dry_run: bool,
-    /// Letters read from the DLQ.
+    /// Letters read from the DLQ, each counted once (a dry run reads the
+    /// index only: the matching entries).
     pub read: usize,
     /// Matching letters that are not envelopes: left in the DLQ.
     pub skipped: Vec<LetterRef>,
@@ -92,14 +108,17 @@ pub struct ReplayReport {
     pub unresolved: Vec<String>,
     /// Orders another replay was replaying: their letters were left in the DLQ.
     pub locked_elsewhere: Vec<OrderId>,
+    /// Stopped because a letter waits for one no pass reached.
+    pub blocked: Option<Blocked>,
     /// Stopped by the cancellation token before the end.
     pub cancelled: bool,
 }
 
 impl ReplayReport {
-    /// An order stays quarantined, or its replayed events were not applied.
+    /// An order stays quarantined, its replayed events were not applied, or
+    /// the replay stopped at a letter it could not reach.
     pub fn needs_attention(&self) -> bool {
-        !self.unresolved.is_empty() || !self.locked_elsewhere.is_empty()
+        !self.unresolved.is_empty() || !self.locked_elsewhere.is_empty() || self.blocked.is_some()
     }
 }
 
@@ -116,61 +135,68 @@ pub async fn replay(
     {
         return Err(Error::config(&["rate"], "rate must be above 0"));
     }
-    with_reader(fleet, async |reader| {
-        let progress: &mut (dyn FnMut(Event) + Send) = &mut progress;
-        let selection = reader
-            .select(|l| config.filters.matches(l), config.filters.limit)
-            .await?;
-        let (replayable, skipped): (Vec<Letter>, Vec<Letter>) = selection
-            .matched
+    let window = config.window;
+    if window.size == 0 || window.reach < window.size {
+        return Err(Error::config(
+            &["window", "reach"],
+            "the window must be at least 1 and the reach at least the window",
+        ));
+    }
+    let progress: &mut (dyn FnMut(Event) + Send) = &mut progress;
+    let entries = planned_entries(fleet, &config.filters, config.dry_run, cancel, progress).await?;
+    let (mut plan, skipped) = Plan::new(&entries);
+    let mut report = ReplayReport {
+        dry_run: config.dry_run,
+        skipped,
+        matching: plan.len(),
+        ..ReplayReport::default()
+    };
+    for letter in &report.skipped {
+        progress(Event::ReplaySkipped {
+            letter: letter.clone(),
+        });
+    }
+    if config.dry_run {
+        report.read = entries.len();
+        report.planned = plan
+            .in_order()
             .into_iter()
-            .partition(|l| l.envelope.is_some());
-        let mut report = ReplayReport {
-            dry_run: config.dry_run,
-            read: selection.read,
-            skipped: skipped.into_iter().map(|l| l.info).collect(),
-            matching: replayable.len(),
-            ..ReplayReport::default()
-        };
-        for letter in &report.skipped {
-            progress(Event::ReplaySkipped {
-                letter: letter.clone(),
-            });
-        }
-        let letters = replay_order(replayable);
-        if config.dry_run {
-            report.planned = letters
-                .iter()
-                .map(|l| {
-                    let order = l.info.order_id.as_deref().unwrap_or("");
-                    (l.info.clone(), fleet.shards.shard_of(order).get())
-                })
-                .collect();
-            return Ok(report);
-        }
-        if letters.is_empty() {
-            return Ok(report);
-        }
-        let quarantines = Quarantines::read(fleet, &letters, progress).await;
+            .map(|l| {
+                let shard = fleet.shards.shard_of(l.order_id.as_deref().unwrap_or(""));
+                (l, shard.get())
+            })
+            .collect();
+        return Ok(report);
+    }
+    if plan.is_empty() {
+        return Ok(report);
+    }
+    let quarantines = Quarantines::read(fleet, &plan, progress).await;
+    with_dlq(fleet, async |conn| {
         let mut replay = Replay {
+            fleet,
+            conn,
             publisher: Publisher::connect(fleet.publisher("shardline dlq replay")).await?,
             index: Index::open(fleet).await?,
             locks: ReplayLocks::new(fleet, config.lock_tail).await?,
             lock_wait: config.wait,
             audit: Audit::new(&fleet.names),
             pause: config.rate.map(|r| Duration::from_secs_f64(1.0 / r)),
+            window,
             cancel,
+            seen: HashSet::new(),
             report,
         };
-        let outcome = replay.publish(&letters, progress).await;
+        let matching = plan.len();
+        let outcome = replay.run(&mut plan, progress).await;
         progress(Event::ReplayPass {
             replayed: replay.report.replayed,
-            matching: letters.len(),
+            matching,
             skipped: replay.report.skipped.len(),
             read: replay.report.read,
         });
         let outcome = match (outcome, quarantines) {
-            (Ok(()), Some(q)) => replay.follow(reader, q, config.wait, progress).await,
+            (Ok(()), Some(q)) => replay.follow(q, config.wait, progress).await,
             (outcome, _) => outcome,
         };
         // Taken apart, so that nothing of it borrows the report any more.
@@ -190,62 +216,47 @@ pub async fn replay(
     .await
 }
 
-impl AsRef<LetterRef> for Letter {
-    fn as_ref(&self) -> &LetterRef {
-        &self.info
-    }
-}
-
-impl AsRef<LetterRef> for LetterRef {
-    fn as_ref(&self) -> &LetterRef {
-        self
-    }
-}
-
-/// The order a replay publishes in: letters of one order by seq (letters
-/// without a seq keep their place before the others), orders in the order
-/// their first letter was read.
-fn replay_order<T: AsRef<LetterRef>>(letters: Vec<T>) -> Vec<T> {
-    let mut orders: Vec<(String, Vec<T>)> = Vec::new();
-    for l in letters {
-        let key = l.as_ref().order_id.clone().unwrap_or_default();
-        match orders.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, v)) => v.push(l),
-            None => orders.push((key, vec![l])),
+/// The index entries matching `filters`. When the DLQ holds letters the
+/// index does not (letters the broker dead-lettered itself, or a lost
+/// index), a replay first rebuilds the index (`dlq reindex`), unless
+/// another replay runs (then the letters not in the index stay in the DLQ
+/// this time, and the replay says so).
+async fn planned_entries(
+    fleet: &Fleet,
+    filters: &Filters,
+    dry_run: bool,
+    cancel: &CancellationToken,
+    progress: &mut (dyn FnMut(Event) + Send),
+) -> Result<Vec<IndexEntry>, Error> {
+    let mut index = Index::open(fleet).await?;
+    let indexed = index.count().await?;
+    let depth = super::dlq_depth(fleet).await?;
+    if depth > indexed {
+        let missing = depth - indexed;
+        if dry_run {
+            progress(Event::IndexShort {
+                missing,
+                cause: "a dry run changes nothing".into(),
+            });
+        } else {
+            match super::reindex(fleet, cancel).await {
+                Ok(r) => progress(Event::Reindexed {
+                    indexed: r.indexed,
+                    derived: r.derived,
+                }),
+                Err(Error::Refused(cause)) => progress(Event::IndexShort { missing, cause }),
+                Err(e) => return Err(e),
+            }
         }
     }
-    orders
-        .into_iter()
-        .flat_map(|(_, mut v)| {
-            v.sort_by_key(|l| l.as_ref().seq.unwrap_or(0));
-            v
-        })
-        .collect()
-}
-
-/// What a round does with an order still quarantined behind dead letter
-/// `head`, given the order's letters found in the DLQ.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Decision {
-    /// The head was quarantined while the replay ran (the rest of the order
-    /// was applied): replay these letters.
-    Replay { ids: Vec<String>, letters: usize },
-    /// The head failed again (or is not in the DLQ): the cause needs fixing.
-    Blocked(Option<LetterRef>),
-}
-
-fn decide(head: &str, letters: &[&LetterRef]) -> Decision {
-    match letters.iter().find(|l| l.id.as_deref() == Some(head)) {
-        Some(b) if b.reason == FailReason::Quarantined.as_str() => Decision::Replay {
-            ids: letters.iter().filter_map(|l| l.id.clone()).collect(),
-            letters: letters.len(),
-        },
-        blocker => Decision::Blocked(blocker.map(|l| (*l).clone())),
-    }
+    index.entries(filters).await
 }
 
 /// A replay under way: the publisher, audit spans, pace and what it did.
 struct Replay<'a> {
+    fleet: &'a Fleet,
+    /// The DLQ's connection: each pass reads on a channel of its own.
+    conn: &'a lapin::Connection,
     publisher: Publisher,
     /// Where a replayed letter's entry is removed, after its ack.
     index: Index<'a>,
@@ -255,78 +266,162 @@ struct Replay<'a> {
     lock_wait: Duration,
     audit: Audit,
     pause: Option<Duration>,
+    window: Window,
     cancel: &'a CancellationToken,
+    /// The index ids of the letters read, for the report's count.
+    seen: HashSet<String>,
     report: ReplayReport,
 }
 
 impl Replay<'_> {
-    /// Replays `letters` in their order, each confirmed before it leaves the DLQ.
-    async fn publish(
+    /// Replays `plan` in passes over the DLQ until it is done, cancelled,
+    /// or no pass can reach the letter an order waits for.
+    async fn run(
         &mut self,
-        letters: &[Letter],
+        plan: &mut Plan,
         progress: &mut (dyn FnMut(Event) + Send),
     ) -> Result<(), Error> {
         progress(Event::Replaying {
-            letters: letters.len(),
+            letters: plan.len(),
         });
-        for l in letters {
+        let mut empty_ends = 0;
+        while !plan.is_empty() {
             if self.cancel.is_cancelled() {
                 self.report.cancelled = true;
                 return Ok(());
             }
-            let started = tokio::time::Instant::now();
-            // Only envelopes are replayed (`Plan`): each has a valid order id.
-            let Some(envelope) = l.envelope.as_ref() else {
-                continue;
-            };
-            let order = &envelope.order_id;
-            if self.report.locked_elsewhere.iter().any(|o| o == order) {
-                continue;
-            }
-            if !self
-                .locks
-                .take_waiting(order, self.lock_wait, self.cancel)
-                .await?
-            {
-                if self.cancel.is_cancelled() {
-                    self.report.cancelled = true;
-                    return Ok(());
+            let queue = &self.fleet.names.dead_letter_queue;
+            let reader = Reader::open(self.conn, &self.fleet.names)
+                .await
+                .map_err(Error::amqp(format!("opening {queue}")))?;
+            let mut pass = Pass::new(self.window);
+            let next = self.pass(&reader, plan, &mut pass, progress).await;
+            // Whatever the pass held goes back to the head, in its order.
+            reader.release().await;
+            if next? == Next::Stop {
+                let reached = pass.held_count() >= self.window.reach;
+                if !reached && empty_ends < END_RETRIES {
+                    empty_ends += 1;
+                    tokio::select! {
+                        () = tokio::time::sleep(END_PAUSE) => {}
+                        () = self.cancel.cancelled() => {}
+                    }
+                    continue;
                 }
-                // Another replay still runs the order: interleaving would
-                // reorder its events, so its letters stay for a later run.
-                tracing::warn!(order_id = %order, wait = ?self.lock_wait, "another replay is replaying this order; its letters are left in the DLQ");
-                self.report.locked_elsewhere.push(order.clone());
-                continue;
-            }
-            let shard = self.publisher.shard_of(order);
-            let mut span = self.audit.start(l, shard);
-            let done = replay_one(&mut self.publisher, &mut self.index, l, envelope, shard).await;
-            span.end(done.as_ref().err());
-            done?;
-            self.index.remove(&[l.index_id()]).await?;
-            self.report.replayed += 1;
-            tracing::info!(
-                dead_letter_id = l.info.id(),
-                linked_trace_id = %span.linked_trace_id.map_or_else(|| "-".to_owned(), |t| t.to_string()),
-                order_id = %order,
-                seq = l.info.seq,
-                shard = shard.get(),
-                reason = %l.info.reason,
-                traceparent = header_str(l.properties(), headers::TRACEPARENT),
-                "dead letter replayed"
-            );
-            progress(Event::Replayed {
-                letter: l.info.clone(),
-                shard: shard.get(),
-            });
-            if let Some(pause) = self.pause {
-                tokio::select! {
-                    () = tokio::time::sleep_until(started + pause) => {}
-                    () = self.cancel.cancelled() => {}
+                if let Some((letter, waits_for)) = pass.blocked(plan) {
+                    let blocked = Blocked {
+                        letter,
+                        waits_for,
+                        reach: reached.then_some(self.window.reach),
+                        left: plan.len(),
+                    };
+                    progress(Event::ReplayBlocked(Box::new(blocked.clone())));
+                    self.report.blocked = Some(blocked);
                 }
+                return Ok(());
             }
         }
         Ok(())
+    }
+
+    /// One pass: reads letters from the DLQ's head, replays those the plan
+    /// lets go, holds the others; says what comes next.
+    async fn pass(
+        &mut self,
+        reader: &Reader,
+        plan: &mut Plan,
+        pass: &mut Pass,
+        progress: &mut (dyn FnMut(Event) + Send),
+    ) -> Result<Next, Error> {
+        loop {
+            if self.cancel.is_cancelled() {
+                return Ok(Next::Release);
+            }
+            let Some(letter) = reader.next().await? else {
+                return Ok(pass.at_end());
+            };
+            let id = letter.index_id();
+            if self.seen.insert(id.clone()) {
+                self.report.read += 1;
+            }
+            match plan.verdict(&id) {
+                Verdict::Ready if self.send(&letter, &id, plan, progress).await? => {
+                    pass.replayed();
+                }
+                Verdict::Ready => pass.held(&id, Verdict::Unplanned),
+                other => pass.held(&id, other),
+            }
+            match pass.next() {
+                Next::Read => {}
+                other => return Ok(other),
+            }
+        }
+    }
+
+    /// Replays a letter the plan lets go: `false` when it stays (its body is
+    /// not an envelope, another replay holds its order, or the replay was
+    /// cancelled while waiting for that one).
+    async fn send(
+        &mut self,
+        l: &Letter,
+        id: &str,
+        plan: &mut Plan,
+        progress: &mut (dyn FnMut(Event) + Send),
+    ) -> Result<bool, Error> {
+        let started = tokio::time::Instant::now();
+        let Some(envelope) = l.envelope.as_ref() else {
+            // Its index entry named an order, but the body is no envelope.
+            plan.done(id);
+            self.report.skipped.push(l.info.clone());
+            progress(Event::ReplaySkipped {
+                letter: l.info.clone(),
+            });
+            return Ok(false);
+        };
+        let order = &envelope.order_id;
+        if !self
+            .locks
+            .take_waiting(order, self.lock_wait, self.cancel)
+            .await?
+        {
+            if !self.cancel.is_cancelled() {
+                // Another replay still runs the order: interleaving would
+                // reorder its events, so its letters stay for a later run.
+                tracing::warn!(order_id = %order, wait = ?self.lock_wait, "another replay is replaying this order; its letters are left in the DLQ");
+                plan.drop_order(order.as_str());
+                self.report.locked_elsewhere.push(order.clone());
+            }
+            return Ok(false);
+        }
+        let shard = self.publisher.shard_of(order);
+        let mut span = self.audit.start(l, shard);
+        let done = replay_one(&mut self.publisher, &mut self.index, l, envelope, shard).await;
+        span.end(done.as_ref().err());
+        done?;
+        self.index.remove(&[id.to_owned()]).await?;
+        plan.done(id);
+        self.report.replayed += 1;
+        tracing::info!(
+            dead_letter_id = l.info.id(),
+            linked_trace_id = %span.linked_trace_id.map_or_else(|| "-".to_owned(), |t| t.to_string()),
+            order_id = %order,
+            seq = l.info.seq,
+            shard = shard.get(),
+            reason = %l.info.reason,
+            traceparent = header_str(l.properties(), headers::TRACEPARENT),
+            "dead letter replayed"
+        );
+        progress(Event::Replayed {
+            letter: l.info.clone(),
+            shard: shard.get(),
+        });
+        if let Some(pause) = self.pause {
+            tokio::select! {
+                () = tokio::time::sleep_until(started + pause) => {}
+                () = self.cancel.cancelled() => {}
+            }
+        }
+        Ok(true)
     }
 
     /// For each replayed order that is quarantined: waits until a worker has
@@ -335,7 +430,6 @@ impl Replay<'_> {
     /// or its blocker failed again.
     async fn follow(
         &mut self,
-        reader: &Reader,
         quarantines: Quarantines<'_>,
         wait: Duration,
         progress: &mut (dyn FnMut(Event) + Send),
@@ -375,55 +469,8 @@ impl Replay<'_> {
                 self.report.cancelled |= self.cancel.is_cancelled();
                 return Ok(());
             }
-            let wanted: Vec<&str> = next.iter().map(|(o, _)| o.as_str()).collect();
-            let found = reader
-                .select(
-                    |l| {
-                        l.info
-                            .order_id
-                            .as_deref()
-                            .is_some_and(|o| wanted.contains(&o))
-                    },
-                    None,
-                )
-                .await?;
-            let found = replay_order(found.matched);
-            let mut replaying = Vec::new();
-            for (order, head) in next {
-                let letters: Vec<&LetterRef> = found
-                    .iter()
-                    .map(|l| &l.info)
-                    .filter(|l| l.order_id.as_deref() == Some(order.as_str()))
-                    .collect();
-                match decide(&head, &letters) {
-                    Decision::Replay { ids, letters } => {
-                        progress(Event::Requarantined {
-                            order_id: order.clone(),
-                            letters,
-                        });
-                        rounds.insert(order.clone(), ids);
-                        replaying.push(order);
-                    }
-                    Decision::Blocked(blocker) => {
-                        self.report.unresolved.push(order.clone());
-                        progress(Event::StillQuarantined {
-                            order_id: order,
-                            head,
-                            blocker,
-                        });
-                    }
-                }
-            }
-            let batch: Vec<Letter> = found
-                .into_iter()
-                .filter(|l| {
-                    l.info
-                        .order_id
-                        .as_ref()
-                        .is_some_and(|o| replaying.contains(o))
-                })
-                .collect();
-            self.publish(&batch, progress).await?;
+            let mut plan = self.next_round(next, &mut rounds, progress).await?;
+            self.run(&mut plan, progress).await?;
         }
         if !rounds.is_empty() {
             let orders: Vec<String> = rounds.into_keys().collect();
@@ -434,6 +481,65 @@ impl Replay<'_> {
             });
         }
         Ok(())
+    }
+
+    /// The plan of a quarantine round: for each order still quarantined
+    /// behind `head`, its letters in the index, if the head was quarantined
+    /// while the replay ran (`decide`); the orders replayed go to `rounds`.
+    async fn next_round(
+        &mut self,
+        next: Vec<(String, String)>,
+        rounds: &mut BTreeMap<String, Vec<String>>,
+        progress: &mut (dyn FnMut(Event) + Send),
+    ) -> Result<Plan, Error> {
+        let wanted: Vec<&str> = next.iter().map(|(o, _)| o.as_str()).collect();
+        let mut found = self.index.of_orders(&wanted).await?;
+        let mut replaying = Vec::new();
+        for (order, head) in next {
+            let mut entries = found.remove(&order).unwrap_or_default();
+            entries.sort_by_key(|e| (e.seq.unwrap_or(0), e.first_failed_ms));
+            let letters: Vec<LetterRef> = entries.iter().map(LetterRef::from).collect();
+            match decide(&head, &letters.iter().collect::<Vec<_>>()) {
+                Decision::Replay { ids, letters } => {
+                    progress(Event::Requarantined {
+                        order_id: order.clone(),
+                        letters,
+                    });
+                    rounds.insert(order, ids);
+                    replaying.extend(entries);
+                }
+                Decision::Blocked(blocker) => {
+                    self.report.unresolved.push(order.clone());
+                    progress(Event::StillQuarantined {
+                        order_id: order,
+                        head,
+                        blocker,
+                    });
+                }
+            }
+        }
+        Ok(Plan::new(&replaying).0)
+    }
+}
+
+/// What a round does with an order still quarantined behind dead letter
+/// `head`, given the order's letters found in the DLQ.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Decision {
+    /// The head was quarantined while the replay ran (the rest of the order
+    /// was applied): replay these letters.
+    Replay { ids: Vec<String>, letters: usize },
+    /// The head failed again (or is not in the DLQ): the cause needs fixing.
+    Blocked(Option<LetterRef>),
+}
+
+fn decide(head: &str, letters: &[&LetterRef]) -> Decision {
+    match letters.iter().find(|l| l.id.as_deref() == Some(head)) {
+        Some(b) if b.reason == FailReason::Quarantined.as_str() => Decision::Replay {
+            ids: letters.iter().filter_map(|l| l.id.clone()).collect(),
+            letters: letters.len(),
+        },
+        blocker => Decision::Blocked(blocker.map(|l| (*l).clone())),
     }
 }
 
@@ -450,7 +556,7 @@ impl<'a> Quarantines<'a> {
     /// (the replay goes on without following quarantines, and says so).
     async fn read(
         fleet: &'a Fleet,
-        letters: &[Letter],
+        plan: &Plan,
         progress: &mut (dyn FnMut(Event) + Send),
     ) -> Option<Self> {
         let mut redis = match fleet.redis.connect().await {
@@ -463,12 +569,10 @@ impl<'a> Quarantines<'a> {
                 return None;
             }
         };
-        let mut rounds: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for l in letters {
-            if let (Some(order), Some(id)) = (&l.info.order_id, &l.info.id) {
-                rounds.entry(order.clone()).or_default().push(id.clone());
-            }
-        }
+        let rounds: BTreeMap<String, Vec<String>> = plan
+            .ids_by_order()
+            .map(|(order, ids)| (order.to_owned(), ids))
+            .collect();
         // One round trip for every order of the replay.
         let mut pipe = redis::pipe();
         for order in rounds.keys() {
@@ -700,23 +804,6 @@ impl AuditSpan {
 mod tests {
     use super::*;
     use crate::letter::tests::letter;
-
-    #[test]
-    fn replay_goes_per_order_by_seq_orders_as_first_read() {
-        let read = vec![
-            letter("b3", "handler", Some("B"), Some(3)),
-            letter("a2", "handler", Some("A"), Some(2)),
-            letter("b1", "seq-gap", Some("B"), Some(1)),
-            letter("a1", "handler", Some("A"), Some(1)),
-            letter("x", "handler", Some("B"), None),
-            letter("b2", "handler", Some("B"), Some(2)),
-        ];
-        let ids: Vec<String> = replay_order(read)
-            .into_iter()
-            .map(|l| l.id.unwrap())
-            .collect();
-        assert_eq!(ids, ["x", "b1", "b2", "b3", "a1", "a2"]);
-    }
 
     #[test]
     fn a_round_replays_what_was_quarantined_meanwhile_and_stops_at_a_new_failure() {
