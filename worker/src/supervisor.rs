@@ -43,6 +43,30 @@ use crate::store::{Lanes, RedisHealth, RedisSlot};
 
 const RECONNECT_MIN: Duration = Duration::from_millis(200);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+/// The wait before the next broker connect: [`RECONNECT_MIN`], doubling
+/// after each failed try up to [`RECONNECT_MAX`].
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Self {
+        Self(RECONNECT_MIN)
+    }
+
+    fn reset(&mut self) {
+        self.0 = RECONNECT_MIN;
+    }
+
+    /// Waits the current time, then doubles it; `false` when `stop` fired.
+    async fn wait(&mut self, stop: &CancellationToken) -> bool {
+        let waited = tokio::select! {
+            () = tokio::time::sleep(self.0) => true,
+            () = stop.cancelled() => false,
+        };
+        self.0 = (self.0 * 2).min(RECONNECT_MAX);
+        waited
+    }
+}
 /// How often queue depths are read (passive declare), for the depth gauges:
 /// the DLQ's, and each shard's while there are at most
 /// `DEPTH_POLL × DEPTH_DECLARES_PER_SECOND` (125) shards.
@@ -418,7 +442,7 @@ async fn poll_depths(config: Arc<Config>, metrics: Arc<Metrics>, stop: Cancellat
         "shardline worker {} queue depths",
         bounded(&config.worker_name, NAME_MAX)
     );
-    let mut backoff = RECONNECT_MIN;
+    let mut backoff = Backoff::new();
     loop {
         let connected = tokio::select! {
             connected = broker::connect(&config.amqp, &name) => connected,
@@ -426,7 +450,7 @@ async fn poll_depths(config: Arc<Config>, metrics: Arc<Metrics>, stop: Cancellat
         };
         match connected {
             Ok(conn) => {
-                backoff = RECONNECT_MIN;
+                backoff.reset();
                 tokio::select! {
                     () = read_depths(&conn, &config, &metrics, &mut pacer) => {}
                     () = stop.cancelled() => {}
@@ -435,11 +459,9 @@ async fn poll_depths(config: Arc<Config>, metrics: Arc<Metrics>, stop: Cancellat
             }
             Err(e) => tracing::debug!(error = %e, "queue depth poll: cannot connect"),
         }
-        tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
-            () = stop.cancelled() => return,
+        if !backoff.wait(&stop).await {
+            return;
         }
-        backoff = (backoff * 2).min(RECONNECT_MAX);
     }
 }
 
@@ -628,12 +650,11 @@ async fn reconnect(
     shutdown: &CancellationToken,
     metrics: &Metrics,
 ) -> Option<Broker> {
-    let mut backoff = RECONNECT_MIN;
+    let mut backoff = Backoff::new();
     let mut tries = 0u32;
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = shutdown.cancelled() => return None,
+        if !backoff.wait(shutdown).await {
+            return None;
         }
         tries += 1;
         match Broker::connect(config).await {
@@ -645,7 +666,6 @@ async fn reconnect(
             }
             Err(e) => tracing::warn!(tries, error = %e, "reconnect failed"),
         }
-        backoff = (backoff * 2).min(RECONNECT_MAX);
     }
 }
 
@@ -917,6 +937,24 @@ mod tests {
     use shardline_contract::ShardCount;
 
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn reconnects_back_off_doubling_to_the_cap_and_stop_at_once() {
+        let stop = CancellationToken::new();
+        let mut backoff = Backoff::new();
+        let mut waits = Vec::new();
+        for _ in 0..7 {
+            let before = tokio::time::Instant::now();
+            assert!(backoff.wait(&stop).await);
+            waits.push(before.elapsed().as_millis());
+        }
+        assert_eq!(waits, [200, 400, 800, 1600, 3200, 5000, 5000]);
+        backoff.reset();
+        stop.cancel();
+        let before = tokio::time::Instant::now();
+        assert!(!backoff.wait(&stop).await, "a stop ends the wait");
+        assert_eq!(before.elapsed(), Duration::ZERO);
+    }
 
     /// A connection name stays far below the 4 KiB RabbitMQ takes in the
     /// handshake: 17 bytes of prefix, the name's 64, the shards' 7 + 160.
