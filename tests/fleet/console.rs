@@ -1026,3 +1026,44 @@ async fn a_read_only_token_sees_a_letters_metadata_and_the_letter_read_is_bounde
     console.stop().await;
     worker.assert_running().await;
 }
+
+/// A request whose body stalls after its headers is closed after the
+/// body-read timeout; the console answers the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_body_is_closed_after_the_body_read_timeout() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let env = TestEnv::new("console-stall").await;
+    env.apply_topology().await;
+    let timeout = std::time::Duration::from_secs(1);
+    let served =
+        ServedConsole::start_configured(&env, |c| c.limits.body_read_timeout = timeout).await;
+    let mut stream = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    let request = format!(
+        "POST /login HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\ntoken=",
+        served.addr
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let sent = std::time::Instant::now();
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(timeout * 10, async {
+        while stream.read(&mut buf).await.unwrap_or(0) > 0 {}
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the connection is still open after {:?}",
+        sent.elapsed()
+    );
+    // Sooner than the idle (5 s) and header (10 s) timeouts.
+    let took = sent.elapsed();
+    assert!(
+        took >= timeout && took < timeout * 4,
+        "closed after {took:?}"
+    );
+    let login = reqwest::get(format!("http://{}/login", served.addr))
+        .await
+        .unwrap();
+    assert_eq!(login.status(), StatusCode::OK);
+    served.stop().await;
+}
