@@ -39,6 +39,18 @@ pub(crate) struct ConsoleArgs {
     /// `host:port`; repeatable. Others are refused (DNS rebinding).
     #[arg(long = "allowed-host")]
     pub allowed_hosts: Vec<String>,
+    /// A reverse proxy whose X-Forwarded-For is believed: a CIDR
+    /// (10.0.0.0/8, fd00::/8) or an address; repeatable or comma-separated.
+    /// A request from one is the right-most address of the header that is
+    /// not itself a trusted proxy (for the login throttle and the logs); from
+    /// any other peer the header is ignored.
+    #[arg(long = "trusted-proxy", value_name = "CIDR", value_delimiter = ',')]
+    pub trusted_proxies: Vec<String>,
+    /// How long a client address waits after its fifth failed login (or
+    /// wrong bearer token) before its next one is checked; doubles with each
+    /// further failure, up to 5 minutes.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub login_backoff: Duration,
     /// Backlog age from which a shard shows WARN.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub backlog_warn: Duration,
@@ -80,6 +92,7 @@ fn flag(field: &str) -> String {
     match field {
         "tokens" => format!("--token-file or {TOKENS_ENV}"),
         "allowed_hosts" => "--allowed-host".into(),
+        "trusted_proxies" => "--trusted-proxy".into(),
         field => crate::flag(field),
     }
 }
@@ -117,6 +130,9 @@ pub(crate) async fn run(
             page: args.backlog_page,
         },
         limits: shardline_connect::inbound::Inbound::default(),
+        trusted_proxies: args.trusted_proxies,
+        login_backoff: args.login_backoff,
+        ..Config::default()
     };
     config
         .validate()

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::Args;
 use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
+use hyper::body::Bytes;
 use hyper::{Request, Response, StatusCode};
 use shardline_ops::reconcile::{self, METRICS_CONTENT_TYPE, Metrics};
 use shardline_ops::{Event, ReconcileConfig, ReconcileReport, Reconciler};
@@ -159,7 +159,7 @@ async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: Cancellat
 
 async fn respond(
     metrics: Arc<Metrics>,
-    req: Request<Incoming>,
+    req: Request<shardline_connect::inbound::RequestBody>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (status, content_type, body) = match (req.method(), req.uri().path()) {
         (&hyper::Method::GET | &hyper::Method::HEAD, "/metrics") => match metrics.encode() {

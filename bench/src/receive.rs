@@ -7,8 +7,9 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 
 use http_body_util::{BodyExt as _, Full, Limited};
-use hyper::body::{Bytes, Incoming};
+use hyper::body::Bytes;
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
+use shardline_connect::inbound::RequestBody;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -51,7 +52,10 @@ where
     Ok((addr, serve))
 }
 
-async fn answer(req: Request<Incoming>, on_request: &impl Fn(Received)) -> Response<Full<Bytes>> {
+async fn answer(
+    req: Request<RequestBody>,
+    on_request: &impl Fn(Received),
+) -> Response<Full<Bytes>> {
     if req.method() != Method::POST {
         return reply(StatusCode::METHOD_NOT_ALLOWED, "POST events here\n");
     }

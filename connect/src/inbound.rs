@@ -12,6 +12,10 @@
 //! - A request whose `Content-Length` is over [`Inbound::max_body`] (1 MiB)
 //!   is answered 413 without calling the service (a server that reads bodies
 //!   also limits what it reads: the console's extractors).
+//! - A request's body must arrive within [`Inbound::body_read_timeout`]
+//!   (10 s) of its headers: past it the body reads as an error and the
+//!   connection is closed, so a body that stalls holds no connection.
+//! - Each request carries its TCP peer's address as a [`Peer`] extension.
 //! - A failed `accept` (out of file descriptors) is retried after a backoff,
 //!   10 ms doubling to 1 s, instead of spinning.
 //!
@@ -20,6 +24,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
@@ -33,7 +38,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
 /// The limits of an inbound port.
@@ -49,6 +54,9 @@ pub struct Inbound {
     pub max_connections: usize,
     /// The largest request body, in bytes (default 1 MiB).
     pub max_body: u64,
+    /// How long a request's body may take to arrive after its headers
+    /// (default 10 s); past it the connection is closed.
+    pub body_read_timeout: Duration,
 }
 
 impl Default for Inbound {
@@ -58,6 +66,7 @@ impl Default for Inbound {
             idle_timeout: Duration::from_secs(5),
             max_connections: 64,
             max_body: 1 << 20,
+            body_read_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -89,6 +98,9 @@ impl Inbound {
         }
         if self.idle_timeout.is_zero() {
             return bad("idle_timeout", "must be above zero");
+        }
+        if self.body_read_timeout.is_zero() {
+            return bad("body_read_timeout", "must be above zero");
         }
         Ok(())
     }
@@ -271,6 +283,78 @@ where
     }
 }
 
+/// The TCP peer of a request (a request extension): the client, or the
+/// proxy in front of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub SocketAddr);
+
+/// A request's body did not arrive within [`Inbound::body_read_timeout`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the request body did not arrive within {0:?}")]
+pub struct BodyTimeout(pub Duration);
+
+/// A request's body, read under [`Inbound::body_read_timeout`]: past it, it
+/// yields [`BodyTimeout`] and its connection is closed.
+pub struct RequestBody {
+    body: Incoming,
+    deadline: Pin<Box<Sleep>>,
+    timeout: Duration,
+    /// Closes the connection when the body stalls.
+    close: CancellationToken,
+    ended: bool,
+}
+
+impl RequestBody {
+    fn new(body: Incoming, timeout: Duration, close: CancellationToken) -> Self {
+        Self {
+            body,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+            timeout,
+            close,
+            ended: false,
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(None) => {
+                this.ended = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(frame)) => Poll::Ready(Some(frame.map_err(Into::into))),
+            Poll::Pending => match this.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    this.ended = true;
+                    this.close.cancel();
+                    tracing::debug!("inbound: a request body stalled; closing its connection");
+                    Poll::Ready(Some(Err(BodyTimeout(this.timeout).into())))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended || self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// The body a request declares, over `max`.
 fn too_large<T>(req: &Request<T>, max: u64) -> bool {
     req.headers()
@@ -290,7 +374,7 @@ pub async fn serve<F, Fut, B>(
     shutdown: CancellationToken,
     respond: F,
 ) where
-    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(Request<RequestBody>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
     B: Body<Data = Bytes> + Unpin + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -299,8 +383,8 @@ pub async fn serve<F, Fut, B>(
     let mut connections = tokio::task::JoinSet::new();
     let mut backoff = Duration::ZERO;
     loop {
-        let stream = tokio::select! {
-            stream = accept(&listener, &mut backoff) => stream,
+        let (stream, peer) = tokio::select! {
+            accepted = accept(&listener, &mut backoff) => accepted,
             () = shutdown.cancelled() => break,
         };
         let Some((id, evict, changed)) = place(&table, &shutdown).await else {
@@ -313,6 +397,7 @@ pub async fn serve<F, Fut, B>(
             evict,
             changed,
             shutdown: shutdown.clone(),
+            peer,
         };
         connections.spawn(conn.run(stream, respond.clone()));
     }
@@ -347,12 +432,12 @@ async fn place(
 
 /// The next connection; a failed accept (out of file descriptors, most
 /// often) is retried after `backoff`, which doubles from 10 ms to 1 s.
-async fn accept(listener: &TcpListener, backoff: &mut Duration) -> TcpStream {
+async fn accept(listener: &TcpListener, backoff: &mut Duration) -> (TcpStream, SocketAddr) {
     loop {
         match listener.accept().await {
-            Ok((stream, _)) => {
+            Ok(accepted) => {
                 *backoff = Duration::ZERO;
-                return stream;
+                return accepted;
             }
             // The peer gave up before it was accepted: nothing to wait for.
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => {}
@@ -374,18 +459,20 @@ struct Conn {
     evict: CancellationToken,
     changed: Arc<Notify>,
     shutdown: CancellationToken,
+    peer: SocketAddr,
 }
 
 impl Conn {
     async fn run<F, Fut, B>(self, stream: TcpStream, respond: F)
     where
-        F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+        F: Fn(Request<RequestBody>) -> Fut + Clone + Send + Sync + 'static,
         Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
         B: Body<Data = Bytes> + Unpin + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let limits = self.table.limits;
-        let (table, id) = (Arc::clone(&self.table), self.id);
+        let (table, id, peer) = (Arc::clone(&self.table), self.id, self.peer);
+        let close = self.evict.clone();
         let service = service_fn(move |req: Request<Incoming>| {
             table.begin(id);
             let busy = Busy {
@@ -394,6 +481,7 @@ impl Conn {
             };
             let refused = too_large(&req, limits.max_body);
             let respond = respond.clone();
+            let close = close.clone();
             async move {
                 if refused {
                     let mut response = Response::new(Tracked {
@@ -403,7 +491,10 @@ impl Conn {
                     *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
                     return Ok::<_, Infallible>(response);
                 }
-                let response = respond(req).await?;
+                let (mut parts, body) = req.into_parts();
+                parts.extensions.insert(Peer(peer));
+                let body = RequestBody::new(body, limits.body_read_timeout, close);
+                let response = respond(Request::from_parts(parts, body)).await?;
                 Ok(response.map(|body| Tracked {
                     body: Some(body),
                     _busy: busy,
@@ -432,7 +523,7 @@ impl Conn {
                     break;
                 }
                 () = self.evict.cancelled() => {
-                    tracing::debug!("inbound: connection evicted at the cap");
+                    tracing::debug!("inbound: connection evicted at the cap, or its request body stalled");
                     break;
                 }
                 () = self.changed.notified() => {}
@@ -466,6 +557,7 @@ mod tests {
         assert_eq!(limits.idle_timeout, Duration::from_secs(5));
         assert_eq!(limits.max_connections, 64);
         assert_eq!(limits.max_body, 1 << 20);
+        assert_eq!(limits.body_read_timeout, Duration::from_secs(10));
         assert_eq!(limits.descriptors(), 66);
         assert_eq!(limits.validate(), Ok(()));
         let none = Inbound {
@@ -582,6 +674,47 @@ mod tests {
         closed(&mut kept).await;
         assert!(answered.elapsed() >= limits.idle_timeout);
         assert!(answered.elapsed() < limits.header_read_timeout);
+        shutdown.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_body_closes_its_connection_after_the_timeout() {
+        use http_body_util::BodyExt as _;
+        let shutdown = CancellationToken::new();
+        let limits = Inbound::default();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (peers, mut peer_seen) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(serve(listener, limits, shutdown.clone(), move |req| {
+            let peers = peers.clone();
+            async move {
+                let _ = peers.send(req.extensions().get::<Peer>().copied());
+                let body = match req.into_body().collect().await {
+                    Ok(body) => body.to_bytes(),
+                    Err(e) => Bytes::from(e.to_string()),
+                };
+                Ok(Response::new(Full::new(body)))
+            }
+        }));
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let local = stream.local_addr().unwrap();
+        stream
+            .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nonly ten b")
+            .await
+            .unwrap();
+        let sent = Instant::now();
+        assert_eq!(peer_seen.recv().await.unwrap(), Some(Peer(local)));
+        closed(&mut stream).await;
+        assert!(sent.elapsed() >= limits.body_read_timeout);
+        assert!(sent.elapsed() < limits.body_read_timeout + Duration::from_secs(1));
+        // A body that arrives is read whole.
+        let mut whole = TcpStream::connect(addr).await.unwrap();
+        let answer = ask(
+            &mut whole,
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok",
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         shutdown.cancel();
     }
 

@@ -3,7 +3,9 @@
 //! this step, releasing a quarantined order. Each handler calls
 //! `shardline-ops` and shapes its report; none holds operation logic.
 
-use std::time::{Duration, SystemTime};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::Json;
 use axum::extract::{Extension, Path, Query, State};
@@ -11,12 +13,14 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use shardline_contract::OrderId;
-use shardline_contract::letters::{IndexEntry, hex};
+use shardline_contract::letters::IndexEntry;
 use shardline_ops::dlq::{self, GroupSummary};
-use shardline_ops::{Filters, Letter, LetterQuery, audit, reconcile};
+use shardline_ops::{Filters, LetterQuery, audit, reconcile};
 
+use crate::letter::{Detail, Shown};
 use crate::session::Principal;
 use crate::state::{Shared, chain, json_error};
+use crate::token::Role;
 
 /// Letters returned when the query gives no `limit`, and the most it may ask.
 const DEFAULT_LETTERS: usize = 500;
@@ -182,95 +186,106 @@ pub(crate) async fn letters(
     }
 }
 
-/// The most of a letter's body the detail view shows, in bytes.
-pub(crate) const BODY_CAP: usize = 64 * 1024;
-
-/// A letter's body as the detail view shows it: text when it is UTF-8,
-/// else hex; at most [`BODY_CAP`] bytes of it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Body {
-    pub(crate) text: String,
-    pub(crate) hex: bool,
-    pub(crate) bytes: usize,
-    pub(crate) capped: bool,
+/// A letter's detail as the API answers it.
+fn detail_json(detail: &Detail) -> serde_json::Value {
+    let mut json = letter_json(&detail.entry);
+    let Some(object) = json.as_object_mut() else {
+        return json;
+    };
+    let Some(contents) = &detail.contents else {
+        object.insert("metadata_only".into(), true.into());
+        return json;
+    };
+    object.insert("routing_key".into(), contents.routing_key.clone().into());
+    object.insert(
+        "headers".into(),
+        contents
+            .headers
+            .iter()
+            .map(|(name, value)| serde_json::json!({ "name": name, "value": value }))
+            .collect(),
+    );
+    let body = &contents.body;
+    object.insert(
+        "body".into(),
+        serde_json::json!({
+            "encoding": if body.hex { "hex" } else { "utf-8" },
+            "text": body.text,
+            "bytes": body.bytes,
+            "capped": body.capped,
+        }),
+    );
+    json
 }
 
-impl Body {
-    pub(crate) fn of(body: &[u8]) -> Self {
-        let capped = body.len() > BODY_CAP;
-        let (text, hex) = match std::str::from_utf8(body) {
-            Ok(text) => (text.chars().take(BODY_CAP).collect(), false),
-            Err(_) => (hex(&body[..body.len().min(BODY_CAP)]), true),
-        };
-        Self {
-            text,
-            hex,
-            bytes: body.len(),
-            capped,
+/// The letter `id` as `role` sees it: an admin's from the DLQ (among its
+/// first `letters_read`, or read within the last seconds), a read-only
+/// token's from the index, metadata only.
+pub(crate) async fn read_letter(state: &Shared, id: &str, role: Role) -> Result<Shown, String> {
+    if role != Role::Admin {
+        return index_letter(state, id).await;
+    }
+    if let Some(detail) = state.recent.get(id, Instant::now()) {
+        return Ok(Shown::Letter(detail));
+    }
+    match dlq::show_within(&state.fleet, id, state.letters_read).await {
+        Ok(letter) => {
+            let detail = Arc::new(Detail::of(&letter));
+            state.recent.put(Arc::clone(&detail), Instant::now());
+            Ok(Shown::Letter(detail))
         }
+        Err(e) if e.is_not_found() => Ok(Shown::NotFound),
+        Err(e) => e
+            .not_within()
+            .map(Shown::NotWithin)
+            .ok_or_else(|| chain(&e)),
     }
 }
 
-/// One dead letter as the detail view shows it, read from the DLQ (the
-/// index holds no body).
-#[derive(Debug, Clone)]
-pub(crate) struct Detail {
-    pub(crate) entry: IndexEntry,
-    pub(crate) routing_key: String,
-    pub(crate) headers: Vec<(String, String)>,
-    pub(crate) body: Body,
+/// The letter `id`'s index entry: no DLQ read.
+async fn index_letter(state: &Shared, id: &str) -> Result<Shown, String> {
+    let query = LetterQuery {
+        filters: Filters {
+            ids: Some(BTreeSet::from([id.to_owned()])),
+            limit: Some(1),
+            ..Filters::default()
+        },
+        search: Some(id.to_owned()),
+        ..LetterQuery::default()
+    };
+    let entries = dlq::letters(&state.fleet, &query)
+        .await
+        .map_err(|e| chain(&e))?;
+    Ok(entries.into_iter().next().map_or(Shown::NotFound, |entry| {
+        Shown::Letter(Arc::new(Detail {
+            entry,
+            contents: None,
+        }))
+    }))
 }
 
-impl Detail {
-    pub(crate) fn of(letter: &Letter) -> Self {
-        Self {
-            entry: letter.entry(),
-            routing_key: letter.routing_key().to_owned(),
-            headers: letter.headers(),
-            body: Body::of(letter.body()),
-        }
-    }
-
-    pub(crate) fn json(&self) -> serde_json::Value {
-        let mut json = letter_json(&self.entry);
-        if let Some(object) = json.as_object_mut() {
-            object.insert("routing_key".into(), self.routing_key.clone().into());
-            object.insert(
-                "headers".into(),
-                self.headers
-                    .iter()
-                    .map(|(name, value)| serde_json::json!({ "name": name, "value": value }))
-                    .collect(),
-            );
-            object.insert(
-                "body".into(),
-                serde_json::json!({
-                    "encoding": if self.body.hex { "hex" } else { "utf-8" },
-                    "text": self.body.text,
-                    "bytes": self.body.bytes,
-                    "capped": self.body.capped,
-                }),
-            );
-        }
-        json
-    }
+/// What a letter past the bound is told.
+pub(crate) fn not_within(id: &str, within: usize) -> String {
+    format!(
+        "dead letter {id} is not within the first {within} letters of the DLQ: the console reads no further (shardline dlq show reads them all)"
+    )
 }
 
-/// The letter `id` from the DLQ: `Ok(None)` when it is not there.
-pub(crate) async fn read_letter(state: &Shared, id: &str) -> Result<Option<Detail>, String> {
-    match dlq::show(&state.fleet, id).await {
-        Ok(letter) => Ok(Some(Detail::of(&letter))),
-        Err(e) if e.is_not_found() => Ok(None),
-        Err(e) => Err(chain(&e)),
-    }
-}
-
-/// `GET api/dlq/letter/{id}`: the letter's headers, body, trace id and
-/// attempts, read from the DLQ.
-pub(crate) async fn letter(State(state): State<Shared>, Path(id): Path<String>) -> Response {
-    match read_letter(&state, &id).await {
-        Ok(Some(detail)) => Json(detail.json()).into_response(),
-        Ok(None) => json_error(StatusCode::NOT_FOUND, "no such dead letter in the DLQ"),
+/// `GET api/dlq/letter/{id}`: the letter's index fields; for an admin also
+/// its routing key, headers and body, read from the DLQ.
+pub(crate) async fn letter(
+    State(state): State<Shared>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Response {
+    match read_letter(&state, &id, who.role).await {
+        Ok(Shown::Letter(detail)) => Json(detail_json(&detail)).into_response(),
+        Ok(Shown::NotFound) => json_error(StatusCode::NOT_FOUND, "no such dead letter in the DLQ"),
+        Ok(Shown::NotWithin(within)) => (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({ "error": not_within(&id, within), "not_within": within })),
+        )
+            .into_response(),
         Err(e) => json_error(StatusCode::BAD_GATEWAY, &e),
     }
 }

@@ -11,7 +11,7 @@ use crate::Error;
 use crate::token::Tokens;
 
 /// What [`crate::serve`] needs besides the fleet and a listener.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// The tokens that may log in; at least one (the command line generates
     /// one when none is given).
@@ -30,9 +30,43 @@ pub struct Config {
     /// (its `dry_run` is set for each run). Default none.
     pub reconcile: Option<ReconcileConfig>,
     /// The limits of its port: header-read and idle timeouts, the
-    /// connection cap, the request body limit. Default
-    /// [`Inbound::default`]: 10 s, 5 s, 64, 1 MiB.
+    /// connection cap, the request body limit and read timeout. Default
+    /// [`Inbound::default`]: 10 s, 5 s, 64, 1 MiB, 10 s.
     pub limits: Inbound,
+    /// Proxies whose `X-Forwarded-For` is believed: CIDRs (`10.0.0.0/8`,
+    /// `fd00::/8`) or addresses. A request from one of them is the
+    /// right-most address of the header that is not itself a trusted proxy
+    /// (for the login throttle and the logs); from any other peer, the peer.
+    /// Default none: the header is ignored.
+    pub trusted_proxies: Vec<String>,
+    /// How many letters a letter's detail reads from the head of the DLQ
+    /// looking for it (default [`LETTERS_READ`], 10,000): a letter further
+    /// back is reported as such, for `shardline dlq show`. More reads
+    /// longer and holds more letters unacked while it does.
+    pub letters_read: usize,
+    /// How long a client address waits after its fifth failed token check
+    /// before its next one is checked; doubles with each further failure,
+    /// up to 5 min. Default 1 s; above zero.
+    pub login_backoff: std::time::Duration,
+}
+
+/// The default [`Config::letters_read`].
+pub const LETTERS_READ: usize = 10_000;
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            tokens: Tokens::default(),
+            base_path: String::new(),
+            allowed_hosts: Vec::new(),
+            thresholds: Thresholds::default(),
+            reconcile: None,
+            limits: Inbound::default(),
+            trusted_proxies: Vec::new(),
+            letters_read: LETTERS_READ,
+            login_backoff: std::time::Duration::from_secs(1),
+        }
+    }
 }
 
 impl Config {
@@ -59,6 +93,24 @@ impl Config {
             return Err(Error::Config {
                 field: "thresholds.page",
                 message: "thresholds.page must not be below thresholds.warn".into(),
+            });
+        }
+        if let Err(message) = crate::client::trusted(&self.trusted_proxies) {
+            return Err(Error::Config {
+                field: "trusted_proxies",
+                message: format!("trusted_proxies: {message}"),
+            });
+        }
+        if self.login_backoff.is_zero() {
+            return Err(Error::Config {
+                field: "login_backoff",
+                message: "login_backoff: above zero".into(),
+            });
+        }
+        if self.letters_read == 0 {
+            return Err(Error::Config {
+                field: "letters_read",
+                message: "letters_read: at least 1 letter".into(),
             });
         }
         if let Err(e) = self.limits.validate() {
@@ -126,6 +178,21 @@ mod tests {
         assert!(base_path("console").is_err());
         assert!(base_path("//evil.example").is_err());
         assert!(base_path("/a?b").is_err());
+    }
+
+    #[test]
+    fn a_malformed_trusted_proxy_is_refused_naming_the_field() {
+        let config = Config {
+            tokens: crate::Tokens::parse("a:admin:0123456789abcdef", false).unwrap(),
+            trusted_proxies: vec!["10.0.0.0/8".into(), "10.0.0.0/40".into()],
+            ..Config::default()
+        };
+        let err = config.validate().unwrap_err();
+        assert!(err.is_usage());
+        assert_eq!(
+            err.rename_field(|_| "--trusted-proxy".into()),
+            "--trusted-proxy: \"10.0.0.0/40\" is not a CIDR (such as 10.0.0.0/8 or fd00::/8) or an IP address"
+        );
     }
 
     #[test]

@@ -18,10 +18,11 @@ use shardline_ops::dlq::GroupSummary;
 use shardline_ops::reconcile::RunSummary;
 use shardline_ops::topology::{DlqLine, FleetView, ShardLine, StatusReport};
 
-use crate::api::{Body, Detail, LettersParams};
+use crate::api::LettersParams;
 use crate::history::{self, Sample};
 use crate::html::{self, DeadLetters, Nav};
 use crate::jobs::{JobState, JobView, Kind};
+use crate::letter::{BODY_CAP, Body, Contents, Detail, Shown};
 use crate::session::Principal;
 use crate::token::Role;
 
@@ -166,6 +167,10 @@ pub(crate) fn pages() -> Vec<(String, String)> {
     add(
         "login-refused",
         html::login("/con<s>ole/", true).render().unwrap(),
+    );
+    add(
+        "login-throttled",
+        html::login_throttled("/", 300).render().unwrap(),
     );
     let t = Thresholds::default();
     let samples = vec![
@@ -361,10 +366,13 @@ pub(crate) fn pages() -> Vec<(String, String)> {
     );
     let detail = |body: &[u8], headers: Vec<(String, String)>| Detail {
         entry: entry("d1<&>", Some("o\"1")),
-        routing_key: format!("rk {HOSTILE}"),
-        headers,
-        body: Body::of(body),
+        contents: Some(Contents {
+            routing_key: format!("rk {HOSTILE}"),
+            headers,
+            body: Body::of(body),
+        }),
     };
+    let shown = |d: Detail| Ok(Shown::Letter(std::sync::Arc::new(d)));
     let headers = vec![
         (
             "x-error".to_owned(),
@@ -377,10 +385,10 @@ pub(crate) fn pages() -> Vec<(String, String)> {
         html::letter(
             "/b/",
             "d1",
-            &Ok(Some(detail(
+            &shown(detail(
                 format!("{{\"a\":\"{HOSTILE}\"}}\nline2\n").as_bytes(),
                 headers.clone(),
-            ))),
+            )),
         )
         .render()
         .unwrap(),
@@ -390,10 +398,10 @@ pub(crate) fn pages() -> Vec<(String, String)> {
         html::letter(
             "/",
             "d1",
-            &Ok(Some(detail(
+            &shown(detail(
                 &(0..100u8).chain([0xff, 0xfe]).collect::<Vec<_>>(),
                 vec![],
-            ))),
+            )),
         )
         .render()
         .unwrap(),
@@ -403,7 +411,7 @@ pub(crate) fn pages() -> Vec<(String, String)> {
         html::letter(
             "/",
             "d1",
-            &Ok(Some(detail(&vec![b'a'; crate::api::BODY_CAP + 5], headers))),
+            &shown(detail(&vec![b'a'; BODY_CAP + 5], headers.clone())),
         )
         .render()
         .unwrap(),
@@ -417,13 +425,23 @@ pub(crate) fn pages() -> Vec<(String, String)> {
     no_trace.entry.attempts = None;
     add(
         "letter-bare",
-        html::letter("/", "d1", &Ok(Some(no_trace)))
+        html::letter("/", "d1", &shown(no_trace)).render().unwrap(),
+    );
+    let mut metadata = detail(b"", headers);
+    metadata.contents = None;
+    add(
+        "letter-metadata",
+        html::letter("/", "d1", &shown(metadata)).render().unwrap(),
+    );
+    add(
+        "letter-beyond",
+        html::letter("/", &format!("x{HOSTILE}"), &Ok(Shown::NotWithin(10_000)))
             .render()
             .unwrap(),
     );
     add(
         "letter-none",
-        html::letter("/", &format!("x{HOSTILE}"), &Ok(None))
+        html::letter("/", &format!("x{HOSTILE}"), &Ok(Shown::NotFound))
             .render()
             .unwrap(),
     );
@@ -439,7 +457,7 @@ pub(crate) fn pages() -> Vec<(String, String)> {
 #[test]
 fn every_page_shows_hostile_text_escaped_once() {
     let pages = pages();
-    assert_eq!(pages.len(), 73);
+    assert_eq!(pages.len(), 76);
     let mut shown = 0;
     for (name, html) in &pages {
         for raw in ['\u{7}', '\u{202e}'] {

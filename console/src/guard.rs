@@ -1,18 +1,25 @@
 //! The one gate every request passes, in this order: the Host header
 //! (DNS rebinding), the Origin of a POST, who is asking (session cookie or
-//! `Authorization: Bearer`), the session's CSRF token on a POST, the role;
-//! then the security headers on every response, refusals included.
+//! `Authorization: Bearer`, a token checked under the login throttle), the
+//! session's CSRF token on a POST, the role; then the security headers on
+//! every response, refusals included.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Instant;
 
 use axum::body::{Body, to_bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
+use shardline_connect::inbound::Peer;
 use subtle::ConstantTimeEq as _;
 
+use crate::client::{self, Client};
 use crate::session::{COOKIE, Principal};
-use crate::state::{Shared, json_error};
-use crate::token::Role;
+use crate::state::{Shared, State as ConsoleState, json_error};
+use crate::throttle::Wait;
+use crate::token::{Role, Token};
 
 /// The Content-Security-Policy of every response: nothing from elsewhere,
 /// no inline script or style, no framing, forms only to the console.
@@ -93,6 +100,13 @@ async fn check(state: &Shared, mut req: Request) -> Result<Request, Response> {
             "this console does not answer to that Host name",
         ));
     }
+    // Without the accept loop's peer (a router called directly) nobody is known.
+    let peer = req
+        .extensions()
+        .get::<Peer>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |p| p.0.ip());
+    let client = client::client(peer, req.headers(), &state.proxies);
+    req.extensions_mut().insert(client);
     let unsafe_method = !matches!(*req.method(), Method::GET | Method::HEAD);
     if unsafe_method && !same_origin(req.headers(), &host) {
         return Err(refuse(
@@ -104,7 +118,16 @@ async fn check(state: &Shared, mut req: Request) -> Result<Request, Response> {
     if what == Kind::Public {
         return Ok(req);
     }
-    let Some(principal) = principal(state, req.headers()) else {
+    let found = principal(state, req.headers(), client).map_err(|wait| {
+        too_many(
+            json_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many failed logins from this address: try again later",
+            ),
+            wait,
+        )
+    })?;
+    let Some(principal) = found else {
         return Err(match what {
             Kind::Page => see_other(&format!("{}login", state.base)),
             _ => {
@@ -156,18 +179,88 @@ fn same_origin(headers: &HeaderMap, host: &str) -> bool {
 }
 
 /// Who is asking: a bearer token (a wrong one is nobody, even with a
-/// cookie), else a live session.
-fn principal(state: &Shared, headers: &HeaderMap) -> Option<Principal> {
+/// cookie), else a live session; a throttled client's bearer token is
+/// refused unchecked (429).
+fn principal(
+    state: &Shared,
+    headers: &HeaderMap,
+    client: Client,
+) -> Result<Option<Principal>, Wait> {
     if let Some(auth) = headers.get(header::AUTHORIZATION) {
-        let bearer = auth.to_str().ok()?.strip_prefix("Bearer ")?;
-        let token = state.tokens.find(bearer.trim())?;
-        return Some(Principal {
-            name: token.name.clone(),
-            role: token.role,
-            csrf: None,
-        });
+        let Some(bearer) = auth.to_str().ok().and_then(|a| a.strip_prefix("Bearer ")) else {
+            return Ok(None);
+        };
+        return match authenticate(state, client, bearer, Door::Bearer) {
+            Ok(token) => Ok(Some(Principal {
+                name: token.name.clone(),
+                role: token.role,
+                csrf: None,
+            })),
+            Err(Refused::Wrong) => Ok(None),
+            Err(Refused::Wait(wait)) => Err(wait),
+        };
     }
-    state.sessions.get(&session_id(headers)?)
+    Ok(session_id(headers).and_then(|id| state.sessions.get(&id)))
+}
+
+/// Where a token was presented, for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Door {
+    /// The login form, or `GET login?token=`.
+    Login,
+    /// `Authorization: Bearer`.
+    Bearer,
+}
+
+/// Why a presented token let nobody in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// No token matches.
+    Wrong,
+    /// The client waits (or every client does): not checked.
+    Wait(Wait),
+}
+
+/// The token `presented` by `client`, checked under the login throttle. A
+/// failure is logged with the client's address (and the proxy it came
+/// through), never with what was typed.
+pub(crate) fn authenticate<'a>(
+    state: &'a ConsoleState,
+    client: Client,
+    presented: &str,
+    door: Door,
+) -> Result<&'a Token, Refused> {
+    let now = Instant::now();
+    let proxy = client.via.map(tracing::field::display);
+    if let Err(wait) = state.throttle.admit(client.addr, now) {
+        // At debug: a flood of refusals must not flood the log.
+        tracing::debug!(client = %client.addr, proxy, retry_after_s = wait.seconds(), "console: a login attempt was throttled");
+        return Err(Refused::Wait(wait));
+    }
+    let Some(token) = state.tokens.find(presented.trim()) else {
+        let wait = state.throttle.failed(client.addr, now);
+        let wait_s = wait.map(|w| w.as_secs());
+        match door {
+            Door::Login => {
+                tracing::warn!(client = %client.addr, proxy, wait_s, "console: a login with a wrong token was refused");
+            }
+            Door::Bearer => {
+                tracing::warn!(client = %client.addr, proxy, wait_s, "console: a request with a wrong bearer token was refused");
+            }
+        }
+        return Err(Refused::Wrong);
+    };
+    state.throttle.succeeded(client.addr);
+    Ok(token)
+}
+
+/// `response` as a 429 with `Retry-After`.
+pub(crate) fn too_many(mut response: Response, wait: Wait) -> Response {
+    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(wait.seconds()));
+    response
 }
 
 /// The session cookie's value.

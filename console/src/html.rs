@@ -32,10 +32,11 @@ use shardline_ops::dlq::GroupSummary;
 use shardline_ops::reconcile::RunSummary;
 use shardline_ops::topology::StatusReport;
 
-use crate::api::{Detail, LettersParams, rfc3339};
+use crate::api::{LettersParams, rfc3339};
 use crate::guard::CSRF_FIELD;
 use crate::history::Chart;
 use crate::jobs::{JobState, JobView, Kind};
+use crate::letter::{BODY_CAP, Contents, Detail, Shown};
 use crate::session::Principal;
 use crate::token::Role;
 
@@ -136,13 +137,15 @@ pub(crate) fn page<'a, B: Template + HtmlSafe>(
     }
 }
 
-/// The login form; `refused` when a token was not accepted.
+/// The login form; `refused` when a token was not accepted, `wait_s` when
+/// the address must wait before its next attempt is checked.
 #[derive(Template)]
 #[template(path = "login.html")]
 pub(crate) struct Login {
     css: String,
     action: String,
     refused: bool,
+    wait_s: Option<u64>,
 }
 
 pub(crate) fn login(base: &str, refused: bool) -> Login {
@@ -150,6 +153,15 @@ pub(crate) fn login(base: &str, refused: bool) -> Login {
         css: format!("{base}assets/console.css"),
         action: format!("{base}login"),
         refused,
+        wait_s: None,
+    }
+}
+
+/// The login form of an address that must wait `seconds`.
+pub(crate) fn login_throttled(base: &str, seconds: u64) -> Login {
+    Login {
+        wait_s: Some(seconds),
+        ..login(base, false)
     }
 }
 
@@ -493,23 +505,32 @@ pub(crate) fn jobs<'a>(jobs: impl IntoIterator<Item = &'a JobView>, admin: bool)
     }
 }
 
-/// A letter's detail: what the index knows, its headers, its body.
+/// A letter's detail: what the index knows; for an admin, its headers and
+/// body too.
 #[derive(Template)]
 #[template(path = "letter.html")]
 pub(crate) struct Letter<'a> {
     back: String,
     id: &'a str,
-    detail: Result<Option<LetterDetail<'a>>, &'a str>,
+    detail: Result<Lookup<'a>, &'a str>,
     body_cap_kib: usize,
 }
 
 impl HtmlSafe for Letter<'_> {}
 
+/// What the letter page found.
+enum Lookup<'a> {
+    Letter(LetterDetail<'a>),
+    NotFound,
+    NotWithin(String),
+}
+
 struct LetterDetail<'a> {
-    detail: &'a Detail,
     facts: Facts<'a>,
     group_href: String,
     trace_id: &'a str,
+    /// `None` for a read-only token: metadata only.
+    contents: Option<&'a Contents>,
     hex_lines: String,
 }
 
@@ -527,31 +548,33 @@ fn hex_lines(hex: &str) -> String {
         .join("\n")
 }
 
-pub(crate) fn letter<'a>(
-    base: &str,
-    id: &'a str,
-    detail: &'a Result<Option<Detail>, String>,
-) -> Letter<'a> {
+fn letter_detail<'a>(base: &str, d: &'a Detail) -> LetterDetail<'a> {
+    let contents = d.contents.as_ref();
+    LetterDetail {
+        facts: facts(&d.entry),
+        group_href: format!("{base}dead-letters?group={}", d.entry.group),
+        trace_id: d.entry.trace_id.as_deref().unwrap_or("–"),
+        contents,
+        hex_lines: match contents {
+            Some(c) if c.body.hex => hex_lines(&c.body.text),
+            _ => String::new(),
+        },
+    }
+}
+
+pub(crate) fn letter<'a>(base: &str, id: &'a str, shown: &'a Result<Shown, String>) -> Letter<'a> {
     Letter {
         back: format!("{base}dead-letters"),
         id,
-        detail: detail
+        detail: shown
             .as_ref()
-            .map(|d| {
-                d.as_ref().map(|d| LetterDetail {
-                    detail: d,
-                    facts: facts(&d.entry),
-                    group_href: format!("{base}dead-letters?group={}", d.entry.group),
-                    trace_id: d.entry.trace_id.as_deref().unwrap_or("–"),
-                    hex_lines: if d.body.hex {
-                        hex_lines(&d.body.text)
-                    } else {
-                        String::new()
-                    },
-                })
+            .map(|shown| match shown {
+                Shown::Letter(d) => Lookup::Letter(letter_detail(base, d)),
+                Shown::NotFound => Lookup::NotFound,
+                Shown::NotWithin(within) => Lookup::NotWithin(crate::api::not_within(id, *within)),
             })
             .map_err(String::as_str),
-        body_cap_kib: crate::api::BODY_CAP / 1024,
+        body_cap_kib: BODY_CAP / 1024,
     }
 }
 
@@ -760,13 +783,16 @@ mod tests {
                 ..IndexEntry::default()
             }
             .grouped(),
-            routing_key: "decode".into(),
-            headers: vec![("x-error".into(), "<svg onload=alert(1)>\u{2066}".into())],
-            body: crate::api::Body::of(body),
+            contents: Some(Contents {
+                routing_key: "decode".into(),
+                headers: vec![("x-error".into(), "<svg onload=alert(1)>\u{2066}".into())],
+                body: crate::letter::Body::of(body),
+            }),
         };
-        let hostile = Ok(Some(detail(
+        let shown = |d: Detail| Ok(Shown::Letter(std::sync::Arc::new(d)));
+        let hostile = shown(detail(
             "<script>window.__pwned=1</script>\u{202e}\u{200b}".as_bytes(),
-        )));
+        ));
         let html = letter("/", "d1", &hostile).render().unwrap();
         assert!(
             !html.contains("<script") && !html.contains("<svg"),
@@ -782,22 +808,46 @@ mod tests {
         );
         assert!(html.contains("<code id=\"trace-id\">0af7651916cd43dd8448eb211c80319c</code>"));
         assert!(html.contains("<td id=\"attempts\">3</td>"));
-        let hex = Ok(Some(detail(b"<a>\xff\xfe")));
+        let hex = shown(detail(b"<a>\xff\xfe"));
         let html = letter("/", "d1", &hex).render().unwrap();
         assert!(
             html.contains("<pre id=\"body\" class=\"hex\">3c 61 3e ff fe</pre>"),
             "{html}"
         );
-        let big = vec![b'a'; crate::api::BODY_CAP + 1];
-        let big = Ok(Some(detail(&big)));
+        let big = vec![b'a'; BODY_CAP + 1];
+        let big = shown(detail(&big));
         let html = letter("/", "d1", &big).render().unwrap();
         assert!(html.contains("id=\"body-note\""));
         assert!(
-            letter("/", "x<", &Ok(None))
+            letter("/", "x<", &Ok(Shown::NotFound))
                 .render()
                 .unwrap()
                 .contains("No dead letter <code>x&lt;</code>")
         );
+        let beyond = letter("/", "x<", &Ok(Shown::NotWithin(10_000)))
+            .render()
+            .unwrap();
+        assert!(
+            beyond.contains("id=\"not-within\"")
+                && beyond.contains("x&lt; is not within the first 10000 letters of the DLQ"),
+            "{beyond}"
+        );
+        // A read-only token: the index's facts, no routing key, headers or body.
+        let mut metadata = detail(b"secret body");
+        metadata.contents = None;
+        let html = letter("/", "d1", &shown(metadata)).render().unwrap();
+        assert!(
+            html.contains("<td id=\"attempts\">3</td>") && html.contains("id=\"metadata-only\"")
+        );
+        for hidden in [
+            "secret body",
+            "x-error",
+            "id=\"body\"",
+            "id=\"headers\"",
+            "routing key",
+        ] {
+            assert!(!html.contains(hidden), "read-only sees {hidden}");
+        }
     }
 
     #[test]

@@ -7,6 +7,9 @@
 //! - `server`: [`serve`], the routes under the base path, the shared state.
 //! - `guard`: the one gate: Host, Origin, session or bearer token, CSRF,
 //!   role; the security headers of every response.
+//! - `client`: who a request comes from (the peer, or behind a trusted
+//!   proxy, `X-Forwarded-For`).
+//! - `throttle`: failed token checks per client address and over all.
 //! - [`token`]: named tokens (`admin`, `read-only`), their syntax, the
 //!   constant-time lookup.
 //! - `session`: login sessions in memory (cookie id → name, role, CSRF token).
@@ -15,6 +18,8 @@
 //!   templates' structs (the templates are in `console/templates/`).
 //! - `api`: the JSON API under `api/` (reads: fleet, its history, the
 //!   dead-letter index and one letter, the audit log, reconcile runs).
+//! - `letter`: a dead letter as its detail shows it; `recent`: letters an
+//!   admin opened lately, kept a few seconds.
 //! - `actions`: the POSTs (replay, purge, release, reconcile dry run,
 //!   cancel) and the jobs' views over server-sent events.
 //! - `jobs`: server-side jobs that outlive the browser tab.
@@ -29,6 +34,7 @@
 mod actions;
 mod api;
 mod assets;
+mod client;
 pub mod config;
 pub mod error;
 pub mod escape;
@@ -38,13 +44,16 @@ mod guard;
 mod history;
 mod html;
 mod jobs;
+mod letter;
 mod pages;
+mod recent;
 mod server;
 mod session;
 mod state;
+mod throttle;
 pub mod token;
 
-pub use config::Config;
+pub use config::{Config, LETTERS_READ};
 pub use error::Error;
 pub use guard::{CSP, CSRF_HEADER};
 pub use server::serve;

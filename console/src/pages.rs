@@ -10,7 +10,8 @@ use serde::Deserialize;
 use shardline_ops::{audit, dlq, reconcile};
 
 use crate::api::{AUDIT_SHOWN, LettersParams, RUNS_SHOWN, read_letter};
-use crate::guard::{see_other, session_id};
+use crate::client::Client;
+use crate::guard::{Door, Refused, authenticate, see_other, session_id, too_many};
 use crate::history;
 use crate::html::{self, Nav};
 use crate::session::{COOKIE, Principal, SESSION_TTL};
@@ -31,11 +32,12 @@ pub(crate) struct LoginForm {
 /// login as by the form.
 pub(crate) async fn login_form(
     State(state): State<Shared>,
+    Extension(client): Extension<Client>,
     headers: HeaderMap,
     Query(query): Query<LoginQuery>,
 ) -> Response {
     match query.token {
-        Some(token) => log_in(&state, &headers, &token),
+        Some(token) => log_in(&state, client, &headers, &token),
         None => html::respond(&html::login(&state.base, false)),
     }
 }
@@ -43,21 +45,29 @@ pub(crate) async fn login_form(
 /// `POST login`: the token from the form.
 pub(crate) async fn login(
     State(state): State<Shared>,
+    Extension(client): Extension<Client>,
     headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Response {
-    log_in(&state, &headers, &form.token)
+    log_in(&state, client, &headers, &form.token)
 }
 
-/// A session for the token and a 303 to the fleet page, or the form again (401).
-fn log_in(state: &Shared, headers: &HeaderMap, token: &str) -> Response {
-    let Some(token) = state.tokens.find(token.trim()) else {
-        tracing::info!("console: a login was refused");
-        return (
-            StatusCode::UNAUTHORIZED,
-            html::respond(&html::login(&state.base, true)),
-        )
-            .into_response();
+/// A session for the token and a 303 to the fleet page, or the form again
+/// (401; 429 while the client's address waits).
+fn log_in(state: &Shared, client: Client, headers: &HeaderMap, token: &str) -> Response {
+    let token = match authenticate(state, client, token, Door::Login) {
+        Ok(token) => token,
+        Err(Refused::Wrong) => {
+            return (
+                StatusCode::UNAUTHORIZED,
+                html::respond(&html::login(&state.base, true)),
+            )
+                .into_response();
+        }
+        Err(Refused::Wait(wait)) => {
+            let page = html::respond(&html::login_throttled(&state.base, wait.seconds()));
+            return too_many(page, wait);
+        }
     };
     let (id, _) = state.sessions.open(token);
     tracing::info!(who = %token.name, role = token.role.as_str(), "console: logged in");
@@ -168,7 +178,7 @@ pub(crate) async fn letter(
     Extension(who): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Response {
-    let detail = read_letter(&state, &id).await;
+    let detail = read_letter(&state, &id, who.role).await;
     let body = html::letter(&state.base, &id, &detail);
     html::respond(&html::page(
         &state.base,

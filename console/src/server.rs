@@ -19,9 +19,11 @@ use tower_service::Service;
 
 use crate::history::{self, History};
 use crate::jobs::Jobs;
+use crate::recent::Recent;
 use crate::session::Sessions;
 use crate::state::{Shared, State, json_error};
-use crate::{Config, Error, actions, api, assets, config, guard, pages};
+use crate::throttle::Throttle;
+use crate::{Config, Error, actions, api, assets, client, config, guard, pages};
 
 /// Reads the fleet every [`history::EVERY`] (the chart's samples) until
 /// `stop`; a read within that time by a page counts too.
@@ -128,6 +130,16 @@ pub async fn serve(
             dlq_browse: None,
         },
         last_status: tokio::sync::Mutex::new(None),
+        throttle: Throttle::new(crate::throttle::Limits {
+            base: config.login_backoff,
+            ..crate::throttle::Limits::default()
+        }),
+        proxies: client::trusted(&config.trusted_proxies).map_err(|message| Error::Config {
+            field: "trusted_proxies",
+            message,
+        })?,
+        recent: Recent::default(),
+        letters_read: config.letters_read,
     });
     tracing::info!(%addr, base = %state.base, tokens = state.tokens.len(), "console listening");
     let sampler = tokio::spawn(sample(Arc::clone(&state), shutdown.clone()));

@@ -1,5 +1,6 @@
 //! What every request handler shares: the console's state (the fleet, tokens,
-//! sessions, jobs, the chart's history), the fleet status read once for every
+//! sessions, the login throttle, jobs, the chart's history, letters read
+//! lately), the fleet status read once for every
 //! page of a second, and the JSON error answer. Below the handlers (`actions`,
 //! `api`, `guard`, `pages`), which the router in `server` puts together.
 
@@ -13,7 +14,9 @@ use shardline_ops::{Fleet, ReconcileConfig};
 
 use crate::history::{History, Sample};
 use crate::jobs::Jobs;
+use crate::recent::Recent;
 use crate::session::Sessions;
+use crate::throttle::Throttle;
 use crate::token::Tokens;
 
 /// How long one fleet status serves every page and poll: tabs refreshing
@@ -35,6 +38,14 @@ pub(crate) struct State {
     pub(crate) reconcile: Option<ReconcileConfig>,
     pub(crate) status: StatusConfig,
     pub(crate) last_status: tokio::sync::Mutex<Option<(Instant, Status)>>,
+    /// Failed token checks, per client address and over all.
+    pub(crate) throttle: Throttle,
+    /// Proxies whose `X-Forwarded-For` is believed.
+    pub(crate) proxies: Vec<ipnet::IpNet>,
+    /// Letters an admin opened lately, read from the DLQ.
+    pub(crate) recent: Recent,
+    /// How far into the DLQ a letter's detail looks.
+    pub(crate) letters_read: usize,
 }
 
 pub(crate) type Shared = Arc<State>;

@@ -69,6 +69,10 @@ pub enum Error {
     /// `dlq show`: no such letter.
     #[error("no dead letter with x-dead-letter-id {id}")]
     NotFound { id: String },
+    /// `dlq::show_within`: the letter is not among the first `within`
+    /// letters of the DLQ (it may be further back).
+    #[error("dead letter {id} is not within the first {within} letters of the DLQ")]
+    NotWithin { id: String, within: usize },
     /// The order database failed (connection, query, rows).
     #[error("orders database {url}: {cause}")]
     Orders { url: String, cause: String },
@@ -129,6 +133,16 @@ impl Error {
             Self::NotFound { .. } => true,
             Self::Dlq { source, .. } => source.is_not_found(),
             _ => false,
+        }
+    }
+
+    /// How far a bounded read looked for a letter it did not find
+    /// (`dlq::show_within`), here or as the cause of a DLQ error.
+    pub fn not_within(&self) -> Option<usize> {
+        match self {
+            Self::NotWithin { within, .. } => Some(*within),
+            Self::Dlq { source, .. } => source.not_within(),
+            _ => None,
         }
     }
 
@@ -195,6 +209,20 @@ mod tests {
         );
         assert!(nested.is_not_found());
         assert!(!Error::Refused("no".into()).is_not_found());
+        let beyond = Error::Dlq {
+            queue: "q".into(),
+            url: "amqp://h/".into(),
+            source: Box::new(Error::NotWithin {
+                id: "x".into(),
+                within: 3,
+            }),
+        };
+        assert_eq!(beyond.not_within(), Some(3));
+        assert!(
+            !beyond.is_not_found(),
+            "beyond the bound is not \"not found\""
+        );
+        assert_eq!(nested.not_within(), None);
     }
 
     #[test]

@@ -36,17 +36,25 @@ impl ServedConsole {
         reconcile: Option<ReconcileConfig>,
         limits: Inbound,
     ) -> Self {
-        let config = Config {
+        Self::start_configured(env, |c| {
+            c.reconcile = reconcile;
+            c.limits = limits;
+        })
+        .await
+    }
+
+    /// [`Self::start`] with `configure` applied to its config.
+    pub async fn start_configured(env: &TestEnv, configure: impl FnOnce(&mut Config)) -> Self {
+        let mut config = Config {
             tokens: Tokens::parse(
                 &format!("# test tokens\nops:admin:{ADMIN}\nviewer:read-only:{VIEWER}\n"),
                 false,
             )
             .unwrap(),
             base_path: "/".into(),
-            reconcile,
-            limits,
             ..Config::default()
         };
+        configure(&mut config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();

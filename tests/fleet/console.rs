@@ -12,7 +12,9 @@ use shardline_ops::ReconcileConfig;
 use shardline_testkit::console::{ADMIN, ServedConsole, VIEWER};
 use shardline_testkit::dlq::{wait_depth, wait_indexed};
 use shardline_testkit::wait::check;
-use shardline_testkit::{Downstream, Event, OrdersDb, PROCESSING, Publisher, TestEnv, wait_until};
+use shardline_testkit::{
+    ChildWorker, Downstream, Event, OrdersDb, PROCESSING, Publisher, STARTUP, TestEnv, wait_until,
+};
 
 /// The console of `env` and an HTTP client that does not follow redirects.
 struct Console {
@@ -99,6 +101,18 @@ impl Console {
     async fn stop(self) {
         self.served.stop().await;
     }
+}
+
+/// `field` of the first item of the JSON array `list` whose `reason` is `reason`.
+fn by_reason(list: &serde_json::Value, reason: &str, field: &str) -> String {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|item| item["reason"] == reason)
+        .unwrap_or_else(|| panic!("no {reason} item in {list:#}"))[field]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 fn assert_security_headers(headers: &HeaderMap) {
@@ -473,17 +487,7 @@ async fn console_replays_and_purges_as_jobs_shows_a_letter_and_audits_every_acti
     let console = Console::start(&env).await;
     let (cookie, csrf) = console.admin_session().await;
     let groups = console.json("/api/dlq/groups", &cookie).await;
-    let group_of = |reason: &str| {
-        groups["groups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|g| g["reason"] == reason)
-            .unwrap_or_else(|| panic!("no {reason} group in {groups:#}"))["group"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    };
+    let group_of = |reason: &str| by_reason(&groups["groups"], reason, "group");
     let (handler, decode) = (group_of("handler"), group_of("decode"));
 
     // A letter's detail comes from the DLQ: headers, body (hex when not
@@ -785,4 +789,283 @@ async fn a_cancelled_replay_stops_between_letters_and_leaves_the_rest_in_the_dlq
     assert_eq!(actions, ["job cancelled", "replay cancelled"], "{audit:#}");
     console.stop().await;
     worker.assert_running().await;
+}
+
+/// Failed logins are throttled by the client's address as a trusted proxy
+/// forwards it (the form and wrong bearer tokens alike), logged with it and
+/// the proxy, never with what was typed; a malformed CIDR stops the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_logins_are_throttled_by_client_address_and_logged_without_the_token() {
+    let env = TestEnv::new("console-throttle").await;
+    env.apply_topology().await;
+    let bad = env
+        .cli(&["console", "--trusted-proxy", "127.0.0.1/8,10.0.0.0/33"])
+        .await;
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("--trusted-proxy") && stderr.contains("10.0.0.0/33"),
+        "{stderr}"
+    );
+
+    let port = shardline_testkit::broker::free_port();
+    let mut cmd = env.shardline_command();
+    cmd.arg("console")
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--trusted-proxy", "127.0.0.1"])
+        // A wait long enough that no slow request outlives it.
+        .args(["--login-backoff", "60s"])
+        .args(env.global_args())
+        .env("SHARDLINE_CONSOLE_TOKENS", format!("ops:admin:{ADMIN}"));
+    let mut console = ChildWorker::spawn(&env, "console", cmd);
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    wait_until("the console answers", STARTUP, || async {
+        match http.get(format!("{base}/login")).send().await {
+            Ok(r) if r.status() == StatusCode::OK => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    const WRONG: &str = "wrong-token-canary-5f3e9a7c41";
+    // The client's own X-Forwarded-For entry (left) is not believed; the
+    // address the trusted proxy appended is.
+    let bearer = |from: &str, token: &str| {
+        http.get(format!("{base}/api/me"))
+            .bearer_auth(token)
+            .header("x-forwarded-for", format!("198.51.100.99, {from}"))
+            .send()
+    };
+    for n in 1..=5 {
+        let refused = bearer("203.0.113.7", WRONG).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED, "failure {n}");
+    }
+    let held = bearer("203.0.113.7", ADMIN).await.unwrap();
+    assert_eq!(held.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(held.headers()[header::RETRY_AFTER], "60");
+    // Another client of the same proxy is not held.
+    let other = bearer("203.0.113.8", ADMIN).await.unwrap();
+    assert_eq!(other.status(), StatusCode::OK);
+
+    // The form, from a third client: five refusals, then a wait.
+    let form = |token: &str| {
+        http.post(format!("{base}/login"))
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .header("x-forwarded-for", "2001:db8::5")
+            .body(format!("token={token}"))
+            .send()
+    };
+    for n in 1..=5 {
+        assert_eq!(
+            form(WRONG).await.unwrap().status(),
+            StatusCode::UNAUTHORIZED,
+            "form {n}"
+        );
+    }
+    let held = form(ADMIN).await.unwrap();
+    assert_eq!(held.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(held.headers().contains_key(header::RETRY_AFTER));
+    assert!(held.text().await.unwrap().contains("id=\"throttled\""));
+
+    let log = wait_until("the refusals are logged", STARTUP, || async {
+        let log = console.log_text();
+        let form_logged = log
+            .lines()
+            .any(|l| l.contains("login with a wrong token") && l.contains("2001:db8::5"));
+        match form_logged {
+            true => Ok(log),
+            false => Err(log),
+        }
+    })
+    .await;
+    let bearer_lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("wrong bearer token"))
+        .collect();
+    assert_eq!(bearer_lines.len(), 5, "{log}");
+    for line in bearer_lines {
+        assert!(line.contains("WARN"), "{line}");
+        assert!(
+            line.contains("203.0.113.7") && line.contains("127.0.0.1"),
+            "{line}"
+        );
+        assert!(!line.contains("198.51.100.99"), "the spoofed entry: {line}");
+    }
+    assert!(
+        !log.contains(WRONG),
+        "a typed token reached the log:\n{log}"
+    );
+    assert!(!log.contains(ADMIN), "a token reached the log:\n{log}");
+    console.sigterm();
+    console.wait_exit(STARTUP).await;
+}
+
+/// A read-only token sees a letter's index metadata only, by page and API;
+/// an admin sees its headers and body. The detail reads only the first
+/// letters of the DLQ: one further back is reported as such.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_token_sees_a_letters_metadata_and_the_letter_read_is_bounded() {
+    let env = TestEnv::new("console-viewer").await;
+    env.apply_topology().await;
+    let conn = env.connect().await;
+    let event = Event::new("viewer-a", 1, env.shards);
+    let downstream =
+        Downstream::failing_until_fixed(event.key(), Arc::new(AtomicBool::new(false))).await;
+    let mut worker = env.start_worker("w1", &downstream, |_| {}).await;
+    let publisher = Publisher::connect(&env).await;
+    publisher.publish(std::slice::from_ref(&event)).await;
+    wait_depth(&env, &conn, 1, PROCESSING).await;
+    publisher
+        .publish_raw(0, b"secret-body-not-an-envelope")
+        .await;
+    wait_depth(&env, &conn, 2, PROCESSING).await;
+    wait_indexed(&env, 2, PROCESSING).await;
+
+    let served = ServedConsole::start_configured(&env, |c| c.letters_read = 1).await;
+    let console = Console {
+        addr: served.addr,
+        served,
+        http: reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap(),
+    };
+    let (admin, _) = console.login(ADMIN, &[]).await;
+    let (viewer, _) = console.login(VIEWER, &[]).await;
+    let letters = console.json("/api/dlq/letters", &admin).await["letters"].clone();
+    let (first, second) = (
+        by_reason(&letters, "handler", "id"),
+        by_reason(&letters, "decode", "id"),
+    );
+
+    let full = console
+        .json(&format!("/api/dlq/letter/{first}"), &admin)
+        .await;
+    assert_eq!(full["order_id"], "viewer-a", "{full:#}");
+    assert!(
+        full["body"]["text"].is_string() && full["headers"].is_array(),
+        "{full:#}"
+    );
+    let meta = console
+        .json(&format!("/api/dlq/letter/{first}"), &viewer)
+        .await;
+    for field in [
+        "reason",
+        "error",
+        "order_id",
+        "seq",
+        "event",
+        "shard",
+        "first_failed_at",
+        "trace_id",
+        "attempts",
+    ] {
+        assert_eq!(meta[field], full[field], "{field}: {meta:#}");
+    }
+    assert_eq!(meta["metadata_only"], true, "{meta:#}");
+    for hidden in ["body", "headers", "routing_key"] {
+        assert!(
+            meta.get(hidden).is_none(),
+            "read-only sees {hidden}: {meta:#}"
+        );
+    }
+    let page = console
+        .page(&format!("/dead-letters/letter/{first}"), &viewer)
+        .await;
+    assert!(
+        page.contains("id=\"metadata-only\"") && page.contains("id=\"attempts\""),
+        "{page}"
+    );
+    assert!(
+        !page.contains("id=\"body\"") && !page.contains("id=\"headers\""),
+        "{page}"
+    );
+    let page = console
+        .page(&format!("/dead-letters/letter/{first}"), &admin)
+        .await;
+    assert!(
+        page.contains("id=\"body\"") && page.contains("id=\"headers\""),
+        "{page}"
+    );
+
+    // The second letter is past the bound of one for an admin's read; the
+    // index still has it for a read-only token, without its body.
+    let beyond = console
+        .get(&format!("/api/dlq/letter/{second}"), &admin)
+        .await;
+    assert_eq!(beyond.status(), StatusCode::NOT_FOUND);
+    let beyond: serde_json::Value = serde_json::from_str(&beyond.text().await.unwrap()).unwrap();
+    assert_eq!(beyond["not_within"], 1, "{beyond:#}");
+    assert!(
+        beyond["error"]
+            .as_str()
+            .unwrap()
+            .contains("is not within the first 1 letters of the DLQ"),
+        "{beyond:#}"
+    );
+    let page = console
+        .page(&format!("/dead-letters/letter/{second}"), &admin)
+        .await;
+    assert!(
+        page.contains("id=\"not-within\"") && !page.contains("id=\"not-found\""),
+        "{page}"
+    );
+    let meta = console
+        .json(&format!("/api/dlq/letter/{second}"), &viewer)
+        .await;
+    assert_eq!(meta["reason"], "decode", "{meta:#}");
+    assert!(!meta.to_string().contains("secret-body"), "{meta:#}");
+    assert_eq!(
+        console
+            .get("/api/dlq/letter/no-such-letter", &viewer)
+            .await
+            .status(),
+        StatusCode::NOT_FOUND
+    );
+    // Every letter is back in the DLQ, in order.
+    wait_depth(&env, &conn, 2, PROCESSING).await;
+    console.stop().await;
+    worker.assert_running().await;
+}
+
+/// A request whose body stalls after its headers is closed after the
+/// body-read timeout; the console answers the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_body_is_closed_after_the_body_read_timeout() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let env = TestEnv::new("console-stall").await;
+    env.apply_topology().await;
+    let timeout = std::time::Duration::from_secs(1);
+    let served =
+        ServedConsole::start_configured(&env, |c| c.limits.body_read_timeout = timeout).await;
+    let mut stream = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    let request = format!(
+        "POST /login HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\ntoken=",
+        served.addr
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let sent = std::time::Instant::now();
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(timeout * 10, async {
+        while stream.read(&mut buf).await.unwrap_or(0) > 0 {}
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the connection is still open after {:?}",
+        sent.elapsed()
+    );
+    // Sooner than the idle (5 s) and header (10 s) timeouts.
+    let took = sent.elapsed();
+    assert!(
+        took >= timeout && took < timeout * 4,
+        "closed after {took:?}"
+    );
+    let login = reqwest::get(format!("http://{}/login", served.addr))
+        .await
+        .unwrap();
+    assert_eq!(login.status(), StatusCode::OK);
+    served.stop().await;
 }

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
+use hyper::body::Bytes;
 use hyper::header::CONTENT_TYPE;
 use hyper::{Method, Request, Response, StatusCode};
-use shardline_connect::inbound::{self, Inbound};
+use shardline_connect::inbound::{self, Inbound, RequestBody};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -113,7 +113,7 @@ pub(crate) fn spawn(
 /// [`shardline_connect::inbound::serve`], the console's too.
 pub async fn serve_with<F, Fut>(listener: TcpListener, shutdown: CancellationToken, respond: F)
 where
-    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(Request<RequestBody>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send + 'static,
 {
     inbound::serve(listener, Inbound::default(), shutdown, respond).await;
@@ -121,7 +121,7 @@ where
 
 async fn respond(
     readiness: Arc<Readiness>,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return Ok(reply(

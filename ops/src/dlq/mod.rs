@@ -6,7 +6,8 @@
 //! - `reader`: reading without removing; what is not removed returns in order.
 //! - `index`: the dead-letter index in Redis, which [`list`] and reconcile read.
 //! - [`list`], [`show`]: what is in the DLQ (from the index), with a summary
-//!   by reason and failure group; `show` reads the letter itself.
+//!   by reason and failure group; `show` reads the letter itself
+//!   ([`show_within`]: among the first letters only).
 //! - [`groups`], [`letters`]: the index as the console browses it: failure
 //!   groups with their times and orders, entries by group and time.
 //! - [`replay`]: republish to the order's shard, per order in seq order, each
@@ -183,15 +184,35 @@ pub(crate) async fn dlq_depth(fleet: &Fleet) -> Result<u64, Error> {
 }
 
 /// The dead letter whose index id is `id`: its `x-dead-letter-id`, or the
-/// id derived for a letter the broker dead-lettered itself.
+/// id derived for a letter the broker dead-lettered itself. Reads the DLQ
+/// up to the letter, however far back it is.
 pub async fn show(fleet: &Fleet, id: &str) -> Result<Letter, Error> {
+    show_within(fleet, id, usize::MAX).await
+}
+
+/// [`show`] among the first `within` letters of the DLQ only: past them,
+/// [`Error::NotWithin`] (not [`Error::NotFound`]: the letter may be further
+/// back). A bound on what one request holds unacked and how long it reads.
+pub async fn show_within(fleet: &Fleet, id: &str, within: usize) -> Result<Letter, Error> {
     with_reader(fleet, async |reader| {
-        while let Some(letter) = reader.next().await? {
+        let mut read = 0usize;
+        while read < within {
+            let Some(letter) = reader.next().await? else {
+                return Err(Error::NotFound { id: id.to_owned() });
+            };
             if letter.index_id() == id {
                 return Ok(letter);
             }
+            read += 1;
         }
-        Err(Error::NotFound { id: id.to_owned() })
+        // At the bound: only a letter behind it makes this "not within".
+        match reader.next().await? {
+            Some(_) => Err(Error::NotWithin {
+                id: id.to_owned(),
+                within,
+            }),
+            None => Err(Error::NotFound { id: id.to_owned() }),
+        }
     })
     .await
 }
