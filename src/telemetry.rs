@@ -8,17 +8,21 @@
 //! while the main runtime drains. Without it no tracer provider is installed:
 //! spans are no-ops and only the W3C context is propagated.
 
+use std::collections::HashMap;
 use std::env;
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
 use opentelemetry::global;
-use opentelemetry_otlp::{Protocol, WithExportConfig as _};
+use opentelemetry_otlp::{Protocol, WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::runtime;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
+use shardline_connect::redact::{PERCENT_ENCODE, redact, scrub};
 use tracing_subscriber::EnvFilter;
 
 use crate::LogFormat;
@@ -69,11 +73,15 @@ pub(crate) fn init(format: LogFormat) -> Telemetry {
     }
     let endpoint = otlp_endpoint();
     let exporter = match endpoint {
-        Some(ref endpoint) if !tracing_disabled() => Exporter::start(),
+        Some((variable, ref endpoint)) if !tracing_disabled() => {
+            Exporter::start(variable, endpoint)
+        }
         _ => Ok(None),
     };
+    let endpoint = endpoint.map(|(_, endpoint)| endpoint);
     match exporter {
         Ok(Some(exporter)) => {
+            let endpoint = endpoint.as_deref().map(redact);
             tracing::debug!(endpoint = ?endpoint, "exporting traces over OTLP/HTTP");
             Telemetry {
                 exporter: Some(exporter),
@@ -82,22 +90,68 @@ pub(crate) fn init(format: LogFormat) -> Telemetry {
         Ok(None) => Telemetry { exporter: None },
         Err(e) => {
             // Tracing is an aid: a bad OTEL_* setting must not stop the fleet.
-            tracing::error!(error = %e, "OTLP trace export is off");
+            // The exporter's error may quote the endpoint as given.
+            let error = scrub(&e.to_string(), endpoint.as_deref().unwrap_or_default());
+            tracing::error!(%error, "OTLP trace export is off");
             Telemetry { exporter: None }
         }
     }
 }
 
-/// The OTLP endpoint for traces, when set: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`,
-/// else `OTEL_EXPORTER_OTLP_ENDPOINT` (the exporter appends `/v1/traces`).
-fn otlp_endpoint() -> Option<String> {
-    [
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-    ]
-    .into_iter()
-    .filter_map(|name| env::var(name).ok())
-    .find(|value| !value.trim().is_empty())
+/// The variable naming the endpoint of traces alone, used as given.
+const TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+/// The variable naming the collector: the exporter appends `/v1/traces`.
+const ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+
+/// The OTLP endpoint for traces, when set, with the variable it came from:
+/// [`TRACES_ENDPOINT`], else [`ENDPOINT`].
+fn otlp_endpoint() -> Option<(&'static str, String)> {
+    [TRACES_ENDPOINT, ENDPOINT]
+        .into_iter()
+        .filter_map(|name| Some((name, env::var(name).ok()?)))
+        .find(|(_, value)| !value.trim().is_empty())
+}
+
+/// An endpoint's user and password, percent-decoded, and the endpoint
+/// without them: the HTTP stack logs the URL it is given at trace level
+/// (its connection pool's key), so credentials travel as basic auth only.
+/// `Ok(None)` when it holds none; an error when its userinfo holds reserved
+/// characters typed raw (an `@` past the first `/`, `?` or `#`).
+fn credentials(endpoint: &str) -> anyhow::Result<Option<(String, String)>> {
+    let Some((scheme, rest)) = endpoint.split_once("://") else {
+        return Ok(None);
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..end].rfind('@') else {
+        if rest[end..].contains('@') {
+            anyhow::bail!(
+                "the OTLP endpoint {} does not parse: {PERCENT_ENCODE}",
+                redact(endpoint)
+            );
+        }
+        return Ok(None);
+    };
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let userinfo = &rest[..at];
+    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    let auth = STANDARD.encode(format!("{}:{}", decode(user), decode(password)));
+    Ok(Some((
+        format!("{scheme}://{}", &rest[at + 1..]),
+        format!("Basic {auth}"),
+    )))
+}
+
+/// The URL spans go to, from `endpoint` of `variable` without its
+/// credentials, as the exporter would build it.
+fn traces_url(variable: &str, endpoint: &str) -> String {
+    match variable {
+        ENDPOINT => format!("{}/v1/traces", endpoint.trim_end_matches('/')),
+        _ => endpoint.to_owned(),
+    }
 }
 
 /// `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`.
@@ -128,7 +182,7 @@ struct Exporter {
 }
 
 impl Exporter {
-    fn start() -> anyhow::Result<Option<Self>> {
+    fn start(variable: &str, endpoint: &str) -> anyhow::Result<Option<Self>> {
         if let Ok(protocol) = env::var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
             .or_else(|_| env::var("OTEL_EXPORTER_OTLP_PROTOCOL"))
             && protocol.trim() != "http/protobuf"
@@ -144,10 +198,17 @@ impl Exporter {
             .build()?;
         // The batch processor spawns its task on the current runtime.
         let _entered = runtime.enter();
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
+        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
-            .with_protocol(Protocol::HttpBinary)
-            .build()?;
+            .with_protocol(Protocol::HttpBinary);
+        if let Some((without, authorization)) = credentials(endpoint)? {
+            // OTEL_EXPORTER_OTLP_HEADERS, read by the exporter, still wins.
+            let headers = HashMap::from([("authorization".to_owned(), authorization)]);
+            exporter = exporter
+                .with_endpoint(traces_url(variable, &without))
+                .with_headers(headers);
+        }
+        let exporter = exporter.build()?;
         let processor = BatchSpanProcessor::builder(exporter, runtime::Tokio).build();
         let mut resource = Resource::builder();
         if env::var("OTEL_SERVICE_NAME").is_ok_and(|name| !name.trim().is_empty()) {
@@ -177,7 +238,7 @@ impl Exporter {
 mod tests {
     use std::ffi::OsStr;
 
-    use super::{colours, directives};
+    use super::{ENDPOINT, TRACES_ENDPOINT, colours, credentials, directives, traces_url};
 
     #[test]
     fn lapin_is_quiet_unless_named() {
@@ -194,5 +255,30 @@ mod tests {
         assert!(!colours(true, Some(OsStr::new("1"))));
         assert!(!colours(false, None));
         assert!(!colours(false, Some(OsStr::new(""))));
+    }
+
+    #[test]
+    fn an_endpoints_credentials_go_as_basic_auth_never_in_its_url() {
+        let (url, auth) = credentials("https://u%40x:p%2Fw@otel:4318/base/")
+            .unwrap()
+            .unwrap();
+        assert_eq!(url, "https://otel:4318/base/");
+        // base64 of `u@x:p/w`
+        assert_eq!(auth, "Basic dUB4OnAvdw==");
+        assert_eq!(
+            traces_url(ENDPOINT, &url),
+            "https://otel:4318/base/v1/traces"
+        );
+        assert_eq!(traces_url(TRACES_ENDPOINT, &url), url);
+        assert!(credentials("http://otel:4318").unwrap().is_none());
+        // An `@` past the host reads as a raw reserved character, as the redaction reads it.
+        assert!(credentials("http://otel:4318/a@b").is_err());
+        let refused = credentials("http://u:s3/cr@otel:4318")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !refused.contains("s3/cr") && refused.contains("percent-encode"),
+            "{refused}"
+        );
     }
 }
