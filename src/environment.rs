@@ -207,6 +207,34 @@ mod tests {
     }
 
     #[test]
+    fn the_parsed_command_line_shows_no_password() {
+        const CANARY: &str = "Canary7q9Zx";
+        let amqp = format!("amqp://u:{CANARY}@h/v");
+        let redis = format!("redis://:{CANARY}@h");
+        let management = format!("http://u:{CANARY}@h:15672");
+        let handler = format!("http://u:{CANARY}@h/events");
+        let orders = format!("postgres://u:{CANARY}@h/orders");
+        let globals = [
+            "--amqp-url",
+            &amqp,
+            "--redis-url",
+            &redis,
+            "--management-url",
+            &management,
+        ];
+        for command in [
+            vec!["worker", "--handler", &handler],
+            vec!["reconcile", "--orders-url", &orders],
+            vec!["console", "--orders-url", &orders],
+        ] {
+            let args: Vec<&str> = command.iter().copied().chain(globals).collect();
+            let cli = parse(&BTreeMap::new(), &args);
+            let shown = format!("{cli:?}");
+            assert!(!shown.contains(CANARY), "{shown}");
+        }
+    }
+
+    #[test]
     fn the_exceptions_and_the_renamed_variables_name_flags_that_exist() {
         let all = commands();
         let has = |command: &str, long: &str| {
