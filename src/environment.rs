@@ -4,6 +4,7 @@
 
 use clap::{CommandFactory as _, FromArgMatches as _};
 use shardline_cli_env::Renamed;
+use shardline_connect::redact;
 
 use crate::Cli;
 
@@ -23,9 +24,42 @@ pub(crate) const RENAMED: &[Renamed] = &[
     Renamed::new("SHARDLINE_CONSOLE_BASE_PATH", &["console"], "base-path"),
 ];
 
-/// The command line with every flag's variable (`main` and the reference).
+/// The command line with every flag's variable (`main` and the reference),
+/// its defaults shown redacted.
 pub(crate) fn command() -> clap::Command {
-    shardline_cli_env::with_variables(Cli::command(), PREFIX, NO_FALLBACK)
+    redacted_defaults(shardline_cli_env::with_variables(
+        Cli::command(),
+        PREFIX,
+        NO_FALLBACK,
+    ))
+}
+
+/// CMD with every default that holds a password (`--amqp-url`'s
+/// `guest:guest`) hidden from clap's `[default: …]` and named in the flag's
+/// help instead, redacted.
+fn redacted_defaults(cmd: clap::Command) -> clap::Command {
+    cmd.mut_args(|arg| {
+        let given: Vec<String> = arg
+            .get_default_values()
+            .iter()
+            .map(|v| v.to_string_lossy().into_owned())
+            .collect();
+        let shown: Vec<String> = given.iter().map(|v| redact(v)).collect();
+        if shown == given {
+            return arg;
+        }
+        let note = format!("[default: {}]", shown.join(", "));
+        let help = arg
+            .get_help()
+            .map_or_else(|| note.clone(), |help| format!("{help} {note}"));
+        let long = arg.get_long_help().map(|long| format!("{long}\n\n{note}"));
+        let arg = arg.hide_default_value(true).help(help);
+        match long {
+            Some(long) => arg.long_help(long),
+            None => arg,
+        }
+    })
+    .mut_subcommands(redacted_defaults)
 }
 
 /// The command line and the environment parsed, or clap's message and exit code.
@@ -43,7 +77,7 @@ mod tests {
 
     use clap::{ArgAction, FromArgMatches as _};
 
-    use super::{NO_FALLBACK, PREFIX, RENAMED, command};
+    use super::{NO_FALLBACK, PREFIX, RENAMED, command, redact};
     use crate::{Cli, Command};
 
     fn variable(long: &str) -> String {
@@ -146,6 +180,58 @@ mod tests {
         }
         assert!(checked > 130, "only {checked} flags seen");
         assert_eq!(variable("drain-timeout"), "SHARDLINE_DRAIN_TIMEOUT");
+    }
+
+    #[test]
+    fn help_shows_no_defaults_password() {
+        for (name, mut cmd) in commands() {
+            for (long, arg) in flags(&cmd) {
+                let defaults = arg.get_default_values().iter();
+                let secret = defaults
+                    .map(|v| v.to_string_lossy())
+                    .any(|v| redact(&v) != v);
+                assert!(
+                    !secret || arg.is_hide_default_value_set(),
+                    "`{name} --{long}` shows its default"
+                );
+            }
+            for help in [cmd.render_help(), cmd.render_long_help()] {
+                let help = help.to_string();
+                assert!(!help.contains("guest:guest"), "`{name}`:\n{help}");
+                if name == "shardline worker" {
+                    let shown = "[default: amqp://guest:***@127.0.0.1:5672/%2f]";
+                    assert!(help.contains(shown), "`{name}`:\n{help}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_parsed_command_line_shows_no_password() {
+        const CANARY: &str = "Canary7q9Zx";
+        let amqp = format!("amqp://u:{CANARY}@h/v");
+        let redis = format!("redis://:{CANARY}@h");
+        let management = format!("http://u:{CANARY}@h:15672");
+        let handler = format!("http://u:{CANARY}@h/events");
+        let orders = format!("postgres://u:{CANARY}@h/orders");
+        let globals = [
+            "--amqp-url",
+            &amqp,
+            "--redis-url",
+            &redis,
+            "--management-url",
+            &management,
+        ];
+        for command in [
+            vec!["worker", "--handler", &handler],
+            vec!["reconcile", "--orders-url", &orders],
+            vec!["console", "--orders-url", &orders],
+        ] {
+            let args: Vec<&str> = command.iter().copied().chain(globals).collect();
+            let cli = parse(&BTreeMap::new(), &args);
+            let shown = format!("{cli:?}");
+            assert!(!shown.contains(CANARY), "{shown}");
+        }
     }
 
     #[test]

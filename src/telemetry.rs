@@ -10,24 +10,11 @@
 
 use std::env;
 use std::io::IsTerminal as _;
-use std::time::Duration;
 
-use opentelemetry::global;
-use opentelemetry_otlp::{Protocol, WithExportConfig as _};
-use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::runtime;
-use opentelemetry_sdk::trace::SdkTracerProvider;
-use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
+use shardline_connect::otlp::Exporter;
 use tracing_subscriber::EnvFilter;
 
 use crate::LogFormat;
-
-/// Service name when `OTEL_SERVICE_NAME` is not set.
-pub(crate) const DEFAULT_SERVICE_NAME: &str = "shardline";
-
-/// Most time spent exporting the last spans on exit.
-const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The log filter: `RUST_LOG` (default `info`), with lapin's own logs off
 /// unless `RUST_LOG` names lapin. Every broker failure reaches us as an error
@@ -67,14 +54,9 @@ pub(crate) fn init(format: LogFormat) -> Telemetry {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
-    let endpoint = otlp_endpoint();
-    let exporter = match endpoint {
-        Some(ref endpoint) if !tracing_disabled() => Exporter::start(),
-        _ => Ok(None),
-    };
-    match exporter {
+    match Exporter::from_env() {
         Ok(Some(exporter)) => {
-            tracing::debug!(endpoint = ?endpoint, "exporting traces over OTLP/HTTP");
+            tracing::debug!(endpoint = %exporter.endpoint, "exporting traces over OTLP/HTTP");
             Telemetry {
                 exporter: Some(exporter),
             }
@@ -88,26 +70,6 @@ pub(crate) fn init(format: LogFormat) -> Telemetry {
     }
 }
 
-/// The OTLP endpoint for traces, when set: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`,
-/// else `OTEL_EXPORTER_OTLP_ENDPOINT` (the exporter appends `/v1/traces`).
-fn otlp_endpoint() -> Option<String> {
-    [
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-    ]
-    .into_iter()
-    .filter_map(|name| env::var(name).ok())
-    .find(|value| !value.trim().is_empty())
-}
-
-/// `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`.
-fn tracing_disabled() -> bool {
-    let is = |name: &str, value: &str| {
-        env::var(name).is_ok_and(|v| v.trim().eq_ignore_ascii_case(value))
-    };
-    is("OTEL_SDK_DISABLED", "true") || is("OTEL_TRACES_EXPORTER", "none")
-}
-
 /// Installed telemetry; flushes and shuts the exporter down when dropped.
 #[must_use = "dropping it flushes and stops the trace exporter"]
 pub(crate) struct Telemetry {
@@ -119,57 +81,6 @@ impl Drop for Telemetry {
         if let Some(exporter) = self.exporter.take() {
             exporter.shutdown();
         }
-    }
-}
-
-struct Exporter {
-    provider: SdkTracerProvider,
-    runtime: tokio::runtime::Runtime,
-}
-
-impl Exporter {
-    fn start() -> anyhow::Result<Option<Self>> {
-        if let Ok(protocol) = env::var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-            .or_else(|_| env::var("OTEL_EXPORTER_OTLP_PROTOCOL"))
-            && protocol.trim() != "http/protobuf"
-        {
-            anyhow::bail!(
-                "OTEL_EXPORTER_OTLP_PROTOCOL={protocol} is not supported: shardline exports http/protobuf"
-            );
-        }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("otel-export")
-            .enable_all()
-            .build()?;
-        // The batch processor spawns its task on the current runtime.
-        let _entered = runtime.enter();
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_protocol(Protocol::HttpBinary)
-            .build()?;
-        let processor = BatchSpanProcessor::builder(exporter, runtime::Tokio).build();
-        let mut resource = Resource::builder();
-        if env::var("OTEL_SERVICE_NAME").is_ok_and(|name| !name.trim().is_empty()) {
-            // The environment detector has it already.
-        } else {
-            resource = resource.with_service_name(DEFAULT_SERVICE_NAME);
-        }
-        let provider = SdkTracerProvider::builder()
-            .with_span_processor(processor)
-            .with_resource(resource.build())
-            .build();
-        global::set_tracer_provider(provider.clone());
-        global::set_text_map_propagator(TraceContextPropagator::new());
-        Ok(Some(Self { provider, runtime }))
-    }
-
-    /// Exports what is buffered and stops, within [`FLUSH_TIMEOUT`].
-    fn shutdown(self) {
-        if let Err(e) = self.provider.shutdown_with_timeout(FLUSH_TIMEOUT) {
-            tracing::warn!(error = %e, "flushing the last spans failed");
-        }
-        self.runtime.shutdown_timeout(Duration::from_secs(1));
     }
 }
 

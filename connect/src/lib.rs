@@ -11,11 +11,13 @@
 //! - [`inbound`]: the guarded accept loop of every HTTP port shardline serves (the worker's
 //!   metrics and health port, the console): timeouts, a connection cap, body limits.
 //! - [`stamps`]: whether the broker stamps messages itself (a round trip through an exclusive queue).
+//! - [`otlp`]: the OTLP trace exporter the `OTEL_*` variables ask for, its credentials as basic auth.
 
 pub mod broker;
 pub mod declare;
 pub mod inbound;
 pub mod management;
+pub mod otlp;
 pub mod probe;
 pub mod redact;
 pub mod redis_target;

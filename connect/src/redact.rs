@@ -96,12 +96,7 @@ pub fn secrets(address: &str) -> Vec<String> {
             };
             let (userinfo, _) = split_userinfo(rest);
             if let Some(userinfo) = userinfo {
-                match userinfo.split_once(':') {
-                    Some((_, password)) => found.push(password.to_owned()),
-                    // Malformed: the whole userinfo is hidden, so it is secret.
-                    None if !authority_holds_at(rest) => found.push(userinfo.to_owned()),
-                    None => {}
-                }
+                found.extend(passwords(userinfo, authority_holds_at(rest)));
             }
             if let Some((_, query)) = rest.split_once('?') {
                 let query = query.split('#').next().unwrap_or(query);
@@ -153,6 +148,24 @@ pub fn secrets(address: &str) -> Vec<String> {
     all.sort_by_key(|p| std::cmp::Reverse(p.len()));
     all.dedup();
     all
+}
+
+/// The passwords a userinfo may hold. Which `@` ends the password is
+/// ambiguous when there are several (one typed raw in the password, or
+/// before the host): the password up to each of them; and, when the address
+/// does not parse (`well_formed` false), the whole userinfo if it has no `:`.
+fn passwords(userinfo: &str, well_formed: bool) -> Vec<String> {
+    let password = |userinfo: &str| userinfo.split_once(':').map(|(_, p)| p.to_owned());
+    let mut found: Vec<String> = userinfo
+        .match_indices('@')
+        .filter_map(|(at, _)| password(&userinfo[..at]))
+        .collect();
+    match password(userinfo) {
+        Some(whole) => found.push(whole),
+        None if !well_formed => found.push(userinfo.to_owned()),
+        None => {}
+    }
+    found
 }
 
 /// The addresses of a list, each with the separator before it (empty for
@@ -467,6 +480,24 @@ mod tests {
         assert_eq!(address.to_string(), "amqp://***@h/v");
         assert_eq!(format!("{address:?}"), "\"amqp://***@h/v\"");
         assert_eq!(address.expose(), "amqp://u:s3/cr#t@h/v");
+    }
+
+    #[test]
+    fn a_password_is_scrubbed_whichever_at_ends_it() {
+        // Found by the `redact` fuzz target: the last `@` is the path's, so
+        // the userinfo taken runs past the password.
+        let address = "s://:\0/?[/?/?@/@\0\0";
+        assert_eq!(redact(address), "s://***@\0\0");
+        let scrubbed = scrub("refused: \0/?[/?/? and more", address);
+        assert!(!scrubbed.contains("\0/?[/?/?"), "{scrubbed}");
+        // Found next: two `@` before the host, the password ends at the first.
+        let address = "s://:\u{1}\u{1}\"\n%\u{e}:J\0@@\x0007\u{1}";
+        assert_eq!(redact(address), "s://:***@\x0007\u{1}");
+        let password = "\u{1}\u{1}\"\n%\u{e}:J\0";
+        assert!(!scrub(password, address).contains(password));
+        let address = "amqp://u:pass/word@h/v@x";
+        assert!(secrets(address).contains(&"pass/word".to_owned()));
+        assert_eq!(scrub("pass/word", address), HIDDEN);
     }
 
     #[test]

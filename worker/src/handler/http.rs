@@ -163,6 +163,23 @@ impl Http {
         Ok(headers)
     }
 
+    /// The request [`Handler::handle`] sends for `event`, built but not sent
+    /// (public for the request-building fuzz target): the credentials as basic
+    /// auth, the event's headers (optional ones HTTP cannot carry left out),
+    /// the body as published.
+    #[doc(hidden)]
+    pub fn request(&self, event: &Event<'_>) -> Result<reqwest::Request, HandlerError> {
+        let mut request = self.client.post(self.url.clone());
+        if let Some((user, password)) = &self.auth {
+            request = request.basic_auth(user, password.as_ref());
+        }
+        request
+            .headers(self.headers(event)?)
+            .body(event.body.to_vec())
+            .build()
+            .map_err(|e| self.transport_error(&e))
+    }
+
     /// A request that got no answer, in plain words.
     fn transport_error(&self, error: &reqwest::Error) -> HandlerError {
         if error.is_builder() {
@@ -194,14 +211,9 @@ impl Http {
 #[async_trait]
 impl Handler for Http {
     async fn handle(&self, event: &Event<'_>) -> Result<(), HandlerError> {
-        let mut request = self.client.post(self.url.clone());
-        if let Some((user, password)) = &self.auth {
-            request = request.basic_auth(user, password.as_ref());
-        }
-        let response = request
-            .headers(self.headers(event)?)
-            .body(event.body.to_vec())
-            .send()
+        let response = self
+            .client
+            .execute(self.request(event)?)
             .await
             .map_err(|e| self.transport_error(&e))?;
         let status = response.status().as_u16();
