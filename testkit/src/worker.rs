@@ -148,15 +148,33 @@ impl Worker {
     /// single-active-consumer queues the broker picks). Fails loudly, at once
     /// if the worker ends.
     pub async fn wait_consuming(&mut self, env: &TestEnv) {
+        self.wait_consuming_within(env, crate::STARTUP).await;
+    }
+
+    /// [`Self::wait_consuming`] with a deadline of its own (a worker of many
+    /// shards on a busy machine).
+    pub async fn wait_consuming_within(&mut self, env: &TestEnv, timeout: Duration) {
         let shards = self.shards.clone();
-        self.wait_state(env, "consuming every assigned shard", &shards, true)
-            .await;
+        self.wait_state(
+            env,
+            "consuming every assigned shard",
+            &shards,
+            true,
+            timeout,
+        )
+        .await;
     }
 
     /// Waits until the worker consumes each of `shards`.
     pub async fn wait_consuming_shards(&mut self, env: &TestEnv, shards: &[u16]) {
-        self.wait_state(env, &format!("consuming shards {shards:?}"), shards, true)
-            .await;
+        self.wait_state(
+            env,
+            &format!("consuming shards {shards:?}"),
+            shards,
+            true,
+            crate::STARTUP,
+        )
+        .await;
     }
 
     /// Waits until the worker waits for another consumer on each of `shards`:
@@ -168,6 +186,7 @@ impl Worker {
             &format!("standing by on shards {shards:?}"),
             shards,
             false,
+            crate::STARTUP,
         )
         .await;
     }
@@ -178,12 +197,19 @@ impl Worker {
         self.wait_standing_by_shards(env, &shards).await;
     }
 
-    async fn wait_state(&mut self, env: &TestEnv, what: &str, shards: &[u16], consuming: bool) {
+    async fn wait_state(
+        &mut self,
+        env: &TestEnv,
+        what: &str,
+        shards: &[u16],
+        consuming: bool,
+        timeout: Duration,
+    ) {
         let quorum = env.is_quorum();
         let what = format!("worker {} {what}", self.name);
         let this = &*self;
         let task_done = || this.task.as_ref().is_some_and(JoinHandle::is_finished);
-        wait_until(&what, crate::STARTUP, || async {
+        wait_until(&what, timeout, || async {
             assert!(
                 !task_done(),
                 "{what}: the worker ended; {}",
