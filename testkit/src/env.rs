@@ -26,6 +26,26 @@ pub const SHARDS: u16 = 8;
 pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
 /// The machine's RabbitMQ, shared by the tests (each in its own vhost).
 pub const AMQP_BASE: &str = "amqp://guest:guest@127.0.0.1:5672";
+
+/// Names the directory of a running private node (`scripts/rabbitmq-node
+/// start`, e.g. a RabbitMQ 4.0.5 node with `RABBITMQ_ROOT`) that the tests
+/// use instead of the machine's node; `RABBITMQ_ROOT` must be set as it was
+/// for the start. Tests that start nodes of their own are not moved.
+pub const TEST_NODE: &str = "SHARDLINE_TEST_RABBITMQ_NODE";
+
+/// The broker of the tests that do not start one: the node [`TEST_NODE`]
+/// names, else the machine's.
+fn default_broker() -> (Ctl, String) {
+    let Some(dir) = std::env::var_os(TEST_NODE) else {
+        return (Ctl::Default, AMQP_BASE.to_owned());
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let port = std::fs::read_to_string(dir.join("amqp_port"))
+        .unwrap_or_else(|e| panic!("{TEST_NODE}={}: no node there ({e})", dir.display()));
+    let base = format!("amqp://guest:guest@127.0.0.1:{}", port.trim());
+    let script = crate::paths::scripts().join("rabbitmq-node");
+    (Ctl::Private { script, dir }, base)
+}
 /// The quorum queues' `x-delivery-limit` that `topology apply` sets by default.
 const DELIVERY_LIMIT: u32 = shardline_connect::declare::DEFAULT_DELIVERY_LIMIT;
 
@@ -59,7 +79,8 @@ impl TestEnv {
     /// [`Self::new`] with shard queues of `queue_type`. The id ends in
     /// `-quorum` for quorum queues, so logs and vhosts say which run they are.
     pub async fn with_queue_type(name: &str, queue_type: QueueType) -> Self {
-        Self::create(name, queue_type, Ctl::Default, AMQP_BASE.to_owned()).await
+        let (ctl, base) = default_broker();
+        Self::create(name, queue_type, ctl, base).await
     }
 
     /// [`Self::with_queue_type`] on a private node instead of the machine's.
