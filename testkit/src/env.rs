@@ -273,6 +273,12 @@ impl TestEnv {
         assert_exited_ok("`shardline topology apply`", &out);
     }
 
+    /// The AMQP port of this environment's (first) broker address.
+    pub fn amqp_port(&self) -> u16 {
+        let (_, rest) = self.amqp_url.split_once("@127.0.0.1:").unwrap();
+        rest.split(['/', ',']).next().unwrap().parse().unwrap()
+    }
+
     /// This environment's broker address, parsed.
     pub fn amqp_target(&self) -> shardline_connect::AmqpTarget {
         self.amqp_url.parse().unwrap()

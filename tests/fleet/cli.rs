@@ -133,7 +133,7 @@ async fn a_refused_password_is_one_line_naming_access_refused() {
             .args(env.global_args_with(&wrong, shardline_testkit::env::REDIS_URL));
         let line = error_line(&cmd.output().await.unwrap(), 1);
         assert!(
-            line.contains("amqp://guest:***@127.0.0.1:5672/")
+            line.contains(&format!("amqp://guest:***@127.0.0.1:{}/", env.amqp_port()))
                 && line.contains("ACCESS_REFUSED: the broker refused user guest")
                 && !line.contains("wr0ng"),
             "{command:?}: {line}"

@@ -134,7 +134,8 @@ async fn a_connection_name_over_4_kib_fails_with_the_reason() {
         .expect_err("the broker takes no 4 KiB client properties before the tune")
         .to_string();
     assert!(error.contains(HANDSHAKE_CLOSED), "{error}");
-    assert!(error.contains("guest:***@127.0.0.1:5672"), "{error}");
+    let shown = format!("guest:***@127.0.0.1:{}", env.amqp_port());
+    assert!(error.contains(&shown), "{error}");
     // The name a worker of 1,024 shards gives its connection is accepted.
     let fine = shardline_connect::connect(&env.amqp_target(), "shardline worker w1 shards 0-1023")
         .await

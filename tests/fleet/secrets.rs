@@ -62,7 +62,10 @@ impl Canary {
         let (_, database) = orders_url.split_once("@127.0.0.1").unwrap();
         assert!(orders_url.starts_with(PG_URL.split('@').next().unwrap()));
         Self {
-            amqp: format!("amqp://{user}:{CANARY}@127.0.0.1:5672/{vhost}"),
+            amqp: format!(
+                "amqp://{user}:{CANARY}@127.0.0.1:{}/{vhost}",
+                env.amqp_port()
+            ),
             redis: format!("redis://default:{CANARY}@127.0.0.1:6379"),
             handler: format!("http://user:{CANARY}@{downstream}/events"),
             otlp: format!("http://otel:{CANARY}@127.0.0.1:1"),

@@ -30,7 +30,7 @@ async fn amqps_and_rediss_with_a_private_ca() {
     let user = BrokerUser::create(&env).await;
     let redis_password = format!("Redis{:x}Secret", unique());
     let redis = RedisServer::start_tls(&pki, &redis_password).await;
-    let terminator = TlsTerminator::start(&pki, 5672).await;
+    let terminator = TlsTerminator::start(&pki, env.amqp_port()).await;
 
     // The vhost path exactly as the harness encodes it for the plain URL.
     let vhost_path = env.amqp_url.rsplit('/').next().unwrap();
@@ -54,7 +54,12 @@ async fn amqps_and_rediss_with_a_private_ca() {
     assert_success("topology apply", &out, &secrets);
     // The broker probe reads the server properties over TLS too.
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("broker: RabbitMQ 3.10.8"), "{stdout}");
+    assert!(
+        ["3.10.8", "4.0.5"]
+            .iter()
+            .any(|v| stdout.contains(&format!("broker: RabbitMQ {v}"))),
+        "{stdout}"
+    );
 
     let downstream = Downstream::start().await;
     let mut worker = tls.worker(&downstream.url());
@@ -109,7 +114,7 @@ async fn amqps_refuses_a_certificate_from_an_untrusted_ca() {
     let env = TestEnv::new("tls-untrusted").await;
     let pki = Pki::generate(&env.id);
     let user = BrokerUser::create(&env).await;
-    let terminator = TlsTerminator::start(&pki, 5672).await;
+    let terminator = TlsTerminator::start(&pki, env.amqp_port()).await;
     let vhost_path = env.amqp_url.rsplit('/').next().unwrap();
     // A CA file that holds a certificate, just not the one that signed the server's.
     let other = Pki::generate(&format!("{}-other", env.id));
