@@ -54,6 +54,25 @@ impl Ctl {
         assert_exited_ok(&format!("rabbitmqctl {args:?} ({self:?})"), &out)
     }
 
+    /// Runs `rabbitmqctl args`; its output, or why it failed (for a probe
+    /// that tries again: a cluster node may be restarting its app).
+    pub async fn try_run(&self, args: &[&str]) -> Result<String, String> {
+        let out = tokio::process::Command::from(self.command())
+            .args(args)
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|e| format!("cannot run rabbitmqctl: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "rabbitmqctl {args:?} ({self:?}): {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
     /// Runs `rabbitmqctl args` outside async code (for `Drop`), without failing.
     pub fn run_blocking(&self, args: &[&str]) -> std::io::Result<Output> {
         self.command().args(args).output()

@@ -342,6 +342,32 @@ impl TestEnv {
             .collect()
     }
 
+    /// [`Self::queue_depths`], or why `rabbitmqctl` failed (for a probe that
+    /// tries again).
+    pub async fn try_queue_depths(&self) -> Result<BTreeMap<String, (u64, u64)>, String> {
+        let args = [
+            "-q",
+            "list_queues",
+            "-p",
+            &self.vhost,
+            "--no-table-headers",
+            "name",
+            "messages",
+            "messages_unacknowledged",
+        ];
+        let text = self.broker.try_run(&args).await?;
+        Ok(text
+            .lines()
+            .filter_map(|line| {
+                let mut parts = line.split('\t').map(str::trim);
+                let name = parts.next()?.to_owned();
+                let messages = parts.next()?.parse().ok()?;
+                let unacked = parts.next()?.parse().ok()?;
+                Some((name, (messages, unacked)))
+            })
+            .collect())
+    }
+
     /// `rabbitmqctl list_queues name COLUMNS…` in the vhost: each queue's
     /// columns by name (through `via`, another node's `rabbitmqctl`, when given).
     pub async fn list_queues(&self, columns: &[&str]) -> BTreeMap<String, Vec<String>> {
