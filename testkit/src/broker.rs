@@ -45,13 +45,7 @@ impl Ctl {
 
     /// Runs `rabbitmqctl args`; fails the test with its output unless it succeeds.
     pub async fn run(&self, args: &[&str]) -> String {
-        let out = tokio::process::Command::from(self.command())
-            .args(args)
-            .kill_on_drop(true)
-            .output()
-            .await
-            .expect("cannot run rabbitmqctl (is RabbitMQ installed?)");
-        assert_exited_ok(&format!("rabbitmqctl {args:?} ({self:?})"), &out)
+        self.try_run(args).await.unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Runs `rabbitmqctl args`; its output, or why it failed (for a probe

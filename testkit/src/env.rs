@@ -331,15 +331,9 @@ impl TestEnv {
     /// `(messages, messages_unacknowledged)` of every queue in the vhost, as
     /// `rabbitmqctl` sees it (`messages` counts ready and unacked).
     pub async fn queue_depths(&self) -> BTreeMap<String, (u64, u64)> {
-        self.list_queues(&["messages", "messages_unacknowledged"])
+        self.try_queue_depths()
             .await
-            .into_iter()
-            .filter_map(|(name, fields)| {
-                let messages = fields.first()?.parse().ok()?;
-                let unacked = fields.get(1)?.parse().ok()?;
-                Some((name, (messages, unacked)))
-            })
-            .collect()
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// [`Self::queue_depths`], or why `rabbitmqctl` failed (for a probe that
