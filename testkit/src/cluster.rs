@@ -182,6 +182,26 @@ impl Cluster {
         self.cluster_node_script("resume", i, "resuming").await;
     }
 
+    /// Cuts node `i` off from the other two at the network level (`scripts/cluster
+    /// partition`: nftables drops every packet between them; its VM runs and
+    /// its clients reach it). One cut at a time.
+    pub async fn partition(&self, i: usize) {
+        self.cluster_node_script("partition", i, "cutting off")
+            .await;
+    }
+
+    /// Removes the cut of [`Self::partition`].
+    pub async fn heal(&self) {
+        self.cluster_script(&["heal"], "healing the cut").await;
+    }
+
+    /// Whether node `i` answers a ping of node `from` over the distribution
+    /// (`net_adm:ping`): false while a cut separates them.
+    pub async fn pings(&self, from: usize, i: usize) -> bool {
+        let call = format!("net_adm:ping('{}').", self.names[i]);
+        self.ctl(from).run(&["-q", "eval", &call]).await.trim() == "pong"
+    }
+
     /// The nodes that node `i` sees running in its cluster (itself included).
     pub async fn running_nodes(&self, i: usize) -> Vec<String> {
         let text = self

@@ -284,6 +284,15 @@ impl TestEnv {
         self.amqp_url.parse().unwrap()
     }
 
+    /// The version of this environment's broker, from its server properties.
+    pub async fn broker_version(&self) -> shardline_contract::rabbitmq::Version {
+        let info = shardline_connect::probe::server_info(&self.amqp_url)
+            .await
+            .unwrap();
+        info.version
+            .unwrap_or_else(|| panic!("unparsable broker version {:?}", info.version_text))
+    }
+
     pub async fn connect(&self) -> Connection {
         shardline_connect::connect(&self.amqp_target(), &format!("fleet-test {}", self.id))
             .await
@@ -413,7 +422,9 @@ impl TestEnv {
             "every shard queue drained (nothing ready, nothing unacked)",
             timeout,
             || async {
-                let depths = self.queue_depths().await;
+                // A cluster node that was cut off or stopped may restart its
+                // app for a moment after it rejoined: read again.
+                let depths = self.try_queue_depths().await?;
                 let busy: Vec<_> = (0..self.shards.get())
                     .map(|s| self.shard_queue(s))
                     .filter(|q| depths.get(q).is_none_or(|d| d.0 > 0))

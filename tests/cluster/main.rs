@@ -1,7 +1,7 @@
 //! Cluster tests: shardline on a private three-node RabbitMQ cluster
 //! ([`shardline_testkit::Cluster`], started by `scripts/cluster` with free ports
 //! and node names of its own, stopped and removed when the test ends, also on
-//! failure), whose nodes the tests kill -9, pause and restart.
+//! failure), whose nodes the tests kill -9, pause, cut off and restart.
 //!
 //! None of them touches the machine's RabbitMQ. They are `#[ignore]`d so that
 //! the parallel suite skips them: a cluster costs three VMs and about 20 s of
@@ -26,10 +26,12 @@
 //!   DLQ still there; the node rejoins.
 //! - [`rolling`]: under load, `stop_app` and `start_app` of each node in turn,
 //!   the next only once no node is quorum-critical: the same guarantees.
-//! - [`partition`]: under load, SIGSTOP of the active worker's node for twice
-//!   the net tick time while a standby waits on another: the paused side's
-//!   consumer, still working, is fenced; nothing lost, order kept, the order
-//!   state in Redis intact.
+//! - [`partition`]: under load, the active worker's node separated while a
+//!   standby waits on another — frozen (SIGSTOP) for twice the net tick time,
+//!   or cut off at the network level (nftables) for 30 s and healed: the
+//!   separated side's consumer, still working, is fenced; nothing lost, order
+//!   kept, overlapping calls of one order only within the fault's window, the
+//!   order state in Redis intact.
 //! - [`confirms`]: the publisher's node frozen (SIGSTOP: no error, no
 //!   confirms): after `confirm_timeout` the publisher moves to another node
 //!   and sends its window again; nothing lost.

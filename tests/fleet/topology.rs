@@ -309,61 +309,62 @@ fn refusal(out: &std::process::Output) -> String {
     errors[0].to_owned()
 }
 
-/// The broker probe on the machine's 3.10.8: `topology status` reports the
-/// version read from the server properties; classic single-active-consumer
-/// (rabbitmq-server#5460, fixed in 3.10.13) is refused in one line by
-/// `topology apply` and by the worker, unless the risk is accepted.
+/// The broker probe: `topology status` reports the version read from the
+/// server properties. Classic single-active-consumer is refused in one line by
+/// `topology apply` and by the worker on a broker with rabbitmq-server#5460
+/// (the machine's 3.10.8; fixed in 3.10.13), unless the risk is accepted; on
+/// one without the bug (4.0.5) it is applied and consumed without the flag.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn classic_single_active_consumer_is_refused_on_this_broker_unless_accepted() {
+async fn classic_single_active_consumer_is_refused_where_the_broker_has_the_bug() {
     let env = TestEnv::new("topo-sac-probe").await;
-    let out = env
-        .cli(&["topology", "apply", "--single-active-consumer"])
-        .await;
-    let line = refusal(&out);
-    assert!(
-        line.contains("single-active-consumer: RabbitMQ 3.10.8")
-            && line.contains("rabbitmq-server#5460")
-            && line.contains("--accept-classic-sac-risk"),
-        "{line}"
-    );
-    assert!(
-        env.queue_depths().await.is_empty(),
-        "a refused apply declares nothing"
-    );
-    let out = env
-        .cli(&[
-            "topology",
-            "apply",
-            "--single-active-consumer",
-            "--accept-classic-sac-risk",
-        ])
-        .await;
+    let version = env.broker_version().await;
+    let banner = format!("RabbitMQ {version}");
+    let apply = ["topology", "apply", "--single-active-consumer"];
+    let accepted = if version.has_classic_sac_bug() {
+        let line = refusal(&env.cli(&apply).await);
+        assert!(
+            line.contains(&format!("single-active-consumer: {banner}"))
+                && line.contains("rabbitmq-server#5460")
+                && line.contains("--accept-classic-sac-risk"),
+            "{line}"
+        );
+        assert!(
+            env.queue_depths().await.is_empty(),
+            "a refused apply declares nothing"
+        );
+        true
+    } else {
+        false
+    };
+    let mut args = apply.to_vec();
+    if accepted {
+        args.push("--accept-classic-sac-risk");
+    }
+    let out = env.cli(&args).await;
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("broker: RabbitMQ 3.10.8"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("broker: {banner}")));
 
-    let worker = |extra: &'static [&'static str]| {
+    if accepted {
         let mut cmd = env.shardline_command();
         cmd.args(["worker", "--handler", "noop", "--single-active-consumer"])
-            .args(extra)
             .args(env.global_args());
-        async move { cmd.output().await.unwrap() }
-    };
-    let line = refusal(&worker(&[]).await);
-    assert!(
-        line.contains("RabbitMQ 3.10.8") && line.contains("--accept-classic-sac-risk"),
-        "{line}"
-    );
-    // Accepted, the worker consumes every shard (an in-process one: the
-    // binary would run until stopped).
+        let line = refusal(&cmd.output().await.unwrap());
+        assert!(
+            line.contains(&banner) && line.contains("--accept-classic-sac-risk"),
+            "{line}"
+        );
+    }
+    // The worker consumes every shard (an in-process one: the binary would
+    // run until stopped).
     let downstream = shardline_testkit::Downstream::start().await;
     let _worker = env
         .start_worker("sac", &downstream, |c| {
             c.exclusive = false;
-            c.accept_classic_sac_risk = true;
+            c.accept_classic_sac_risk = accepted;
         })
         .await;
 
@@ -377,10 +378,7 @@ async fn classic_single_active_consumer_is_refused_on_this_broker_unless_accepte
         .unwrap()
         .clone();
     assert!(
-        version["text"]
-            .as_str()
-            .unwrap()
-            .starts_with("RabbitMQ 3.10.8"),
+        version["text"].as_str().unwrap().starts_with(&banner),
         "{version}"
     );
     assert_eq!(version["verdict"], "ok");
