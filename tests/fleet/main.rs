@@ -16,6 +16,7 @@
 //!
 //! - [`cli`]: the command line as a newcomer meets it: plain-text logs in files, exit codes.
 //! - [`topology`]: `topology apply` is idempotent, pika-compatible and loud on conflicts.
+//! - [`broker_facts`]: what the guarantees rest on in the broker, per version: returns and nacks on quorum queues, the delivery limit, the arguments `apply` declares, prefetch, the largest message.
 //! - [`ordering`]: per-order sequence and exactly-once delivery across shards.
 //! - [`duplicates`]: redelivered copies never reach the downstream twice.
 //! - [`failures`]: in-place retries, permanent failures and poison bodies dead-lettered.
@@ -56,6 +57,7 @@
 mod attribution;
 mod audit;
 mod breaker;
+mod broker_facts;
 mod cli;
 mod concurrency;
 mod console;
