@@ -252,13 +252,21 @@ fn violations_section(summary: &Summary) -> String {
     if violations.is_empty() {
         return "## Violations\n\nnone\n\n".to_owned();
     }
-    let mut md = String::from("## Violations\n\n");
-    for violation in violations {
+    let mut md = format!("## Violations\n\n{} in all", violations.len());
+    if violations.len() > LISTED {
+        let _ = write!(md, "; the first {LISTED}");
+    }
+    md.push_str(":\n\n");
+    for violation in violations.iter().take(LISTED) {
         let _ = writeln!(md, "- {violation}");
     }
     md.push('\n');
     md
 }
+
+/// Violations listed in the report: a fault that stops the fleet makes
+/// thousands, and the first ones tell the story.
+const LISTED: usize = 100;
 
 fn allowed_letters_section(summary: &Summary) -> String {
     let letters = &summary.verdict.allowed_letters;

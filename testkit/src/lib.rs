@@ -44,6 +44,7 @@ pub mod console;
 pub mod dlq;
 pub mod downstream;
 pub mod env;
+pub mod load;
 pub mod metrics;
 pub mod paths;
 pub mod pg;

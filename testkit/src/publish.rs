@@ -79,17 +79,44 @@ pub struct Publisher {
 
 impl Publisher {
     pub async fn connect(env: &TestEnv) -> Self {
-        let conn = env.connect().await;
-        let channel = conn.create_channel().await.unwrap();
+        Self::try_connect(env).await.unwrap()
+    }
+
+    /// [`Self::connect`], or why it failed (a cluster node may be down).
+    pub async fn try_connect(env: &TestEnv) -> Result<Self, String> {
+        let conn =
+            shardline_connect::connect(&env.amqp_target(), &format!("fleet-test {}", env.id))
+                .await
+                .map_err(|e| e.to_string())?;
+        let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await
-            .unwrap();
-        Self {
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
             _conn: conn,
             channel,
             exchange: env.names.exchange.clone(),
+        })
+    }
+
+    /// [`Self::publish_with`], or why the broker did not confirm it.
+    pub async fn try_publish_with(
+        &self,
+        shard: u16,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<(), String> {
+        let confirm = self
+            .publish_unconfirmed(shard, body, props)
+            .await
+            .map_err(|e| e.to_string())?
+            .await
+            .map_err(|e| e.to_string())?;
+        if !confirm.is_ack() || confirm.take_message().is_some() {
+            return Err("nacked or returned".into());
         }
+        Ok(())
     }
 
     /// Publishes `events` in order to `shard.{shard_of(order_id)}` and waits until
@@ -134,6 +161,15 @@ impl Publisher {
         body: &[u8],
         props: BasicProperties,
     ) -> lapin::PublisherConfirm {
+        self.publish_unconfirmed(shard, body, props).await.unwrap()
+    }
+
+    async fn publish_unconfirmed(
+        &self,
+        shard: u16,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> lapin::Result<lapin::PublisherConfirm> {
         self.channel
             .basic_publish(
                 self.exchange.as_str().into(),
@@ -146,7 +182,6 @@ impl Publisher {
                 props,
             )
             .await
-            .unwrap()
     }
 }
 

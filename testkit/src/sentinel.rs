@@ -78,6 +78,8 @@ impl Dialer {
 struct Node {
     port: u16,
     process: Option<Helper>,
+    /// The command line it was started with (data nodes: to start it again).
+    args: Vec<std::ffi::OsString>,
 }
 
 impl SentinelSet {
@@ -159,6 +161,7 @@ impl SentinelSet {
             let log = set.dir.join(format!("redis-{port}.log"));
             set.nodes.push(Node {
                 port,
+                args: cmd.get_args().map(ToOwned::to_owned).collect(),
                 process: Some(Helper::spawn("redis-server", &mut cmd, log)),
             });
         }
@@ -187,6 +190,7 @@ impl SentinelSet {
             let log = set.dir.join(format!("sentinel-{port}.log"));
             set.sentinels.push(Node {
                 port,
+                args: cmd.get_args().map(ToOwned::to_owned).collect(),
                 process: Some(Helper::spawn("redis-server", &mut cmd, log)),
             });
         }
@@ -277,6 +281,25 @@ impl SentinelSet {
             process.kill9();
         }
         port
+    }
+
+    /// Starts the data node on `port` again (after [`Self::kill_primary`]),
+    /// empty, as a replica of the primary the Sentinels name now, and waits
+    /// until it answers; the Sentinels keep it as a replica.
+    pub async fn restart_node(&mut self, port: u16) {
+        let primary = self.primary_port().await;
+        let dialer = self.dialer.clone();
+        let log = self.dir.join(format!("redis-{port}.log"));
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port && n.process.is_none())
+            .unwrap_or_else(|| panic!("no stopped data node on port {port}"));
+        let mut cmd = Command::new("redis-server");
+        cmd.args(&node.args)
+            .args(["--replicaof", "127.0.0.1", &primary.to_string()]);
+        node.process = Some(Helper::spawn("redis-server", &mut cmd, log));
+        wait_answering(node, &dialer).await;
     }
 
     /// `SENTINEL FAILOVER`: the replica is promoted while the primary is up;

@@ -43,7 +43,7 @@ use shardline_testkit::{
 
 use crate::load::{
     LOAD_CONNECTION, Load, ORDERS_PER_SHARD, REJOIN_GRACE, RESUME_BOUND, answered,
-    assert_guarantees, busiest, heal_after_pause, leaders, pinned, quorum_cluster,
+    assert_guarantees_grouped, busiest, heal_after_pause, leaders, pinned, quorum_cluster,
     wait_connected_to, wait_processing,
 };
 
@@ -66,7 +66,7 @@ const WINDOW_FILLED: u64 = 32;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "starts a three-node RabbitMQ cluster: scripts/test runs it alone"]
 async fn a_paused_node_s_consumer_is_fenced_and_corrupts_nothing() {
-    let stage = Stage::start("cluster-partition").await;
+    let stage = Stage::start("cluster-partition", 1).await;
     let (cluster, minority) = (&stage.cluster, stage.minority);
     let pausing = Instant::now();
     let at_pause = stage.active.counts();
@@ -106,7 +106,21 @@ async fn a_paused_node_s_consumer_is_fenced_and_corrupts_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "starts a three-node RabbitMQ cluster: scripts/test runs it alone"]
 async fn a_node_cut_off_for_30_s_loses_nothing_and_overlaps_only_in_its_window() {
-    let stage = Stage::start("cluster-cut").await;
+    cut_off("cluster-cut", 1).await;
+}
+
+/// The same cut with the active worker reading ahead and committing in
+/// groups (`--prefetch 32`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "starts a three-node RabbitMQ cluster: scripts/test runs it alone"]
+async fn a_grouping_worker_cut_off_with_its_node_reconnects_and_loses_nothing() {
+    cut_off("cluster-cut-group", 32).await;
+}
+
+/// Cuts the active worker's node off for [`CUT`], with the active worker at
+/// `prefetch`, and checks what a cut must leave.
+async fn cut_off(name: &str, prefetch: u16) {
+    let stage = Stage::start(name, prefetch).await;
     let (cluster, minority, via) = (&stage.cluster, stage.minority, stage.standby_node);
     let cutting = Instant::now();
     cluster.partition(minority).await;
@@ -216,6 +230,8 @@ struct Stage {
     load: std::sync::Mutex<Option<Load>>,
     /// The node the fault separates: the active worker's.
     minority: usize,
+    /// The active worker's `--prefetch` (its group size is up to 32 of it).
+    prefetch: u16,
     standby_node: usize,
     /// Unacked events per shard when the fault began.
     windows: Vec<u64>,
@@ -234,7 +250,8 @@ impl std::fmt::Display for Report {
 }
 
 impl Stage {
-    async fn start(name: &str) -> Self {
+    /// The stage with the active worker at `prefetch`.
+    async fn start(name: &str, prefetch: u16) -> Self {
         let (cluster, env) = quorum_cluster(name).await;
         let led = leaders(&cluster, &env, 0).await;
         let minority = busiest(&led);
@@ -254,7 +271,10 @@ impl Stage {
         };
         let active_target = pinned(&cluster, &env, minority, "?heartbeat=60");
         let active = env
-            .start_worker("w1", &downstream, |c| c.amqp = active_target)
+            .start_worker("w1", &downstream, |c| {
+                c.amqp = active_target;
+                c.prefetch = prefetch;
+            })
             .await;
         let mut config = env.worker_config("w2");
         config.amqp = pinned(&cluster, &env, standby_node, "");
@@ -282,6 +302,7 @@ impl Stage {
             standby,
             load: std::sync::Mutex::new(Some(load)),
             minority,
+            prefetch,
             standby_node,
             windows,
         }
@@ -342,7 +363,10 @@ impl Stage {
             .await;
         let published = load.stop().await;
         let events = published.events;
-        let calls = assert_guarantees(env, &self.downstream, &events, &[active, standby], 1).await;
+        let group = u64::from(self.prefetch.min(32));
+        let calls =
+            assert_guarantees_grouped(env, &self.downstream, &events, &[active, standby], 1, group)
+                .await;
         let repeats = shardline_testkit::repeats_per_shard(&calls, env);
         assert!(
             active.counts().fenced_writes >= 1,

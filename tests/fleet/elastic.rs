@@ -182,3 +182,48 @@ async fn a_rolling_restart_loses_and_repeats_nothing() {
         "a graceful restart repeated calls: {repeats:?}"
     );
 }
+
+/// A member that handed shards over keeps an idle task per shard it does not
+/// hold. When its consuming connection is lost, those idle tasks end too, so
+/// that it reconnects and consumes its shards again. (Found by the chaos
+/// soak: the idle tasks never saw the loss, and the member waited on them —
+/// its shards unconsumed — until it was restarted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_handed_shards_over_reconnects_after_losing_its_connection() {
+    let env = TestEnv::new("elastic-reconnect").await.with_shards(4);
+    env.apply_topology().await;
+    let downstream = Downstream::start().await;
+    let mut a = member(&env, "a", &downstream.url());
+    env.wait_spread(&[("a", 4)], Duration::from_secs(30)).await;
+    let mut b = member(&env, "b", &downstream.url());
+    env.wait_spread(&[("a", 2), ("b", 2)], Duration::from_secs(30))
+        .await;
+
+    let pid = env
+        .broker()
+        .one_connection(&env.vhost, "shardline worker a shards")
+        .await;
+    env.broker().close_connection(&pid).await;
+    shardline_testkit::wait_until(
+        "member a to reconnect",
+        shardline_testkit::STARTUP,
+        || async {
+            let log = a.log_text();
+            if log.contains("reconnected to the broker") {
+                Ok(())
+            } else {
+                Err(a.log_tail(5))
+            }
+        },
+    )
+    .await;
+    env.wait_spread(&[("a", 2), ("b", 2)], Duration::from_secs(30))
+        .await;
+
+    let events = interleaved(&order_ids("elastic-reconnect", 16), 3, env.shards);
+    Publisher::connect(&env).await.publish(&events).await;
+    let calls = wait_all_answered(&env, &downstream, &events).await;
+    assert_in_order_and_complete(&calls, &events);
+    a.assert_running("after the reconnect");
+    b.assert_running("after a's reconnect");
+}

@@ -79,6 +79,10 @@
 //! - `signal`: SIGTERM and Ctrl-C to a stop token ([`cancel_on_signal`]).
 //! - `error`: [`WorkerError`].
 
+// The shard task spawned by the supervisor nests deep futures (consume, group,
+// settle, Redis and HTTP I/O); proving it `Send` takes more than the default 128
+// steps of trait recursion.
+#![recursion_limit = "256"]
 // No function over 100 lines (clippy.toml's threshold): `scripts/test` runs
 // clippy with warnings as errors.
 #![warn(clippy::too_many_lines)]

@@ -546,8 +546,12 @@ async fn run_shards(
             // Consumes while this worker should own the shard; hands it over
             // (drain, close) when the fleet's assignment moves it away.
             loop {
-                if !until_wanted(&mut wanted, &shutdown).await {
-                    return (ctx.shard, Ok(()));
+                match until_wanted(&mut wanted, &shutdown, &conn_lost).await {
+                    Wanted::Yes => {}
+                    Wanted::Stop => return (ctx.shard, Ok(())),
+                    // Idle (handed over, or never assigned): nothing to
+                    // clean up, but the connections must be made again.
+                    Wanted::ConnectionLost => return (ctx.shard, Err(ShardError::ConnectionLost)),
                 }
                 let stop = shutdown.child_token();
                 let handover = async {
@@ -597,22 +601,46 @@ async fn run_shards(
     lost
 }
 
-/// Waits until this worker should consume the shard; false when told to stop first.
-async fn until_wanted(wanted: &mut watch::Receiver<bool>, shutdown: &CancellationToken) -> bool {
+/// What an idle shard task waited for.
+enum Wanted {
+    /// This worker should consume the shard.
+    Yes,
+    /// The worker is told to stop.
+    Stop,
+    /// A connection failed: the task must end so that the worker reconnects
+    /// (an idle task that waited on would keep the worker from it).
+    ConnectionLost,
+}
+
+/// Waits until this worker should consume the shard, or the worker is told
+/// to stop, or a connection is lost.
+async fn until_wanted(
+    wanted: &mut watch::Receiver<bool>,
+    shutdown: &CancellationToken,
+    conn_lost: &CancellationToken,
+) -> Wanted {
     loop {
         if shutdown.is_cancelled() {
-            return false;
+            return Wanted::Stop;
+        }
+        if conn_lost.is_cancelled() {
+            return Wanted::ConnectionLost;
         }
         if *wanted.borrow_and_update() {
-            return true;
+            return Wanted::Yes;
         }
         tokio::select! {
             changed = wanted.changed() => {
                 if changed.is_err() {
-                    return !shutdown.is_cancelled() && *wanted.borrow();
+                    return if !shutdown.is_cancelled() && *wanted.borrow() {
+                        Wanted::Yes
+                    } else {
+                        Wanted::Stop
+                    };
                 }
             }
-            () = shutdown.cancelled() => return false,
+            () = shutdown.cancelled() => return Wanted::Stop,
+            () = conn_lost.cancelled() => return Wanted::ConnectionLost,
         }
     }
 }

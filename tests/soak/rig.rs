@@ -1,0 +1,417 @@
+//! The soak's stage and its faults: the cluster, the Sentinels, the workers,
+//! the load and the downstream, and what each fault of the schedule does to
+//! them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable};
+use shardline_soak::{Fault, FaultKind, FaultRecord, FinalConsumers, Fleet, PoisonKind, Schedule};
+use shardline_testkit::load::Load;
+use shardline_testkit::sentinel::SentinelSet;
+use shardline_testkit::{
+    ChildWorker, Cluster, Downstream, Event, Publisher, QueueType, Reply, TestEnv, order_ids,
+};
+use tokio::sync::Mutex;
+
+use crate::Settings;
+
+/// Orders of the load: the resharding issue's "at least 200 orders".
+const ORDERS: usize = 200;
+/// What the downstream answers in each mode.
+const NORMAL: u8 = 0;
+const UNAVAILABLE: u8 = 1;
+const SLOW: u8 = 2;
+/// A slow downstream's answer time.
+const SLOW_ANSWER: Duration = Duration::from_millis(300);
+/// A memory watermark far below what a node uses: the alarm goes off at once.
+const ALARM: &str = "0.0000001";
+/// How long a stopped worker may take to drain and exit.
+const STOP: Duration = Duration::from_secs(30);
+
+pub(crate) struct Rig {
+    pub(crate) cluster: Cluster,
+    pub(crate) env: TestEnv,
+    pub(crate) downstream: Downstream,
+    mode: Arc<AtomicU8>,
+    redis: Mutex<SentinelSet>,
+    workers: Vec<Mutex<Slot>>,
+    flags: Vec<Vec<String>>,
+    load: Mutex<Option<Load>>,
+    /// The load's confirmed events once it stopped, with their confirm times.
+    published: std::sync::Mutex<Vec<(Instant, Event)>>,
+    /// Poison and hostile events sent, with their confirm times.
+    poison: std::sync::Mutex<Vec<(Instant, shardline_soak::Published)>>,
+}
+
+/// A worker's process and how often it was started.
+struct Slot {
+    child: Option<ChildWorker>,
+    starts: u32,
+}
+
+impl Rig {
+    pub(crate) async fn start(settings: &Settings, fleet: &Fleet) -> Self {
+        let cluster = Cluster::start().await;
+        let env = TestEnv::on_all_nodes("soak", QueueType::Quorum, &cluster).await;
+        env.apply_topology().await;
+        let redis = SentinelSet::start(&env.id).await;
+        let mode = Arc::new(AtomicU8::new(NORMAL));
+        let downstream = {
+            let mode = mode.clone();
+            Downstream::scripted(move |_, _| match mode.load(Ordering::SeqCst) {
+                UNAVAILABLE => Reply::status(503),
+                SLOW => Reply::ok().after(SLOW_ANSWER),
+                _ => Reply::ok(),
+            })
+            .await
+        };
+        let flags = fleet
+            .workers
+            .iter()
+            .map(|w| {
+                vec![
+                    "--concurrency".to_owned(),
+                    w.concurrency.to_string(),
+                    "--prefetch".to_owned(),
+                    w.prefetch.to_string(),
+                ]
+            })
+            .collect();
+        let rig = Self {
+            cluster,
+            env,
+            downstream,
+            mode,
+            redis: Mutex::new(redis),
+            workers: (0..fleet.workers.len())
+                .map(|_| {
+                    Mutex::new(Slot {
+                        child: None,
+                        starts: 0,
+                    })
+                })
+                .collect(),
+            flags,
+            load: Mutex::new(None),
+            published: std::sync::Mutex::new(Vec::new()),
+            poison: std::sync::Mutex::new(Vec::new()),
+        };
+        for i in 0..rig.workers.len() {
+            rig.start_worker(i).await;
+        }
+        let orders = order_ids(&format!("{}-order", rig.env.id), ORDERS);
+        let pace = Duration::from_secs_f64(
+            shardline_testkit::load::BATCH as f64 / f64::from(settings.rate.max(1)),
+        );
+        let load = Load::start_paced(&rig.env, rig.env.amqp_target(), orders, pace, |c| {
+            c.connection_name = "soak-load".into();
+        })
+        .await;
+        *rig.load.lock().await = Some(load);
+        rig
+    }
+
+    async fn start_worker(&self, i: usize) {
+        let mut slot = self.workers[i].lock().await;
+        slot.starts += 1;
+        let redis_url = self.redis.lock().await.url();
+        let mut cmd = self.env.shardline_command();
+        // The workers log at info; RUST_LOG, when set, says otherwise.
+        if let Ok(filter) = std::env::var("RUST_LOG") {
+            cmd.env("RUST_LOG", filter);
+        }
+        cmd.arg("worker")
+            .args(self.env.global_args_with(&self.env.amqp_url, &redis_url))
+            .args(["--assign", "auto", "--worker-name", &format!("w{i}")])
+            .args(["--handler", &self.downstream.url()])
+            .args(&self.flags[i]);
+        let name = format!("w{i}-start{}", slot.starts);
+        slot.child = Some(ChildWorker::spawn(&self.env, &name, cmd));
+    }
+
+    /// Runs every fault of `schedule` at its time (offsets from `start`), each
+    /// in a task of its own so that they overlap as scheduled; returns what
+    /// happened once the last one ended and the run's time is up.
+    pub(crate) async fn run_schedule(
+        &self,
+        schedule: &Schedule,
+        start: Instant,
+    ) -> Vec<FaultRecord> {
+        let runs = schedule.faults().iter().map(|fault| async move {
+            tokio::time::sleep_until((start + fault.start).into()).await;
+            let began = start.elapsed();
+            self.inject(fault).await;
+            tokio::time::sleep_until((start + fault.start + fault.length).into()).await;
+            self.end(fault).await;
+            let record = FaultRecord {
+                fault: *fault,
+                began,
+                ended: start.elapsed(),
+            };
+            println!(
+                "soak: {} from {:?} to {:?}",
+                fault.kind, record.began, record.ended
+            );
+            record
+        });
+        let records = futures_util::future::join_all(runs).await;
+        tokio::time::sleep_until((start + schedule.run()).into()).await;
+        records
+    }
+
+    async fn inject(&self, fault: &Fault) {
+        match fault.kind {
+            FaultKind::WorkerKill9 { worker } => {
+                let mut slot = self.workers[usize::from(worker)].lock().await;
+                if let Some(child) = slot.child.as_mut() {
+                    child.kill9();
+                    child.wait_exit(STOP).await;
+                }
+            }
+            FaultKind::WorkerTerm { worker } => {
+                let mut slot = self.workers[usize::from(worker)].lock().await;
+                if let Some(child) = slot.child.as_mut() {
+                    child.sigterm();
+                    child.wait_exit(STOP).await;
+                }
+            }
+            FaultKind::NodeKill9 { node } => self.cluster.kill9(usize::from(node)).await,
+            FaultKind::Partition { node } => self.cluster.partition(usize::from(node)).await,
+            FaultKind::RedisFailover => {
+                let mut redis = self.redis.lock().await;
+                let old = redis.kill_primary().await;
+                redis.wait_failed_over(old).await;
+                redis.restart_node(old).await;
+            }
+            FaultKind::DownstreamRefused => self.downstream.refuse_connections(),
+            FaultKind::Downstream503 => self.mode.store(UNAVAILABLE, Ordering::SeqCst),
+            FaultKind::SlowDownstream => self.mode.store(SLOW, Ordering::SeqCst),
+            FaultKind::MemoryAlarm { node } => {
+                self.cluster
+                    .ctl(usize::from(node))
+                    .run(&["set_vm_memory_high_watermark", ALARM])
+                    .await;
+            }
+            FaultKind::Poison => self.send_poison().await,
+        }
+    }
+
+    async fn end(&self, fault: &Fault) {
+        match fault.kind {
+            FaultKind::WorkerKill9 { worker } | FaultKind::WorkerTerm { worker } => {
+                self.start_worker(usize::from(worker)).await;
+            }
+            FaultKind::NodeKill9 { node } => self.cluster.restart(usize::from(node)).await,
+            FaultKind::Partition { .. } => self.cluster.heal().await,
+            FaultKind::DownstreamRefused => self.downstream.accept_connections().await,
+            FaultKind::Downstream503 | FaultKind::SlowDownstream => {
+                self.mode.store(NORMAL, Ordering::SeqCst);
+            }
+            FaultKind::MemoryAlarm { node } => {
+                self.cluster
+                    .ctl(usize::from(node))
+                    .run(&["set_vm_memory_high_watermark", "0.4"])
+                    .await;
+            }
+            FaultKind::RedisFailover | FaultKind::Poison => {}
+        }
+    }
+
+    /// One undecodable body, one invalid envelope and one valid event with
+    /// hostile trace headers, each confirmed (or left out if the broker did
+    /// not confirm it: a poison event the broker never took proves nothing).
+    async fn send_poison(&self) {
+        let Ok(publisher) = Publisher::try_connect(&self.env).await else {
+            return;
+        };
+        let n = self.poison.lock().unwrap().len();
+        let hostile = Event::new(&format!("{}-hostile-{n}", self.env.id), 1, self.env.shards);
+        let sends: [(PoisonKind, String, u16, Vec<u8>); 3] = [
+            (
+                PoisonKind::Undecodable,
+                format!("soak-undecodable-{n}"),
+                0,
+                b"\xff\xfe not json".to_vec(),
+            ),
+            (
+                PoisonKind::InvalidEnvelope,
+                format!("soak-invalid-{n}"),
+                1,
+                br#"{"order_id": 7, "seq": "three"}"#.to_vec(),
+            ),
+            (
+                PoisonKind::HostileHeaders,
+                hostile.key(),
+                hostile.shard,
+                hostile.body.clone(),
+            ),
+        ];
+        for (kind, key, shard, body) in sends {
+            let props = poison_properties(&key, kind);
+            if publisher
+                .try_publish_with(shard, &body, props)
+                .await
+                .is_ok()
+            {
+                let (order, seq) = match kind {
+                    PoisonKind::HostileHeaders => (hostile.order_id.clone(), hostile.seq),
+                    _ => (String::new(), 0),
+                };
+                self.poison.lock().unwrap().push((
+                    Instant::now(),
+                    shardline_soak::Published {
+                        key,
+                        order,
+                        seq,
+                        shard,
+                        confirmed_at: Duration::ZERO,
+                        poison: Some(kind),
+                    },
+                ));
+            }
+        }
+    }
+
+    /// The load's events confirmed from the `from`-th on (none once stopped).
+    pub(crate) async fn confirmed_since(&self, from: usize) -> Vec<(Instant, Event)> {
+        self.load
+            .lock()
+            .await
+            .as_ref()
+            .map_or_else(Vec::new, |load| load.confirmed_since(from))
+    }
+
+    /// Stops the load between two batches; every event it sent was confirmed.
+    pub(crate) async fn stop_load(&self) {
+        if let Some(load) = self.load.lock().await.take() {
+            let published = load.stop().await;
+            *self.published.lock().unwrap() = published
+                .confirmed_at
+                .into_iter()
+                .zip(published.events)
+                .collect();
+        }
+    }
+
+    /// Every confirmed event, the load's and the poison, as the check reads them.
+    pub(crate) fn published(&self, start: Instant) -> Vec<shardline_soak::Published> {
+        let since = |at: Instant| at.saturating_duration_since(start);
+        let load = self.published.lock().unwrap();
+        let events = load.iter().map(|(at, e)| shardline_soak::Published {
+            key: e.key(),
+            order: e.order_id.clone(),
+            seq: e.seq,
+            shard: e.shard,
+            confirmed_at: since(*at),
+            poison: None,
+        });
+        let poison = self.poison.lock().unwrap();
+        let poison = poison.iter().map(|(at, p)| shardline_soak::Published {
+            confirmed_at: since(*at),
+            ..p.clone()
+        });
+        events.chain(poison).collect()
+    }
+
+    /// Waits until every shard queue is empty (nothing ready, nothing
+    /// unacked) or `timeout` passes; the check then says what is missing.
+    pub(crate) async fn settle(&self, timeout: Duration) {
+        let drained = wait_until_or(timeout, || async {
+            self.env.try_queue_depths().await.is_ok_and(|depths| {
+                (0..self.env.shards.get()).all(|s| {
+                    depths
+                        .get(&self.env.shard_queue(s))
+                        .is_some_and(|d| d.0 == 0)
+                })
+            })
+        })
+        .await;
+        if !drained {
+            println!("soak: the shard queues were not drained {timeout:?} after the run");
+        }
+    }
+
+    /// The active consumers of each shard queue, once each has exactly one
+    /// (the elastic fleet settles after the last restart) or after a minute.
+    pub(crate) async fn final_consumers(&self) -> FinalConsumers {
+        let read = || async {
+            let queues = self.env.shard_consumers().await;
+            let map: std::collections::BTreeMap<u16, Vec<String>> = (0..self.env.shards.get())
+                .map(|s| {
+                    let rows = queues.get(&self.env.shard_queue(s));
+                    let tags = rows
+                        .into_iter()
+                        .flatten()
+                        .filter(|r| r.active)
+                        .map(|r| r.tag.clone())
+                        .collect();
+                    (s, tags)
+                })
+                .collect();
+            map
+        };
+        let settled = wait_until_or(Duration::from_secs(60), || async {
+            read().await.values().all(|tags| tags.len() == 1)
+        })
+        .await;
+        if !settled {
+            println!("soak: the shards did not settle on one consumer each within a minute");
+        }
+        FinalConsumers(read().await)
+    }
+
+    /// Ends every process of the stage (also done on drop, on failure).
+    pub(crate) async fn stop(&self) {
+        for slot in &self.workers {
+            if let Some(mut child) = slot.lock().await.child.take() {
+                child.sigterm();
+                let _ = tokio::time::timeout(STOP, child.wait_exit(STOP)).await;
+            }
+        }
+    }
+}
+
+/// Polls `done` once a second until it holds or `timeout` passes.
+async fn wait_until_or<F, Fut>(timeout: Duration, mut done: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    while Instant::now() < deadline {
+        tick.tick().await;
+        if done().await {
+            return true;
+        }
+    }
+    false
+}
+
+/// A poison event's properties: persistent, its key as the message id (the
+/// dead letter keeps it), and for the hostile kind trace headers HTTP cannot
+/// carry.
+fn poison_properties(key: &str, kind: PoisonKind) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    if kind == PoisonKind::HostileHeaders {
+        headers.insert(
+            "traceparent".into(),
+            AMQPValue::LongString("00-zz\r\nx-injected: 1".into()),
+        );
+        headers.insert(
+            "tracestate".into(),
+            AMQPValue::LongString("k=v\0".repeat(200).into()),
+        );
+        headers.insert(
+            "baggage".into(),
+            AMQPValue::LongString(vec![0xff, 0xfe].into()),
+        );
+    }
+    BasicProperties::default()
+        .with_message_id(key.into())
+        .with_delivery_mode(2)
+        .with_headers(headers)
+}
