@@ -1,7 +1,7 @@
 //! What the soak records while it runs (one sample a second) and reads at the
 //! end (the downstream's calls, the DLQ), in the check's terms.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,23 +55,33 @@ struct Sampling {
     calls: usize,
     /// Confirmed events not yet applied, by key, with their confirm time.
     pending: HashMap<String, Instant>,
+    /// Events applied before their confirm was seen.
+    early: HashSet<String>,
     /// The machine's CPU counters at the last sample: (busy, total) jiffies.
     cpu: Option<(u64, u64)>,
 }
 
 impl Sampling {
     async fn sample(&mut self, rig: &Rig, start: Instant) -> Sample {
-        let confirmed = rig.confirmed_since(self.confirmed).await;
-        self.confirmed += confirmed.len();
-        self.pending
-            .extend(confirmed.into_iter().map(|(at, e)| (e.key(), at)));
         let calls = rig.downstream.calls();
         let new = calls.get(self.calls..).unwrap_or_default();
         self.calls = calls.len();
         let mut applied = 0_u32;
         for call in new.iter().filter(|c| c.ok() && c.completed) {
             applied += 1;
-            self.pending.remove(call.key());
+            if self.pending.remove(call.key()).is_none() {
+                self.early.insert(call.key().to_owned());
+            }
+        }
+        // An event can be processed before its confirm reaches the publisher
+        // (a confirm delayed by a fault): it is not pending then.
+        let confirmed = rig.confirmed_since(self.confirmed).await;
+        self.confirmed += confirmed.len();
+        for (at, event) in confirmed {
+            let key = event.key();
+            if !self.early.remove(&key) {
+                self.pending.insert(key, at);
+            }
         }
         let now = Instant::now();
         let oldest = self.pending.values().min().copied();
