@@ -147,13 +147,13 @@ pub struct BrokerNode {
 impl BrokerNode {
     /// Starts a node and waits until it serves AMQP (guest/guest from loopback).
     pub async fn start() -> Self {
-        Self::start_with(None).await
+        Self::start_with(None, &[]).await
     }
 
     /// [`Self::start`] with the management plugin, and waits until its HTTP
     /// API listens too (the plugin costs the start a few seconds).
     pub async fn start_with_management() -> Self {
-        let node = Self::start_with(Some(free_port())).await;
+        let node = Self::start_with(Some(free_port()), &[]).await;
         let port = node.management_port.unwrap_or_default();
         crate::wait::wait_until("the management API listens", NODE_START, || async move {
             tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -162,6 +162,11 @@ impl BrokerNode {
         })
         .await;
         node
+    }
+
+    /// [`Self::start`] with `lines` appended to the node's `rabbitmq.conf`.
+    pub async fn start_configured(lines: &[&str]) -> Self {
+        Self::start_with(None, lines).await
     }
 
     /// `http://guest:guest@127.0.0.1:<port>`: the management API (a node
@@ -174,7 +179,7 @@ impl BrokerNode {
         )
     }
 
-    async fn start_with(management_port: Option<u16>) -> Self {
+    async fn start_with(management_port: Option<u16>, conf: &[&str]) -> Self {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let script = crate::paths::scripts().join("rabbitmq-node");
         // A node left behind by a test process that was killed goes first.
@@ -204,6 +209,14 @@ impl BrokerNode {
         let mut start = tokio::process::Command::new(&script);
         if let Some(port) = management_port {
             start.env("RABBITMQ_NODE_MANAGEMENT_PORT", port.to_string());
+        }
+        if !conf.is_empty() {
+            let extra = std::env::temp_dir().join(format!(
+                "shardline-rabbitmq-{}-{n}-{amqp_port}.conf",
+                std::process::id()
+            ));
+            std::fs::write(&extra, conf.join("\n") + "\n").unwrap();
+            start.env("RABBITMQ_NODE_EXTRA_CONF", extra);
         }
         let out = start
             .arg("start")

@@ -200,3 +200,49 @@ async fn a_slow_console_replay_keeps_the_dlq_readable_and_its_depth_true() {
     console.stop().await;
     worker.assert_running().await;
 }
+
+/// A replay killed between acking a letter and removing its index entry
+/// leaves an entry whose letter is gone. The next replay trusts the DLQ: it
+/// rebuilds the index first and replays the order's remaining letters,
+/// instead of waiting for the gone one and stopping (seen once in CI as
+/// `dlq::dlq_replay_killed_midway_then_resumed_delivers_each_letter_once`
+/// exiting 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_after_one_killed_past_an_ack_trusts_the_dlq_over_its_index() {
+    let env = TestEnv::new("window-stale").await;
+    env.apply_topology().await;
+    let conn = env.connect().await;
+    let events: Vec<Event> = (1..=3)
+        .map(|s| Event::new("stale-a", s, env.shards))
+        .collect();
+    worker_dead_letters(&env, &conn, &events.iter().collect::<Vec<_>>(), "handler").await;
+    run_ok(&env, &["dlq", "reindex"]).await;
+
+    // What the killed replay did: seq 1 republished and acked, its entry kept.
+    let channel = conn.create_channel().await.unwrap();
+    let first = channel
+        .basic_get(
+            env.names.dead_letter_queue.as_str().into(),
+            BasicGetOptions { no_ack: false },
+        )
+        .await
+        .unwrap()
+        .expect("a letter in the DLQ");
+    first
+        .delivery
+        .ack(BasicAckOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(depth(&env, &conn).await, 2);
+
+    let out = run_ok(&env, &["dlq", "replay", "--order-id", "stale-a"]).await;
+    let said = text(&out);
+    assert!(said.contains("index rebuilt first"), "{said}");
+    assert_eq!(depth(&env, &conn).await, 0, "{said}");
+    let replayed: Vec<u64> = shard_events(&env, &conn, events[0].shard)
+        .await
+        .into_iter()
+        .map(|(_, seq)| seq)
+        .collect();
+    assert_eq!(replayed, [2, 3], "{said}");
+}

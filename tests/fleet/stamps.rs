@@ -1,13 +1,18 @@
 //! Backlog ages stand on what the worker saw (docs/semantics.md §5): a
 //! publisher's `x-published-at-ms` later than the worker received the event
 //! is ignored, and an earlier one pages only as `publisher-claimed`. The
-//! broker here (RabbitMQ 3.10) does not stamp messages, so the stamp probe
-//! trusts none.
+//! test broker does not stamp messages, so the stamp probe trusts none. A
+//! broker that does (RabbitMQ 3.12+ with
+//! `message_interceptors.incoming.set_header_timestamp.overwrite = true`) is
+//! trusted: backlog ages count from its stamps, whatever a publisher claims.
 
 use std::time::{Duration, Instant, SystemTime};
 
+use shardline_contract::Version;
 use shardline_contract::headers::{event_properties, new_traceparent};
-use shardline_testkit::{Downstream, Event, Publisher, STARTUP, TestEnv, wait_until};
+use shardline_testkit::{
+    BrokerNode, ChildWorker, Downstream, Event, Publisher, QueueType, STARTUP, TestEnv, wait_until,
+};
 
 /// Runs `topology status` (`--json` when `json`): exit code and what it printed.
 async fn topology_status(env: &TestEnv, json: bool) -> (Option<i32>, String) {
@@ -130,4 +135,86 @@ async fn a_publishers_stamp_moves_the_backlog_age_only_as_a_labelled_claim() {
         serde_json::Value::Null
     );
     assert_eq!(downstream.calls().len(), 0, "nothing was released");
+}
+
+/// What makes a broker stamp every message (RabbitMQ 3.12 and later).
+const STAMPING: &str = "message_interceptors.incoming.set_header_timestamp.overwrite = true";
+
+/// The broker-stamp branch: on a node that overwrites `timestamp_in_ms`, the
+/// worker's probe trusts the broker's stamps and a held event's age counts
+/// from the broker's stamp, not from the hour-old claim its publisher made
+/// (`backlog_age_source` `broker`, no PAGE). RabbitMQ before 3.12 cannot
+/// stamp (the setting does not exist): there the test checks that the
+/// probe finds no stamp, the branch the other test of this file runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_stamps_every_message_is_trusted_for_backlog_ages() {
+    let probe = TestEnv::new("stamps-probe").await;
+    if probe.broker_version().await < Version::new(3, 12, 0) {
+        let conn = probe.connect().await;
+        let stamps = shardline_connect::stamps::broker_stamps(&conn)
+            .await
+            .unwrap();
+        assert!(
+            !stamps,
+            "RabbitMQ {} cannot stamp, yet the probe trusted it",
+            probe.broker_version().await
+        );
+        return;
+    }
+    let node = BrokerNode::start_configured(&[STAMPING]).await;
+    let env = TestEnv::on_node("stamps-broker", QueueType::Classic, &node).await;
+    env.apply_topology().await;
+    let downstream = Downstream::start().await;
+    // A process of its own: the probe's verdict is the process's.
+    let mut worker = ChildWorker::start(
+        &env,
+        "stamped",
+        &downstream.url(),
+        &["--start-grace", "600s", "--gap-grace", "600s"],
+    );
+    worker.wait_consuming(&env).await;
+    wait_until(
+        "the worker to trust the broker's stamps",
+        STARTUP,
+        || async {
+            let log = worker.log_text();
+            if log.contains("the broker stamps every message") {
+                Ok(())
+            } else {
+                Err(worker.log_tail(5))
+            }
+        },
+    )
+    .await;
+    let publisher = Publisher::connect(&env).await;
+    let hour = Duration::from_secs(3600);
+    let published = Instant::now();
+    let shard = usize::from(
+        publish_held(&env, &publisher, "STAMP-BROKER-1", SystemTime::now() - hour).await,
+    );
+    let line = wait_until(
+        "topology status to count the held event's age from the broker's stamp",
+        STARTUP,
+        || async {
+            let (code, out) = topology_status(&env, true).await;
+            let json: serde_json::Value =
+                serde_json::from_str(&out).map_err(|e| format!("{e}: {out}"))?;
+            let line = json["shards"][shard].clone();
+            if line["held_events"] == 1 && line["backlog_age_source"] == "broker" {
+                Ok((code, line))
+            } else {
+                Err(format!("exit {code:?}: {line}"))
+            }
+        },
+    )
+    .await;
+    let (code, line) = line;
+    let seen = published.elapsed().as_secs_f64();
+    assert!(
+        line["backlog_age_seconds"].as_f64().unwrap() <= seen,
+        "no older than the {seen:.1}s since it was published, whatever the publisher claimed: {line}"
+    );
+    assert_eq!(line["level"], "OK", "{line}");
+    assert_eq!(code, Some(0), "{line}");
+    worker.assert_running("after the probe");
 }

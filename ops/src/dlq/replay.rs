@@ -216,11 +216,13 @@ pub async fn replay(
     .await
 }
 
-/// The index entries matching `filters`. When the DLQ holds letters the
-/// index does not (letters the broker dead-lettered itself, or a lost
-/// index), a replay first rebuilds the index (`dlq reindex`), unless
-/// another replay runs (then the letters not in the index stay in the DLQ
-/// this time, and the replay says so).
+/// The index entries matching `filters`. The DLQ is the truth: when it holds
+/// letters the index does not (letters the broker dead-lettered itself, or a
+/// lost index), or the index holds entries of letters no longer in it (left
+/// by a replay or purge killed between its ack and its index write), a
+/// replay first rebuilds the index (`dlq reindex`), unless another replay
+/// runs (then the letters not in the index stay in the DLQ this time, and
+/// the replay says so).
 async fn planned_entries(
     fleet: &Fleet,
     filters: &Filters,
@@ -231,22 +233,25 @@ async fn planned_entries(
     let mut index = Index::open(fleet).await?;
     let indexed = index.count().await?;
     let depth = super::dlq_depth(fleet).await?;
-    if depth > indexed {
-        let missing = depth - indexed;
-        if dry_run {
-            progress(Event::IndexShort {
-                missing,
-                cause: "a dry run changes nothing".into(),
-            });
-        } else {
-            match super::reindex(fleet, cancel).await {
-                Ok(r) => progress(Event::Reindexed {
-                    indexed: r.indexed,
-                    derived: r.derived,
-                }),
-                Err(Error::Refused(cause)) => progress(Event::IndexShort { missing, cause }),
-                Err(e) => return Err(e),
+    let missing = depth.saturating_sub(indexed);
+    if depth != indexed && dry_run && missing > 0 {
+        progress(Event::IndexShort {
+            missing,
+            cause: "a dry run changes nothing".into(),
+        });
+    } else if depth != indexed && !dry_run {
+        match super::reindex(fleet, cancel).await {
+            Ok(r) => progress(Event::Reindexed {
+                indexed: r.indexed,
+                derived: r.derived,
+            }),
+            Err(Error::Refused(cause)) if missing > 0 => {
+                progress(Event::IndexShort { missing, cause });
             }
+            // Stale entries only, and another replay runs: a planned letter
+            // it took is waited for, then named (exit 3).
+            Err(Error::Refused(_)) => {}
+            Err(e) => return Err(e),
         }
     }
     index.entries(filters).await
