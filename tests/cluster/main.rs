@@ -29,7 +29,7 @@
 //! - [`partition`]: under load, the active worker's node separated while a
 //!   standby waits on another — frozen (SIGSTOP) for twice the net tick time,
 //!   or cut off at the network level (nftables) for 30 s and healed: the
-//!   separated side's consumer, still working, is fenced; nothing lost, order
+//!   separated side's consumer, while it still works, is fenced; nothing lost, order
 //!   kept, overlapping calls of one order only within the fault's window, the
 //!   order state in Redis intact.
 //! - [`confirms`]: the publisher's node frozen (SIGSTOP: no error, no
