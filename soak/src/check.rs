@@ -554,7 +554,6 @@ fn consumers_at_the_end(history: &History) -> Vec<Violation> {
 mod tests {
     use super::*;
     use crate::history::{FaultRecord, FinalConsumers, Sample};
-    use crate::schedule::Fault;
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
@@ -594,15 +593,7 @@ mod tests {
     }
 
     fn fault(kind: FaultKind, began: u64, ended: u64) -> FaultRecord {
-        FaultRecord {
-            fault: Fault {
-                kind,
-                start: secs(began),
-                length: secs(ended - began),
-            },
-            began: secs(began),
-            ended: secs(ended),
-        }
+        FaultRecord::at_secs(kind, began, ended)
     }
 
     /// Two orders of three events on shard 0, each applied once in order at 10 s,

@@ -205,3 +205,21 @@ pub struct History {
     /// The fleet's flags.
     pub fleet: Fleet,
 }
+
+#[cfg(test)]
+impl FaultRecord {
+    /// A fault of `kind` that ran from second `began` to second `ended`, as
+    /// scheduled (a test fixture).
+    pub(crate) fn at_secs(kind: crate::FaultKind, began: u64, ended: u64) -> FaultRecord {
+        let secs = Duration::from_secs;
+        FaultRecord {
+            fault: Fault {
+                kind,
+                start: secs(began),
+                length: secs(ended - began),
+            },
+            began: secs(began),
+            ended: secs(ended),
+        }
+    }
+}

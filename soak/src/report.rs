@@ -316,7 +316,7 @@ mod tests {
     use super::*;
     use crate::check::check;
     use crate::history::{Call, FinalConsumers, Fleet, Published};
-    use crate::schedule::{Fault, FaultKind, Schedule};
+    use crate::schedule::{FaultKind, Schedule};
 
     const WARN: Duration = Duration::from_secs(30);
 
@@ -325,15 +325,7 @@ mod tests {
     }
 
     fn record(kind: FaultKind, began: u64, ended: u64) -> FaultRecord {
-        FaultRecord {
-            fault: Fault {
-                kind,
-                start: secs(began),
-                length: secs(ended - began),
-            },
-            began: secs(began),
-            ended: secs(ended),
-        }
+        FaultRecord::at_secs(kind, began, ended)
     }
 
     /// One sample a second for `run` seconds: 100 events/s and a 1 s backlog, except

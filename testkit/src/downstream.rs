@@ -213,6 +213,13 @@ impl Downstream {
         self.state.calls.lock().unwrap().clone()
     }
 
+    /// The calls from the `from`-th on (arrival order): what a poller that
+    /// saw `from` calls has not seen yet, without copying the rest.
+    pub fn calls_since(&self, from: usize) -> Vec<Call> {
+        let calls = self.state.calls.lock().unwrap();
+        calls.get(from..).unwrap_or_default().to_vec()
+    }
+
     /// Waits until `done(calls)` holds; fails the test with what was seen if it
     /// does not within `timeout`. Re-checked on every request and every answer.
     pub async fn wait_for(

@@ -25,7 +25,24 @@ pub const POLL: Duration = Duration::from_millis(50);
 /// .await;
 /// # }
 /// ```
-pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    try_wait_until(what, timeout, probe)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`wait_until`] that returns the timeout as `Err` (saying what it waited
+/// for and what it last saw) instead of failing the test: for a harness that
+/// records the outcome and lets its own check judge it.
+pub async fn try_wait_until<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut probe: F,
+) -> Result<T, String>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, String>>,
@@ -35,7 +52,7 @@ where
     let mut last = String::from("(not checked yet)");
     loop {
         match tokio::time::timeout_at(deadline, probe()).await {
-            Ok(Ok(value)) => return value,
+            Ok(Ok(value)) => return Ok(value),
             Ok(Err(context)) => last = context,
             Err(_) => {
                 last =
@@ -43,10 +60,10 @@ where
             }
         }
         if Instant::now() + POLL >= deadline {
-            panic!(
+            return Err(format!(
                 "timed out after {:?} waiting for {what}\nlast seen: {last}",
                 started.elapsed()
-            );
+            ));
         }
         tokio::time::sleep(POLL).await;
     }

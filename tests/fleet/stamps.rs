@@ -28,6 +28,16 @@ async fn topology_status(env: &TestEnv, json: bool) -> (Option<i32>, String) {
     )
 }
 
+/// `topology status --json`'s exit code and its line for `shard`.
+async fn shard_status(
+    env: &TestEnv,
+    shard: usize,
+) -> Result<(Option<i32>, serde_json::Value), String> {
+    let (code, out) = topology_status(env, true).await;
+    let json: serde_json::Value = serde_json::from_str(&out).map_err(|e| format!("{e}: {out}"))?;
+    Ok((code, json["shards"][shard].clone()))
+}
+
 /// Seq 2 of a new order, published with `x-published-at-ms` set to `at`:
 /// the gate holds it, waiting for seq 1.
 async fn publish_held(env: &TestEnv, publisher: &Publisher, order: &str, at: SystemTime) -> u16 {
@@ -63,10 +73,7 @@ async fn a_publishers_stamp_moves_the_backlog_age_only_as_a_labelled_claim() {
         "topology status to show the held event's age from its receipt",
         STARTUP,
         || async {
-            let (code, out) = topology_status(&env, true).await;
-            let json: serde_json::Value =
-                serde_json::from_str(&out).map_err(|e| format!("{e}: {out}"))?;
-            let line = json["shards"][shard].clone();
+            let (code, line) = shard_status(&env, shard).await?;
             let counted = line["held_events"] == 1
                 && line["backlog_age_seconds"]
                     .as_f64()
@@ -196,10 +203,7 @@ async fn a_broker_that_stamps_every_message_is_trusted_for_backlog_ages() {
         "topology status to count the held event's age from the broker's stamp",
         STARTUP,
         || async {
-            let (code, out) = topology_status(&env, true).await;
-            let json: serde_json::Value =
-                serde_json::from_str(&out).map_err(|e| format!("{e}: {out}"))?;
-            let line = json["shards"][shard].clone();
+            let (code, line) = shard_status(&env, shard).await?;
             if line["held_events"] == 1 && line["backlog_age_source"] == "broker" {
                 Ok((code, line))
             } else {

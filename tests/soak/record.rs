@@ -63,9 +63,8 @@ struct Sampling {
 
 impl Sampling {
     async fn sample(&mut self, rig: &Rig, start: Instant) -> Sample {
-        let calls = rig.downstream.calls();
-        let new = calls.get(self.calls..).unwrap_or_default();
-        self.calls = calls.len();
+        let new = rig.downstream.calls_since(self.calls);
+        self.calls += new.len();
         let mut applied = 0_u32;
         for call in new.iter().filter(|c| c.ok() && c.completed) {
             applied += 1;

@@ -11,6 +11,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use shardline_soak::{Fault, FaultKind, FaultRecord, FinalConsumers, Fleet, PoisonKind, Schedule};
 use shardline_testkit::load::Load;
 use shardline_testkit::sentinel::SentinelSet;
+use shardline_testkit::wait::{check, try_wait_until};
 use shardline_testkit::{
     ChildWorker, Cluster, Downstream, Event, Publisher, QueueType, Reply, TestEnv, order_ids,
 };
@@ -319,18 +320,18 @@ impl Rig {
     /// Waits until every shard queue is empty (nothing ready, nothing
     /// unacked) or `timeout` passes; the check then says what is missing.
     pub(crate) async fn settle(&self, timeout: Duration) {
-        let drained = wait_until_or(timeout, || async {
-            self.env.try_queue_depths().await.is_ok_and(|depths| {
-                (0..self.env.shards.get()).all(|s| {
-                    depths
-                        .get(&self.env.shard_queue(s))
-                        .is_some_and(|d| d.0 == 0)
-                })
-            })
+        let drained = try_wait_until("the shard queues to drain", timeout, || async {
+            let depths = self.env.try_queue_depths().await?;
+            let drained = (0..self.env.shards.get()).all(|s| {
+                depths
+                    .get(&self.env.shard_queue(s))
+                    .is_some_and(|d| d.0 == 0)
+            });
+            check(drained, || format!("depths {depths:?}"))
         })
         .await;
-        if !drained {
-            println!("soak: the shard queues were not drained {timeout:?} after the run");
+        if let Err(e) = drained {
+            println!("soak: {e}");
         }
     }
 
@@ -353,12 +354,19 @@ impl Rig {
                 .collect();
             map
         };
-        let settled = wait_until_or(Duration::from_secs(60), || async {
-            read().await.values().all(|tags| tags.len() == 1)
-        })
+        let settled = try_wait_until(
+            "one consumer per shard",
+            Duration::from_secs(60),
+            || async {
+                let consumers = read().await;
+                check(consumers.values().all(|tags| tags.len() == 1), || {
+                    format!("consumers {consumers:?}")
+                })
+            },
+        )
         .await;
-        if !settled {
-            println!("soak: the shards did not settle on one consumer each within a minute");
+        if let Err(e) = settled {
+            println!("soak: {e}");
         }
         FinalConsumers(read().await)
     }
@@ -372,23 +380,6 @@ impl Rig {
             }
         }
     }
-}
-
-/// Polls `done` once a second until it holds or `timeout` passes.
-async fn wait_until_or<F, Fut>(timeout: Duration, mut done: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    while Instant::now() < deadline {
-        tick.tick().await;
-        if done().await {
-            return true;
-        }
-    }
-    false
 }
 
 /// A poison event's properties: persistent, its key as the message id (the
