@@ -209,6 +209,13 @@ impl Downstream {
         Arc::new(shardline_worker::handler::Http::new(&self.url()).unwrap())
     }
 
+    /// [`Self::handler`] calling `/events/{name}`: the calls of the worker
+    /// it is given carry that path, so a test can tell whose a call was.
+    pub fn handler_named(&self, name: &str) -> Arc<dyn shardline_worker::Handler> {
+        let url = format!("{}/{name}", self.url());
+        Arc::new(shardline_worker::handler::Http::new(&url).unwrap())
+    }
+
     pub fn calls(&self) -> Vec<Call> {
         self.state.calls.lock().unwrap().clone()
     }

@@ -28,9 +28,10 @@
 //!   that the cut is real (the majority lists the node as not running, a ping
 //!   across the cut fails, the node's VM answers the CLI) and that calls of
 //!   one order overlapped at the downstream only inside the fault's window,
-//!   each matched by a fenced write or a takeover.
+//!   each matched by a fenced write (a grouping worker's covers its group), a
+//!   takeover or an abandoned call (`shardline_abandoned_calls_total`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -61,6 +62,9 @@ const SLOW: Duration = Duration::from_millis(300);
 /// Unacked events on every shard queue before the pause: the active worker
 /// holds this much work it can do without its broker.
 const WINDOW_FILLED: u64 = 32;
+/// The path under `/events` of the active worker's calls (the standby's
+/// have none), to tell whose a call was.
+const ACTIVE: &str = "active";
 
 /// A frozen node: the active worker's broker is SIGSTOPped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,21 +180,38 @@ async fn cut_off(name: &str, prefetch: u16) {
         outside.is_empty(),
         "calls of one order overlapped outside the cut's window: {outside:?}"
     );
-    let matched = stage.active.counts().fenced_writes + stage.standby.counts().takeovers;
+    // Each overlap has a call of the separated worker in it, which must have
+    // been fenced (a grouping worker's fenced commit covers its group), taken
+    // over or abandoned.
+    let stale: BTreeSet<usize> = overlaps
+        .iter()
+        .flat_map(|(a, b)| [a, b])
+        .filter(|call| call.path.ends_with(ACTIVE))
+        .map(|call| call.index)
+        .collect();
+    let (active, standby) = (stage.active.counts(), stage.standby.counts());
+    let group = u64::from(stage.prefetch.min(32));
+    let matched = active.fenced_writes * group + active.abandoned_calls + standby.takeovers;
     assert!(
-        overlaps.len() as u64 <= matched,
-        "{} overlapping calls, but only {matched} fenced writes and takeovers",
-        overlaps.len()
+        stale.len() as u64 <= matched,
+        "{} calls of the separated worker overlapped calls of their orders, but only {matched} \
+         were fenced, abandoned or taken over (fenced writes {}, groups of up to {group}, \
+         abandoned calls {}, takeovers {})",
+        stale.len(),
+        active.fenced_writes,
+        active.abandoned_calls,
+        standby.takeovers,
     );
     eprintln!(
         "partition (cut): cut off {} with {:?} unacked per shard; the majority counted it down \
          after {dropped:?}, the standby took over after {taken:?}; healed after {:?}, in the \
-         cluster again {rejoined:?} later; {} overlapping calls of one order, all within the \
-         window; {report}",
+         cluster again {rejoined:?} later; {} overlapping calls of one order ({} of the \
+         separated worker), all within the window; {report}",
         cluster.names[minority],
         stage.windows,
         healed - cutting,
         overlaps.len(),
+        stale.len(),
     );
 }
 
@@ -283,11 +304,11 @@ impl Stage {
             .await
         };
         let active_target = pinned(&cluster, &env, minority, "?heartbeat=60");
+        let mut config = env.worker_config("w1");
+        config.amqp = active_target;
+        config.prefetch = prefetch;
         let active = env
-            .start_worker("w1", &downstream, |c| {
-                c.amqp = active_target;
-                c.prefetch = prefetch;
-            })
+            .start_worker_with(config, downstream.handler_named(ACTIVE))
             .await;
         let mut config = env.worker_config("w2");
         config.amqp = pinned(&cluster, &env, standby_node, "");

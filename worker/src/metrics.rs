@@ -59,6 +59,10 @@ pub mod names {
     /// Counter: order-state writes refused because a newer consumer of the
     /// shard had written the order (this consumer lost the shard).
     pub const FENCED_WRITES: &str = "shardline_fenced_writes";
+    /// Counter: handler calls abandoned in flight (the broker connection
+    /// was lost, or a drain timed out): the event stays unacked for
+    /// redelivery while the downstream may still finish the call.
+    pub const ABANDONED_CALLS: &str = "shardline_abandoned_calls";
     /// Counter: events committed and acked in groups (`--group-commit`).
     pub const GROUPED_EVENTS: &str = "shardline_grouped_events";
     /// Gauge `{shard}`: age of the shard's oldest unprocessed event, 0 when none.
@@ -143,6 +147,7 @@ struct WorkerCounters {
     broker_reconnects: Counter,
     gaps: Counter,
     fenced: Counter,
+    abandoned: Counter,
     grouped: Counter,
     replay_markers_ignored: Counter,
     /// Failures by [`Fault`], indexed by [`Fault::index`].
@@ -287,6 +292,11 @@ impl WorkerCounters {
             names::FENCED_WRITES,
             "Order-state writes refused: a newer consumer of the shard had written the order",
             self.fenced.clone(),
+        );
+        registry.register(
+            names::ABANDONED_CALLS,
+            "Handler calls abandoned in flight (the broker connection was lost, or a drain timed out): the event stays unacked for redelivery while the downstream may still finish the call",
+            self.abandoned.clone(),
         );
         registry.register(
             names::GROUPED_EVENTS,
@@ -462,6 +472,7 @@ impl Metrics {
             held_bytes: sum(|m| m.watch.held_bytes()),
             gaps: self.worker.gaps.get(),
             fenced_writes: self.worker.fenced.get(),
+            abandoned_calls: self.worker.abandoned.get(),
             grouped: self.worker.grouped.get(),
             breaker_trips: self.breaker.trips.get(),
             breaker_paused_ms: (self.breaker.paused_seconds.get() * 1000.0) as u64,
@@ -548,6 +559,11 @@ impl ShardMetrics {
     /// An order-state write was fenced.
     pub(crate) fn fenced(&self) {
         self.worker.fenced.inc();
+    }
+
+    /// Handler calls were abandoned in flight.
+    pub(crate) fn abandoned(&self, calls: usize) {
+        self.worker.abandoned.inc_by(calls as u64);
     }
 
     /// Events were committed and acked as a group.
@@ -696,6 +712,8 @@ pub struct Counts {
     pub gaps: u64,
     /// Order-state writes refused because a newer consumer wrote the order.
     pub fenced_writes: u64,
+    /// Handler calls abandoned in flight (connection lost, drain timeout).
+    pub abandoned_calls: u64,
     /// Events committed and acked in groups (`--group-commit`).
     pub grouped: u64,
     /// Times the downstream breaker opened.
@@ -845,6 +863,7 @@ mod tests {
             "shardline_redis_outages_total 0",
             "shardline_seq_gaps_total 0",
             "shardline_fenced_writes_total 0",
+            "shardline_abandoned_calls_total 0",
             "shardline_grouped_events_total 0",
             "shardline_inflight_events{shard=\"1\"} 1",
             "shardline_waiting_events{shard=\"1\"} 0",

@@ -816,6 +816,7 @@ async fn abandon(
     draining: bool,
 ) {
     let claims: Vec<HeldClaim> = in_flight.into_iter().collect();
+    ctx.metrics.abandoned(claims.len());
     if draining {
         tracing::warn!(shard = %ctx.shard, events = claims.len(), "drain timeout: in-flight events left unacked for redelivery");
     } else {
