@@ -202,6 +202,37 @@ impl GlobalArgs {
             management: self.management_url.clone(),
         }
     }
+
+    /// Takes the recorded topology's shard count, with one warning when
+    /// `--shards` disagrees (a pod restarted with an old `SHARDLINE_SHARDS`
+    /// follows the record). Without a record `--shards` stands and the
+    /// broker's shard-count check decides; with `--allow-shard-mismatch`
+    /// nothing is read.
+    async fn follow_record(&mut self, who: &str) {
+        if self.allow_shard_mismatch {
+            return;
+        }
+        match shardline_ops::topology::recorded(&self.fleet(), who).await {
+            Ok(Some(record)) => match record.shard_count() {
+                Ok(recorded) if recorded != self.shards => {
+                    tracing::warn!("{}", record.follow_warning(self.shards));
+                    self.shards = recorded;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "the recorded topology: using --shards"),
+            },
+            Ok(None) => {}
+            // The command's own connection says so, once.
+            Err(shardline_ops::Error::Connect(e)) => {
+                tracing::debug!(error = %e, "cannot read the recorded topology")
+            }
+            Err(e) => tracing::warn!(
+                "cannot read the recorded topology ({}): using --shards {}",
+                e.rename_fields(flag),
+                self.shards
+            ),
+        }
+    }
 }
 
 /// The flag that sets an ops config field, for messages that name one (and
@@ -305,7 +336,20 @@ fn main() -> ExitCode {
     let shutdown = CancellationToken::new();
     let result = runtime.block_on(async {
         tokio::spawn(shardline_worker::cancel_on_signal(shutdown.clone()));
-        let global = cli.global;
+        let mut global = cli.global;
+        // The commands that route or consume by shard follow the record.
+        let follows = match &cli.command {
+            Command::Publish(_) => Some("publish"),
+            Command::Load(_) => Some("load"),
+            Command::Worker(_) => Some("worker"),
+            Command::Dlq(_) => Some("dlq"),
+            Command::Reconcile(_) => Some("reconcile"),
+            Command::Console(_) => Some("console"),
+            _ => None,
+        };
+        if let Some(who) = follows {
+            global.follow_record(who).await;
+        }
         match cli.command {
             Command::Topology(cmd) => topology::run(&global, cmd).await,
             Command::Publish(args) => publish::publish(&global, args, shutdown).await,

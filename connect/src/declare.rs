@@ -479,7 +479,7 @@ pub fn is_home_node_down(reply: &str) -> bool {
 }
 
 /// Whether `queue` exists ([`queue_status`]: a queue whose node is down does).
-async fn queue_exists(conn: &Connection, queue: &str) -> Result<bool, DeclareError> {
+pub(crate) async fn queue_exists(conn: &Connection, queue: &str) -> Result<bool, DeclareError> {
     match queue_status(conn, queue).await {
         Ok(_) | Err(DeclareError::HomeNodeDown { .. }) => Ok(true),
         Err(DeclareError::Missing(_)) => Ok(false),

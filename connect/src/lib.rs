@@ -8,6 +8,8 @@
 //! - [`management`]: the management HTTP API, for the policies AMQP cannot show.
 //! - [`probe`]: what the broker can do (its server properties) and the decision table built on it.
 //! - [`declare`]: declaring the topology (`topology apply`) and reading it back (`status`).
+//! - [`record`]: the recorded topology in Redis (read, written once and replicated), and
+//!   adopting a topology made before records at the count found on the broker.
 //! - [`inbound`]: the guarded accept loop of every HTTP port shardline serves (the worker's
 //!   metrics and health port, the console): timeouts, a connection cap, body limits.
 //! - [`stamps`]: whether the broker stamps messages itself (a round trip through an exclusive queue).
@@ -19,6 +21,7 @@ pub mod inbound;
 pub mod management;
 pub mod otlp;
 pub mod probe;
+pub mod record;
 pub mod redact;
 pub mod redis_target;
 pub mod stamps;

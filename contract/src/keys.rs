@@ -94,6 +94,11 @@ impl Keys {
         format!("{}fence:{shard}", self.prefix)
     }
 
+    /// The recorded topology (JSON: [`crate::topology::TopologyRecord`]).
+    pub fn topology(&self) -> String {
+        format!("{}topology", self.prefix)
+    }
+
     /// The Redis failover era (a hash: `era`, `replid`).
     pub fn redis_era(&self) -> String {
         format!("{}redis:era", self.prefix)

@@ -21,6 +21,7 @@
 //! - [`status`]: the shard and worker status documents in Redis, and backlog levels.
 //! - [`assignment`]: the elastic fleet's rule: who should own each shard, one rebalance step at a time.
 //! - [`fleet`]: the elastic fleet's membership and assignment documents in Redis.
+//! - [`topology`]: the recorded topology: the shard count every reader follows, and its generation.
 //! - [`telemetry`]: span names and attribute keys.
 //! - [`text`]: outside text as a person reads it: the characters that do not
 //!   show as themselves, escaped.
@@ -40,6 +41,7 @@ pub mod shard;
 pub mod status;
 pub mod telemetry;
 pub mod text;
+pub mod topology;
 pub mod w3c;
 
 pub use envelope::{Envelope, EnvelopeError, NewEvent};

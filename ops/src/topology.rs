@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use shardline_connect::declare::{self, DlqKind, TopologyOptions};
 use shardline_connect::probe::{self, Finding};
+use shardline_connect::record;
 use shardline_connect::{ApplyReport, ShardStatus};
 use shardline_contract::QueueType;
 use shardline_contract::Version;
@@ -21,7 +22,8 @@ use shardline_contract::status::{
     BreakerState, Level, PUBLISHER_CLAIMED, PauseCause, ShardReport, StampSource, Thresholds,
     WorkerReport, unix_ms,
 };
-use shardline_contract::{Keys, Names, ShardId};
+use shardline_contract::topology::TopologyRecord;
+use shardline_contract::{Keys, Names, ShardCount, ShardId};
 
 use crate::fleet::close;
 use crate::{Error, Fleet};
@@ -61,9 +63,16 @@ pub async fn apply(fleet: &Fleet, options: &TopologyOptions) -> Result<Applied, 
     // error's one line (the probe's "version unknown" would only repeat it).
     let conns = shardline_connect::connect_each(&fleet.amqp, "shardline topology apply").await?;
     probe::log(&broker);
-    let report = declare::apply(&conns, &fleet.names, options)
-        .await
-        .map_err(Error::queue(format!("topology apply on {url}")));
+    let recorded = match conns.first() {
+        Some(conn) => record_for_apply(fleet, conn, options.shards).await,
+        None => Ok(()),
+    };
+    let report = match recorded {
+        Ok(()) => declare::apply(&conns, &fleet.names, options)
+            .await
+            .map_err(Error::queue(format!("topology apply on {url}"))),
+        Err(e) => Err(e),
+    };
     for conn in &conns {
         close(conn).await;
     }
@@ -74,6 +83,73 @@ pub async fn apply(fleet: &Fleet, options: &TopologyOptions) -> Result<Applied, 
         report: report?,
         broker,
     })
+}
+
+/// The recorded topology that stands, a topology made before records
+/// adopted at the count found on the broker (never a flag's); `None` when
+/// there is neither. `who` names the reader in an adoption's record.
+pub async fn recorded(fleet: &Fleet, who: &str) -> Result<Option<TopologyRecord>, Error> {
+    let conn = fleet
+        .connect(&format!("shardline {who} topology record"))
+        .await?;
+    let read = read_or_adopt(fleet, &conn, who).await;
+    close(&conn).await;
+    read
+}
+
+async fn read_or_adopt(
+    fleet: &Fleet,
+    conn: &lapin::Connection,
+    who: &str,
+) -> Result<Option<TopologyRecord>, Error> {
+    let mut redis = fleet.redis.connect().await?;
+    record::read_or_adopt(&mut redis, &fleet.keys, conn, &fleet.names, who, unix_ms())
+        .await
+        .map_err(record_error(fleet))
+}
+
+/// Records a new topology of `shards`, or checks the one recorded:
+/// `topology apply` never changes the count. Without a record, a topology
+/// on the broker with more shard queues is adopted at its count (and
+/// refused); one with fewer (queues a legacy publisher declared, an apply
+/// that stopped half-way) is completed at `shards`.
+async fn record_for_apply(
+    fleet: &Fleet,
+    conn: &lapin::Connection,
+    shards: ShardCount,
+) -> Result<(), Error> {
+    const WHO: &str = "topology apply";
+    let mut redis = fleet.redis.connect().await?;
+    let standing = match record::read(&mut redis, &fleet.keys)
+        .await
+        .map_err(record_error(fleet))?
+    {
+        Some(record) => record,
+        None => {
+            let found = record::shard_count_on_broker(conn, &fleet.names)
+                .await
+                .map_err(record_error(fleet))?;
+            let count = found.filter(|n| n.get() > shards.get()).unwrap_or(shards);
+            let first = TopologyRecord::first(count, WHO, unix_ms());
+            record::write_first(&mut redis, &fleet.keys, &first)
+                .await
+                .map_err(record_error(fleet))?
+        }
+    };
+    if standing.agrees(shards) {
+        Ok(())
+    } else {
+        Err(Error::Refused(standing.apply_refusal(shards)))
+    }
+}
+
+/// A failure of the recorded topology, with Redis's address (redacted).
+fn record_error(fleet: &Fleet) -> impl FnOnce(record::RecordIoError) -> Error + '_ {
+    move |e| Error::RedisCommand {
+        what: "the recorded topology",
+        url: fleet.redis.to_string(),
+        cause: fleet.redis.scrub(&e.to_string()),
+    }
 }
 
 impl Applied {
@@ -325,6 +401,12 @@ pub async fn status(fleet: &Fleet, config: &StatusConfig) -> Result<StatusReport
     let url = fleet.amqp.to_string();
     let broker = probe::assess(&fleet.probe().await, &probe::Plan::default());
     let conn = fleet.connect("shardline topology status").await?;
+    if let Some(record) = record_within_timeout(fleet).await
+        && !record.agrees(fleet.shards)
+    {
+        close(&conn).await;
+        return Err(Error::config(&[], record.status_refusal(fleet.shards)));
+    }
     let read = read_queues(fleet, &conn, &url, config.dlq_browse).await;
     close(&conn).await;
     let (queues, mut dlq) = read?;
@@ -394,6 +476,16 @@ async fn read_queues(
         indexed: None,
     };
     Ok((queues, dlq))
+}
+
+/// The recorded topology, within [`REDIS_TIMEOUT`]; `None` when there is
+/// none or Redis does not answer (the documents' error then says why).
+async fn record_within_timeout(fleet: &Fleet) -> Option<TopologyRecord> {
+    let read = async {
+        let mut redis = fleet.redis.connect().await.ok()?;
+        record::read(&mut redis, &fleet.keys).await.ok()?
+    };
+    tokio::time::timeout(REDIS_TIMEOUT, read).await.ok()?
 }
 
 /// The dead-letter index's count, within [`REDIS_TIMEOUT`]; `None` when

@@ -238,6 +238,26 @@ impl TestEnv {
             .unwrap()
     }
 
+    /// [`Self::cli`] with `--shards shards` instead of this environment's count.
+    pub async fn cli_with_shards(&self, shards: u32, args: &[&str]) -> Output {
+        self.shardline_command()
+            .args(args)
+            .args(self.global_args_with_shards(shards))
+            .output()
+            .await
+            .unwrap()
+    }
+
+    /// [`Self::global_args`] with `--shards shards` instead of this
+    /// environment's count.
+    pub fn global_args_with_shards(&self, shards: u32) -> Vec<String> {
+        let mut args = self.global_args();
+        if let Some(at) = args.iter().position(|a| a == "--shards") {
+            args[at + 1] = shards.to_string();
+        }
+        args
+    }
+
     /// The `shardline` binary with this environment's process environment
     /// (no colour, `RUST_LOG=info`, the queue type), killed on drop; no args yet.
     pub fn shardline_command(&self) -> tokio::process::Command {

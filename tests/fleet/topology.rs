@@ -4,7 +4,9 @@
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 
-use shardline_testkit::{QueueType, SHARDS, TestEnv};
+use std::time::Duration;
+
+use shardline_testkit::{ChildWorker, QueueType, SHARDS, TestEnv};
 
 /// Queues (name, durable, arguments), exchanges and bindings of the vhost, sorted.
 async fn snapshot(env: &TestEnv) -> Vec<String> {
@@ -238,66 +240,147 @@ async fn quorum_topology_has_a_quorum_dlq_and_keeps_a_classic_one_it_finds() {
     );
 }
 
-/// A publisher or worker whose `--shards` is not the topology's is refused
-/// at start with one line (it would split an order over two queues), unless
-/// told it is a migration.
+/// The recorded topology: `topology apply` records the count and refuses
+/// another in one line; `topology status` with another count says so and
+/// exits 2; a publisher whose `--shards` disagrees follows the record with
+/// one warning. Where the record cannot be read (Redis down), the broker's
+/// shard-count check refuses a disagreeing count in one line, unless told it
+/// is a migration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shard_count_that_is_not_the_topologys_is_refused() {
+async fn the_recorded_shard_count_is_followed_and_only_apply_refuses_another() {
     let env = TestEnv::new("topo-shards").await;
     env.apply_topology().await;
-    let run = |shards: u32, extra: &'static [&'static str]| {
-        let mut args: Vec<String> = env
-            .global_args()
-            .into_iter()
-            .take_while(|a| a != "--shards")
-            .collect();
-        args.extend(["--shards".to_owned(), shards.to_string()]);
+    let n = u32::from(SHARDS);
+    let record = recorded(&env).await.expect("apply records the topology");
+    assert_eq!((record.generation, u32::from(record.shards)), (1, n));
+    assert_eq!(record.recorded_by, "topology apply");
+
+    let line = refusal(&env.cli_with_shards(n * 2, &["topology", "apply"]).await);
+    assert!(
+        line.contains(&format!(
+            "--shards {} disagrees with the topology, which has {n} shards (recorded in Redis, \
+             generation 1): `topology apply` never changes the shard count",
+            n * 2
+        )),
+        "{line}"
+    );
+    assert!(
+        !env.queue_depths()
+            .await
+            .contains_key(&env.names.shard_queue_named(n)),
+        "apply declared a queue beyond the record"
+    );
+    let status = env.cli_with_shards(n / 2, &["topology", "status"]).await;
+    let stderr = String::from_utf8_lossy(&status.stderr);
+    assert_eq!(status.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("run it with --shards {n}")),
+        "{stderr}"
+    );
+
+    let publish = [
+        "publish",
+        "--order-id",
+        "S1",
+        "--event",
+        "order.created",
+        "--seq",
+        "1",
+    ];
+    let out = env.cli_with_shards(n / 2, &publish).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("disagrees with the topology"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(warnings[0].contains("following the record"), "{stderr}");
+    let depths = env.queue_depths().await;
+    let queue = env.shard_queue(env.shard_of("S1"));
+    assert_eq!(depths.get(&queue).map(|d| d.0), Some(1), "{depths:?}");
+
+    // Redis unreachable: the broker's check decides.
+    let unreachable = |shards: u32, extra: &[&str]| {
+        let mut args = env.global_args_with_shards(shards);
+        if let Some(at) = args.iter().position(|a| a == "--redis-url") {
+            args[at + 1] = "redis://127.0.0.1:1".into();
+        }
         let mut cmd = env.shardline_command();
-        cmd.args([
-            "publish",
-            "--order-id",
-            "S1",
-            "--event",
-            "order.created",
-            "--seq",
-            "1",
-        ])
-        .args(args)
-        .args(extra);
+        cmd.args(publish).args(args).args(extra);
         async move { cmd.output().await.unwrap() }
     };
-    let n = u32::from(SHARDS);
-    for (shards, found) in [
-        (
-            n * 2,
-            format!(
+    let line = refusal(&unreachable(n * 2, &[]).await);
+    assert!(
+        line.contains(&format!("--shards {} does not match the topology", n * 2))
+            && line.contains(&format!(
                 "queue `{}` does not exist",
                 env.names.shard_queue_named(n * 2 - 1)
-            ),
-        ),
-        (
-            n / 2,
-            format!("queue `{}` exists", env.names.shard_queue_named(n / 2)),
-        ),
-    ] {
-        let out = run(shards, &[]).await;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{stderr}");
-        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error")).collect();
-        assert_eq!(errors.len(), 1, "{stderr}");
-        assert!(
-            errors[0].contains(&format!("--shards {shards} does not match the topology"))
-                && errors[0].contains(&found),
-            "{stderr}"
-        );
-    }
-    let out = run(n / 2, &["--allow-shard-mismatch"]).await;
+            )),
+        "{line}"
+    );
+    let out = unreachable(n / 2, &["--allow-shard-mismatch"]).await;
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(env.shard_backlog().await, 1);
+    assert_eq!(env.shard_backlog().await, 2);
+}
+
+/// A topology made before records (no `{prefix}topology`) is adopted at the
+/// count found on the broker, never a flag's: a worker started with another
+/// `--shards` adopts the broker's count, follows it with one warning and
+/// consumes every shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topology_made_before_records_is_adopted_at_the_brokers_count() {
+    let env = TestEnv::new("topo-adopt").await;
+    env.apply_topology().await;
+    let mut redis = env.redis().await;
+    let _: () = redis::cmd("DEL")
+        .arg(env.keys().topology())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let n = u32::from(SHARDS);
+    let mut cmd = env.shardline_command();
+    cmd.args(["worker", "--handler", "log", "--worker-name", "w-adopt"])
+        .args(env.global_args_with_shards(n * 3));
+    let mut worker = ChildWorker::spawn(&env, "w-adopt", cmd);
+    worker.wait_consuming(&env).await;
+    let log = worker.log_text();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("disagrees with the topology"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{log}");
+    let line = warnings[0];
+    assert!(
+        line.contains(&format!(
+            "--shards {} disagrees with the topology, which has {n} shards (recorded in Redis, \
+             generation 1): following the record",
+            n * 3
+        )),
+        "{line}"
+    );
+    let record = recorded(&env)
+        .await
+        .expect("the worker adopted the topology");
+    assert_eq!(u32::from(record.shards), n);
+    assert_eq!(record.recorded_by, "worker");
+    worker.sigterm();
+    assert!(worker.wait_exit(Duration::from_secs(30)).await.success());
+}
+
+/// The record in Redis, if any.
+async fn recorded(env: &TestEnv) -> Option<shardline_contract::topology::TopologyRecord> {
+    let mut redis = env.redis().await;
+    let text: Option<String> = redis::cmd("GET")
+        .arg(env.keys().topology())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    text.map(|t| shardline_contract::topology::TopologyRecord::decode(&t).unwrap())
 }
 
 /// The one `error` line of a command that refused, after checking it exited 1.

@@ -11,7 +11,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use shardline_soak::{Fault, FaultKind, FaultRecord, FinalConsumers, Fleet, PoisonKind, Schedule};
 use shardline_testkit::load::Load;
 use shardline_testkit::sentinel::SentinelSet;
-use shardline_testkit::wait::{check, try_wait_until};
+use shardline_testkit::wait::{check, try_wait_until, wait_until};
 use shardline_testkit::{
     ChildWorker, Cluster, Downstream, Event, Publisher, QueueType, Reply, TestEnv, order_ids,
 };
@@ -31,6 +31,9 @@ const SLOW_ANSWER: Duration = Duration::from_millis(300);
 const ALARM: &str = "0.0000001";
 /// How long a stopped worker may take to drain and exit.
 const STOP: Duration = Duration::from_secs(30);
+/// How long a fault waits for a node's broker app that a partition stopped
+/// (seen: about two minutes after the heal).
+const APP_BACK: Duration = Duration::from_secs(240);
 
 pub(crate) struct Rig {
     pub(crate) cluster: Cluster,
@@ -190,12 +193,7 @@ impl Rig {
             FaultKind::DownstreamRefused => self.downstream.refuse_connections(),
             FaultKind::Downstream503 => self.mode.store(UNAVAILABLE, Ordering::SeqCst),
             FaultKind::SlowDownstream => self.mode.store(SLOW, Ordering::SeqCst),
-            FaultKind::MemoryAlarm { node } => {
-                self.cluster
-                    .ctl(usize::from(node))
-                    .run(&["set_vm_memory_high_watermark", ALARM])
-                    .await;
-            }
+            FaultKind::MemoryAlarm { node } => self.set_watermark(node, ALARM).await,
             FaultKind::Poison => self.send_poison().await,
         }
     }
@@ -211,14 +209,24 @@ impl Rig {
             FaultKind::Downstream503 | FaultKind::SlowDownstream => {
                 self.mode.store(NORMAL, Ordering::SeqCst);
             }
-            FaultKind::MemoryAlarm { node } => {
-                self.cluster
-                    .ctl(usize::from(node))
-                    .run(&["set_vm_memory_high_watermark", "0.4"])
-                    .await;
-            }
+            FaultKind::MemoryAlarm { node } => self.set_watermark(node, "0.4").await,
             FaultKind::RedisFailover | FaultKind::Poison => {}
         }
+    }
+
+    /// Sets a node's memory high watermark, waiting while its broker app is
+    /// stopped: a node cut off a moment ago may pause itself again for a
+    /// while after it rejoined (`pause_minority`), and the command needs the
+    /// app.
+    async fn set_watermark(&self, node: u8, fraction: &str) {
+        let ctl = self.cluster.ctl(usize::from(node));
+        let what = format!("node {node}'s broker to take a memory watermark of {fraction}");
+        wait_until(&what, APP_BACK, || async {
+            ctl.try_run(&["set_vm_memory_high_watermark", fraction])
+                .await
+                .map(drop)
+        })
+        .await;
     }
 
     /// One undecodable body, one invalid envelope and one valid event with

@@ -22,7 +22,7 @@ use crate::fleet::redis_error;
 use crate::{Error, Fleet};
 
 /// A held lock's lease; renewed every third of it.
-const LEASE: Duration = Duration::from_secs(10);
+pub(crate) const LEASE: Duration = Duration::from_secs(10);
 
 /// How often a replay waiting for an order's lock tries again.
 const RETRY: Duration = Duration::from_millis(100);

@@ -222,7 +222,8 @@ pub async fn replay(
 /// by a replay or purge killed between its ack and its index write), a
 /// replay first rebuilds the index (`dlq reindex`), unless another replay
 /// runs (then the letters not in the index stay in the DLQ this time, and
-/// the replay says so).
+/// the replay says so). A killed replay's locks are waited out (one lease,
+/// 10 s): they are not another replay running.
 async fn planned_entries(
     fleet: &Fleet,
     filters: &Filters,
@@ -240,7 +241,7 @@ async fn planned_entries(
             cause: "a dry run changes nothing".into(),
         });
     } else if depth != indexed && !dry_run {
-        match super::reindex(fleet, cancel).await {
+        match reindex_once_free(fleet, cancel).await {
             Ok(r) => progress(Event::Reindexed {
                 indexed: r.indexed,
                 derived: r.derived,
@@ -256,6 +257,27 @@ async fn planned_entries(
     }
     index.entries(filters).await
 }
+
+/// [`super::reindex`], once no replay holds a lock: a replay that was
+/// killed leaves its locks until their lease lapses (a stale index is what
+/// it leaves too), while a live one renews them, and then the refusal stands.
+async fn reindex_once_free(
+    fleet: &Fleet,
+    cancel: &CancellationToken,
+) -> Result<super::ReindexReport, Error> {
+    let deadline = tokio::time::Instant::now() + super::lock::LEASE + LOCK_POLL;
+    loop {
+        match super::reindex(fleet, cancel).await {
+            Err(Error::Refused(_)) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(LOCK_POLL).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// How often a replay looks whether a killed replay's locks lapsed.
+const LOCK_POLL: Duration = Duration::from_millis(500);
 
 /// A replay under way: the publisher, audit spans, pace and what it did.
 struct Replay<'a> {

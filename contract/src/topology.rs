@@ -1,0 +1,235 @@
+//! The recorded topology: the shard count the fleet runs on, kept in Redis
+//! (`{prefix}topology`, JSON) with a generation that only grows.
+//!
+//! Queue arguments are immutable and plain AMQP cannot list a broker's queues
+//! or bindings, so the broker alone cannot say how many shards the fleet has:
+//! a queue `order.events.shard.19` may be a stray of an `apply --shards 20`.
+//! The record is the answer every reader takes. `topology apply` writes it
+//! (or adopts a topology made before records, at the count found on the
+//! broker, never a flag's); workers and publishers follow it, with one
+//! warning when their `--shards` disagrees; only `apply` refuses another
+//! count. Resharding (ARCHITECTURE.md, "Resharding: the protocol") is the one
+//! way the count changes, and each change writes the next generation.
+
+use serde::{Deserialize, Serialize};
+
+use crate::shard::{ShardCount, ShardError};
+
+/// The record as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopologyRecord {
+    /// Grows by one with every change; never goes back.
+    pub generation: u64,
+    /// The shard count now.
+    pub shards: u16,
+    /// The shard count the topology was first recorded with: what a
+    /// publisher outside the project (md5 mod N) routes by.
+    pub first_shards: u16,
+    /// What wrote this generation (`topology apply`, or the tool or worker
+    /// that adopted a topology made before records).
+    pub recorded_by: String,
+    /// When, in Unix milliseconds.
+    pub recorded_at_ms: u64,
+}
+
+/// A record that cannot be read, or a generation that went backwards.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// The stored text is not a record.
+    #[error(
+        "the recorded topology is unreadable ({0}): fix or delete the key, then run `shardline topology apply`"
+    )]
+    Unreadable(String),
+    /// The stored count is not a shard count.
+    #[error("the recorded topology has an impossible shard count: {0}")]
+    Shards(#[from] ShardError),
+    /// A generation lower than one seen before: a Redis failover lost a
+    /// write that waited for no replica, or the key was rewritten by hand.
+    #[error(
+        "the recorded topology went back from generation {seen} to {found}: a Redis failover lost \
+         its last write, or it was rewritten; stopping rather than routing by an older map"
+    )]
+    WentBackwards {
+        /// The highest generation this reader saw.
+        seen: u64,
+        /// The one found now.
+        found: u64,
+    },
+}
+
+impl TopologyRecord {
+    /// Generation 1 of a topology of `shards`, written by `recorded_by`.
+    pub fn first(shards: ShardCount, recorded_by: &str, now_ms: u64) -> Self {
+        Self {
+            generation: 1,
+            shards: shards.get(),
+            first_shards: shards.get(),
+            recorded_by: recorded_by.to_owned(),
+            recorded_at_ms: now_ms,
+        }
+    }
+
+    /// The record as stored (JSON).
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads a stored record.
+    pub fn decode(text: &str) -> Result<Self, RecordError> {
+        let record: Self =
+            serde_json::from_str(text).map_err(|e| RecordError::Unreadable(e.to_string()))?;
+        record.shard_count()?;
+        ShardCount::new(u32::from(record.first_shards))?;
+        Ok(record)
+    }
+
+    /// The shard count now.
+    pub fn shard_count(&self) -> Result<ShardCount, ShardError> {
+        ShardCount::new(u32::from(self.shards))
+    }
+
+    /// Whether a reader configured with `configured` shards agrees.
+    pub fn agrees(&self, configured: ShardCount) -> bool {
+        self.shards == configured.get()
+    }
+
+    /// What the record says, for a one-line message: `16 shards (recorded,
+    /// generation 1)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} shards (recorded in Redis, generation {})",
+            self.shards, self.generation
+        )
+    }
+
+    /// `--shards {configured} disagrees with the topology, which has 16
+    /// shards (recorded in Redis, generation 1)`: the start of every line
+    /// about a disagreeing count.
+    pub fn disagreement(&self, configured: ShardCount) -> String {
+        format!(
+            "--shards {configured} disagrees with the topology, which has {}",
+            self.describe()
+        )
+    }
+
+    /// `topology apply`'s refusal of another count.
+    pub fn apply_refusal(&self, configured: ShardCount) -> String {
+        format!(
+            "{}: `topology apply` never changes the shard count (run it with --shards {}; a change \
+             of count is a reshard: ARCHITECTURE.md, \"Resharding: the protocol\")",
+            self.disagreement(configured),
+            self.shards
+        )
+    }
+
+    /// `topology status`'s refusal of another count: it would show a part
+    /// of the shards, or queues that are not shards.
+    pub fn status_refusal(&self, configured: ShardCount) -> String {
+        format!(
+            "{}: run it with --shards {}",
+            self.disagreement(configured),
+            self.shards
+        )
+    }
+
+    /// The warning of a worker or publisher whose `--shards` disagrees and
+    /// that follows the record.
+    pub fn follow_warning(&self, configured: ShardCount) -> String {
+        format!(
+            "{}: following the record (set --shards {} or SHARDLINE_SHARDS={} to silence this)",
+            self.disagreement(configured),
+            self.shards,
+            self.shards
+        )
+    }
+}
+
+/// The highest generation a reader has seen, so that one lower is caught.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GenerationWatch {
+    highest: u64,
+}
+
+impl GenerationWatch {
+    /// Takes `record` in; an error when its generation is below one seen.
+    pub fn observe(&mut self, record: &TopologyRecord) -> Result<(), RecordError> {
+        if record.generation < self.highest {
+            return Err(RecordError::WentBackwards {
+                seen: self.highest,
+                found: record.generation,
+            });
+        }
+        self.highest = record.generation;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(n: u32) -> ShardCount {
+        ShardCount::new(n).unwrap()
+    }
+
+    #[test]
+    fn a_record_reads_back_what_was_written() {
+        let record = TopologyRecord::first(count(16), "topology apply", 1_700_000_000_000);
+        assert_eq!(TopologyRecord::decode(&record.encode()).unwrap(), record);
+        assert_eq!(record.generation, 1);
+        assert_eq!(record.first_shards, 16);
+    }
+
+    #[test]
+    fn an_unreadable_or_impossible_record_is_an_error_naming_the_way_out() {
+        let junk = TopologyRecord::decode("{\"generation\":").unwrap_err();
+        assert!(junk.to_string().contains("topology apply"), "{junk}");
+        let zero =
+            r#"{"generation":1,"shards":0,"first_shards":4,"recorded_by":"x","recorded_at_ms":0}"#;
+        assert!(matches!(
+            TopologyRecord::decode(zero),
+            Err(RecordError::Shards(_))
+        ));
+    }
+
+    #[test]
+    fn apply_refuses_another_count_and_followers_are_told_how_to_agree() {
+        let record = TopologyRecord::first(count(16), "topology apply", 0);
+        assert!(record.agrees(count(16)));
+        assert!(!record.agrees(count(20)));
+        let refusal = record.apply_refusal(count(20));
+        assert!(
+            refusal.starts_with(
+                "--shards 20 disagrees with the topology, which has 16 shards (recorded in Redis, \
+                 generation 1): `topology apply` never changes"
+            ),
+            "{refusal}"
+        );
+        assert!(
+            record
+                .status_refusal(count(8))
+                .ends_with("run it with --shards 16")
+        );
+        assert!(
+            record
+                .follow_warning(count(8))
+                .contains("following the record (set --shards 16")
+        );
+    }
+
+    #[test]
+    fn a_generation_that_goes_back_stops_the_reader() {
+        let mut watch = GenerationWatch::default();
+        let mut record = TopologyRecord::first(count(4), "t", 0);
+        record.generation = 3;
+        watch.observe(&record).unwrap();
+        watch.observe(&record).unwrap();
+        record.generation = 2;
+        let err = watch.observe(&record).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("the recorded topology went back from generation 3 to 2"),
+            "{err}"
+        );
+    }
+}
