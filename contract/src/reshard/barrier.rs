@@ -1,0 +1,85 @@
+//! The confirm barrier: a marker goes out only once every registered
+//! publisher has acknowledged the generation, or let its lease lapse.
+
+use super::map::Generation;
+
+/// A registered publisher's entry in `{prefix}publishers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// When the lease ends, in milliseconds since the Unix epoch; from then on
+    /// the publisher publishes nothing until it registers again.
+    pub deadline_ms: u64,
+    /// The highest generation it acknowledged: everything it published
+    /// before reading it is confirmed.
+    pub acknowledged: Generation,
+}
+
+/// The barrier's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Barrier {
+    /// Every live publisher acknowledged: the marker may go out.
+    Open,
+    /// This many live publishers have not acknowledged yet.
+    Waiting(usize),
+}
+
+/// May a marker for `target` go out at `now_ms`, given every registered
+/// publisher's lease? A lease that ended at or before `now_ms` does not count.
+pub fn barrier<'a>(
+    leases: impl IntoIterator<Item = &'a Lease>,
+    target: Generation,
+    now_ms: u64,
+) -> Barrier {
+    let waiting = leases
+        .into_iter()
+        .filter(|lease| lease.deadline_ms > now_ms && lease.acknowledged < target)
+        .count();
+    if waiting == 0 {
+        Barrier::Open
+    } else {
+        Barrier::Waiting(waiting)
+    }
+}
+
+/// May a publisher that read `read` acknowledge it, given the generations
+/// its unconfirmed messages were routed by? Only when none was routed by an
+/// older map.
+pub fn may_acknowledge(
+    read: Generation,
+    unconfirmed: impl IntoIterator<Item = Generation>,
+) -> bool {
+    unconfirmed.into_iter().all(|routed_by| routed_by >= read)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_unacknowledged_publisher_holds_the_barrier() {
+        let g = Generation(5);
+        let leases = [
+            Lease {
+                deadline_ms: 100,
+                acknowledged: g,
+            },
+            Lease {
+                deadline_ms: 50,
+                acknowledged: Generation(4),
+            },
+        ];
+        assert_eq!(barrier(&leases, g, 40), Barrier::Waiting(1));
+        assert_eq!(barrier(&leases, g, 50), Barrier::Open);
+        assert_eq!(barrier(&[], g, 0), Barrier::Open);
+    }
+
+    #[test]
+    fn acknowledging_waits_for_older_confirms() {
+        assert!(may_acknowledge(Generation(3), [Generation(3)]));
+        assert!(!may_acknowledge(
+            Generation(3),
+            [Generation(3), Generation(2)]
+        ));
+        assert!(may_acknowledge(Generation(3), []));
+    }
+}
