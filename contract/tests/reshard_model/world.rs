@@ -1,0 +1,1120 @@
+//! The world the protocol runs in: a broker as weak as RabbitMQ, Redis with
+//! failovers, publishers, workers and the reshard command. Each step either
+//! applies or does nothing (an action that makes no sense now is skipped);
+//! a step that breaks an invariant returns it as an error.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use shardline_contract::reshard::{
+    Barrier, Bucket, Buckets, Destination, Generation, Honour, Lease, Map, MarkerId, MarkerKind,
+    Markers, MoveId, Phase, Progress, Reshard, Source, Verdict, View, barrier, may_acknowledge,
+    verdict,
+};
+use shardline_contract::shard::ShardCount;
+
+/// The orders every publisher publishes events of.
+pub(crate) const ORDERS: [&str; 6] = [
+    "order-0", "order-1", "order-2", "order-3", "order-4", "order-5",
+];
+/// Registered publishers (the legacy publisher is one more).
+pub(crate) const PUBLISHERS: usize = 2;
+/// A lease, in ticks.
+const LEASE: u64 = 4;
+/// The legacy publisher's id in an event.
+const LEGACY: u8 = u8::MAX;
+/// Forged marker ids start here; the reshard's ids stay below.
+const FORGED: u64 = 1 << 40;
+
+/// A bug the model's driver plants in the protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bug {
+    /// Generation g + 1 (the holding queues' route) is recorded before the
+    /// holding queues are declared and bound: the route's new binding comes
+    /// after the old one stopped taking the bucket.
+    UnbindBeforeBind,
+    /// Drain and close markers go out without waiting for the barriers.
+    MarkerWithoutBarrier,
+    /// A consumer honours a marker whose id the record does not hold.
+    ForgedMarkerHonoured,
+    /// A publisher whose lease lapsed keeps publishing by the map it read.
+    PublishAfterLeaseLapse,
+    /// The holding queue is consumed before its move is drained.
+    ReleaseBeforeMarker,
+    /// A consumer that a move hands keys keeps its old epoch.
+    FenceFromOldScope,
+}
+
+/// How the driver runs the protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cfg {
+    /// The planted bug, if any.
+    pub bug: Option<Bug>,
+    /// Whether a publisher's lease renewal waits for the replica (`WAIT`).
+    pub lease_waits: bool,
+}
+
+/// One thing that can happen. Numbers pick among what exists, modulo its count.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Action {
+    /// A registered (`p < PUBLISHERS`) or the legacy publisher publishes an event.
+    Publish { p: u8, order: u8, sequenced: bool },
+    /// The oldest message of one (channel, queue) lane is enqueued (and confirmed).
+    Land(u8),
+    /// A consumer starts on a queue that has none.
+    Start(u8),
+    /// A consumer takes its queue's next message (prefetch 1).
+    Deliver(u8),
+    /// A consumer settles its delivery: process, forward, honour a marker or wait.
+    Settle(u8),
+    /// A consumer reads the topology again and renews its forwarder's lease.
+    Refresh(u8),
+    /// A worker dies; with `zombie`, its in-flight write may still land later.
+    CrashWorker(u8, bool),
+    /// A dead worker's late write.
+    ZombieWrite(u8),
+    /// A registered publisher renews its lease (and acknowledges what it may).
+    Renew(u8),
+    /// A registered publisher registers again after its lease lapsed, and
+    /// resends what was not confirmed.
+    Reregister(u8),
+    /// Time passes (leases lapse).
+    Tick,
+    /// The reshard command runs its next step.
+    Command,
+    /// The reshard command dies and loses what it had in memory.
+    CommandCrash,
+    /// A marker not honoured in time is sent again with a new id.
+    Resend(u8),
+    /// A marker with an id no record holds is published.
+    Forge(u8, bool),
+    /// Redis fails over and loses its last write if it did not wait.
+    Failover,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Q {
+    Shard(u16),
+    Hold(u16),
+}
+
+impl Q {
+    fn source(self) -> Source {
+        match self {
+            Self::Shard(i) => Source::Shard(i),
+            Self::Hold(m) => Source::Hold(MoveId(m)),
+        }
+    }
+
+    fn of(destination: Destination) -> Self {
+        match destination {
+            Destination::Shard(s) => Self::Shard(s.get()),
+            Destination::Hold(m) => Self::Hold(m.0),
+        }
+    }
+}
+
+/// An event: its publisher, order and place in that publisher's events of the order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Ev {
+    publisher: u8,
+    order: u8,
+    nth: u32,
+    /// Sequenced events carry a seq the gate could use; the model never reads it.
+    sequenced: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Msg {
+    Event(Ev),
+    Marker(MarkerId, MoveId, MarkerKind),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    serial: u64,
+    ev: Ev,
+    routed: Generation,
+}
+
+#[derive(Debug, Clone)]
+struct Publisher {
+    chan: u32,
+    deadline: u64,
+    read: Generation,
+    seen: Generation,
+    pending: Vec<Pending>,
+    next: [u32; ORDERS.len()],
+}
+
+#[derive(Debug, Clone)]
+struct Consumer {
+    q: Q,
+    chan: u32,
+    epoch: u64,
+    rank: u64,
+    view: View,
+    seen: Generation,
+    deadline: u64,
+    owned: BTreeSet<u8>,
+    delivery: Option<Msg>,
+    forwarding: Option<Pending>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Zombie {
+    ev: Ev,
+    epoch: u64,
+    rank: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Record {
+    reshard: Reshard,
+    phase: Phase,
+    markers: Markers,
+    /// Hand-overs released by a marker no record held (only with the bug).
+    forced: BTreeSet<(MoveId, MarkerKind)>,
+    declared: bool,
+    close_sent: bool,
+    next_id: u64,
+}
+
+impl Record {
+    fn honoured(&self, m: MoveId, kind: MarkerKind) -> bool {
+        self.markers.is_honoured(m, kind) || self.forced.contains(&(m, kind))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Reg {
+    Publisher(usize),
+    Forwarder(u64),
+}
+
+/// The world.
+pub(crate) struct World {
+    cfg: Cfg,
+    buckets: Buckets,
+    first: ShardCount,
+    target: u32,
+    now: u64,
+    // Broker.
+    queues: BTreeMap<Q, VecDeque<Msg>>,
+    bound: BTreeSet<Q>,
+    lanes: BTreeMap<(u32, Q), VecDeque<(u64, Msg)>>,
+    confirmed: BTreeSet<u64>,
+    serial: u64,
+    chans: u32,
+    // Redis.
+    generation: Generation,
+    map: Map,
+    record: Option<Record>,
+    /// The last reshard's record, which a publisher that read it still routes by.
+    last: Option<Reshard>,
+    fence: u64,
+    order_epoch: [u64; ORDERS.len()],
+    leases: BTreeMap<Reg, Lease>,
+    unwaited: Option<(Reg, Option<Lease>)>,
+    // Actors.
+    publishers: Vec<Publisher>,
+    legacy: (u32, [u32; ORDERS.len()]),
+    consumers: BTreeMap<u64, Consumer>,
+    next_consumer: u64,
+    zombies: Vec<Zombie>,
+    command: Vec<u64>,
+    // What the invariants read.
+    ranks: u64,
+    order_rank: [u64; ORDERS.len()],
+    published: BTreeSet<Ev>,
+    processed: BTreeSet<(u8, u8, u32)>,
+}
+
+type Step = Result<(), String>;
+
+impl World {
+    /// A fleet first recorded with `first` shards, resharded at once to
+    /// `current` (when it differs), about to be resharded to `target`.
+    pub(crate) fn new(cfg: Cfg, first: u32, current: u32, target: u32) -> Self {
+        let first = ShardCount::new(first).expect("first shard count");
+        let buckets = Buckets::new(first).expect("buckets");
+        let mut map = Map::initial(&buckets);
+        if current != u32::from(first.get()) {
+            map = map.plan(current).expect("setup plan").target;
+        }
+        let generation = map.generation();
+        let mut world = Self {
+            cfg,
+            buckets,
+            first,
+            target,
+            now: 0,
+            queues: BTreeMap::new(),
+            bound: BTreeSet::new(),
+            lanes: BTreeMap::new(),
+            confirmed: BTreeSet::new(),
+            serial: 0,
+            chans: 0,
+            generation,
+            map,
+            record: None,
+            last: None,
+            fence: 0,
+            order_epoch: [0; ORDERS.len()],
+            leases: BTreeMap::new(),
+            unwaited: None,
+            publishers: Vec::new(),
+            legacy: (0, [0; ORDERS.len()]),
+            consumers: BTreeMap::new(),
+            next_consumer: 0,
+            zombies: Vec::new(),
+            command: Vec::new(),
+            ranks: 0,
+            order_rank: [0; ORDERS.len()],
+            published: BTreeSet::new(),
+            processed: BTreeSet::new(),
+        };
+        // Queues of every shard count so far, each bound to its own key (the
+        // legacy publisher declares and binds `shard.{0..N₀}` at every start).
+        for i in 0..u16::try_from(current.max(u32::from(first.get()))).expect("shards") {
+            world.declare(Q::Shard(i));
+        }
+        world.legacy.0 = world.channel();
+        for p in 0..PUBLISHERS {
+            let chan = world.channel();
+            world.publishers.push(Publisher {
+                chan,
+                deadline: LEASE,
+                read: generation,
+                seen: generation,
+                pending: Vec::new(),
+                next: [0; ORDERS.len()],
+            });
+            world.leases.insert(
+                Reg::Publisher(p),
+                Lease {
+                    deadline_ms: LEASE,
+                    acknowledged: generation,
+                },
+            );
+        }
+        world
+    }
+
+    fn bug(&self, bug: Bug) -> bool {
+        self.cfg.bug == Some(bug)
+    }
+
+    fn channel(&mut self) -> u32 {
+        self.chans += 1;
+        self.chans
+    }
+
+    fn declare(&mut self, q: Q) {
+        self.queues.entry(q).or_default();
+        self.bound.insert(q);
+    }
+
+    fn bucket(&self, order: u8) -> Bucket {
+        self.buckets.bucket_of(ORDERS[usize::from(order)])
+    }
+
+    /// A publish: routed by the bindings of this instant, then on its lane
+    /// until it lands. `mandatory`: an unroutable message comes back, and a
+    /// route that names no bound queue is the protocol's fault.
+    fn publish(&mut self, chan: u32, q: Q, msg: Msg) -> Result<u64, String> {
+        if !self.bound.contains(&q) {
+            return Err(format!(
+                "no loss: {msg:?} returned unroutable, {q:?} is not bound"
+            ));
+        }
+        self.serial += 1;
+        self.lanes
+            .entry((chan, q))
+            .or_default()
+            .push_back((self.serial, msg));
+        Ok(self.serial)
+    }
+
+    /// What Redis says now, as a consumer of `q` reads it.
+    fn read_view(&self, q: Option<Q>) -> View {
+        match &self.record {
+            None => View::Settled(self.map.clone()),
+            Some(r) if r.phase == Phase::Planned => View::Settled(r.reshard.old().clone()),
+            Some(r) => {
+                let ids = (0..r.reshard.plan().moves.len()).map(|m| MoveId(m as u16));
+                let mut drained: BTreeSet<MoveId> = ids
+                    .clone()
+                    .filter(|&m| r.honoured(m, MarkerKind::Drain))
+                    .collect();
+                let closed = ids
+                    .clone()
+                    .filter(|&m| r.honoured(m, MarkerKind::Close))
+                    .collect();
+                if let Some(Q::Hold(m)) = q {
+                    if self.bug(Bug::ReleaseBeforeMarker) {
+                        drained.insert(MoveId(m));
+                    }
+                }
+                View::Resharding(Progress {
+                    reshard: r.reshard.clone(),
+                    phase: r.phase,
+                    drained,
+                    closed,
+                })
+            }
+        }
+    }
+
+    fn view_generation(view: &View) -> Generation {
+        match view {
+            View::Settled(map) => map.generation(),
+            View::Resharding(p) => p.phase.generation(p.reshard.from()),
+        }
+    }
+
+    /// The orders `q` processes by `view`.
+    fn owned(&self, view: &View, q: Q) -> BTreeSet<u8> {
+        (0..ORDERS.len() as u8)
+            .filter(|&o| verdict(view, q.source(), self.bucket(o)) == Ok(Verdict::Process))
+            .collect()
+    }
+
+    // ---- Publishers ----
+
+    fn publisher_publish(&mut self, p: usize, order: u8, sequenced: bool) -> Step {
+        let Some(publisher) = self.publishers.get(p) else {
+            return self.legacy_publish(order, sequenced);
+        };
+        if self.now >= publisher.deadline && !self.bug(Bug::PublishAfterLeaseLapse) {
+            return Ok(());
+        }
+        let read = publisher.read;
+        let q = self.route_by(read, order)?;
+        let publisher = &mut self.publishers[p];
+        let ev = Ev {
+            publisher: p as u8,
+            order,
+            nth: publisher.next[usize::from(order)],
+            sequenced,
+        };
+        publisher.next[usize::from(order)] += 1;
+        let chan = publisher.chan;
+        let serial = self.publish(chan, q, Msg::Event(ev))?;
+        self.publishers[p].pending.push(Pending {
+            serial,
+            ev,
+            routed: read,
+        });
+        self.published.insert(ev);
+        Ok(())
+    }
+
+    /// Where a publisher that read `read` sends an order's event (it keeps
+    /// the map or record it read).
+    fn route_by(&self, read: Generation, order: u8) -> Result<Q, String> {
+        let bucket = self.bucket(order);
+        if read == self.map.generation() {
+            return Ok(Q::Shard(self.map.shard_of(bucket).ok_or("bucket")?.get()));
+        }
+        let reshard = self
+            .record
+            .as_ref()
+            .map(|r| &r.reshard)
+            .or(self.last.as_ref())
+            .ok_or("no record")?;
+        Ok(Q::of(
+            reshard.route(read, bucket).map_err(|e| e.to_string())?,
+        ))
+    }
+
+    fn legacy_publish(&mut self, order: u8, sequenced: bool) -> Step {
+        let q = Q::Shard(self.first.shard_of(ORDERS[usize::from(order)]).get());
+        let ev = Ev {
+            publisher: LEGACY,
+            order,
+            nth: self.legacy.1[usize::from(order)],
+            sequenced,
+        };
+        self.legacy.1[usize::from(order)] += 1;
+        self.publish(self.legacy.0, q, Msg::Event(ev))?;
+        self.published.insert(ev);
+        Ok(())
+    }
+
+    fn write_lease(&mut self, reg: Reg, lease: Lease) {
+        let before = self.leases.insert(reg, lease);
+        self.unwaited = (!self.cfg.lease_waits).then_some((reg, before));
+    }
+
+    fn renew(&mut self, p: usize) -> Step {
+        let Some(publisher) = self.publishers.get(p) else {
+            return Ok(());
+        };
+        if self.now >= publisher.deadline {
+            return Ok(());
+        }
+        let read = publisher
+            .seen
+            .check_read(self.generation)
+            .map_err(|e| format!("generations only grow: {e}"))?;
+        let confirmed = &self.confirmed;
+        let publisher = &mut self.publishers[p];
+        publisher.pending.retain(|x| !confirmed.contains(&x.serial));
+        publisher.read = read;
+        publisher.seen = read;
+        publisher.deadline = self.now + LEASE;
+        let before = self
+            .leases
+            .get(&Reg::Publisher(p))
+            .map_or(Generation(0), |l| l.acknowledged);
+        let acknowledged = if may_acknowledge(read, publisher.pending.iter().map(|x| x.routed)) {
+            read
+        } else {
+            before
+        };
+        let lease = Lease {
+            deadline_ms: publisher.deadline,
+            acknowledged,
+        };
+        self.write_lease(Reg::Publisher(p), lease);
+        Ok(())
+    }
+
+    fn reregister(&mut self, p: usize) -> Step {
+        let Some(publisher) = self.publishers.get(p) else {
+            return Ok(());
+        };
+        if self.now < publisher.deadline {
+            return Ok(());
+        }
+        let chan = self.channel();
+        let confirmed = &self.confirmed;
+        let publisher = &mut self.publishers[p];
+        let resend: Vec<Pending> = publisher
+            .pending
+            .drain(..)
+            .filter(|x| !confirmed.contains(&x.serial))
+            .collect();
+        publisher.chan = chan;
+        publisher.deadline = self.now + LEASE;
+        let read = self.generation;
+        publisher.read = read;
+        publisher.seen = read;
+        self.write_lease(
+            Reg::Publisher(p),
+            Lease {
+                deadline_ms: self.now + LEASE,
+                acknowledged: read,
+            },
+        );
+        // Unconfirmed events go again, first, by the map just read.
+        for x in resend {
+            let q = self.route_by(read, x.ev.order)?;
+            let serial = self.publish(chan, q, Msg::Event(x.ev))?;
+            self.publishers[p].pending.push(Pending {
+                serial,
+                ev: x.ev,
+                routed: read,
+            });
+        }
+        Ok(())
+    }
+
+    // ---- Broker ----
+
+    fn land(&mut self, pick: usize) {
+        let busy: Vec<(u32, Q)> = self
+            .lanes
+            .iter()
+            .filter(|(_, l)| !l.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        if busy.is_empty() {
+            return;
+        }
+        let key = busy[pick % busy.len()];
+        if let Some((serial, msg)) = self.lanes.get_mut(&key).and_then(VecDeque::pop_front) {
+            self.queues.entry(key.1).or_default().push_back(msg);
+            self.confirmed.insert(serial);
+        }
+    }
+
+    // ---- Workers ----
+
+    fn consumer_id(&self, pick: usize) -> Option<u64> {
+        let ids: Vec<u64> = self.consumers.keys().copied().collect();
+        (!ids.is_empty()).then(|| ids[pick % ids.len()])
+    }
+
+    fn start(&mut self, pick: usize) {
+        let free: Vec<Q> = self
+            .queues
+            .keys()
+            .copied()
+            .filter(|q| !self.consumers.values().any(|c| c.q == *q))
+            .collect();
+        if free.is_empty() {
+            return;
+        }
+        self.start_on(free[pick % free.len()]);
+    }
+
+    fn start_on(&mut self, q: Q) {
+        let view = self.read_view(Some(q));
+        let seen = Self::view_generation(&view);
+        self.fence += 1;
+        self.ranks += 1;
+        let owned = self.owned(&view, q);
+        let chan = self.channel();
+        self.next_consumer += 1;
+        let id = self.next_consumer;
+        self.leases.insert(
+            Reg::Forwarder(id),
+            Lease {
+                deadline_ms: self.now + LEASE,
+                acknowledged: seen,
+            },
+        );
+        self.consumers.insert(
+            id,
+            Consumer {
+                q,
+                chan,
+                epoch: self.fence,
+                rank: self.ranks,
+                view,
+                seen,
+                deadline: self.now + LEASE,
+                owned,
+                delivery: None,
+                forwarding: None,
+            },
+        );
+    }
+
+    fn refresh(&mut self, id: u64) -> Step {
+        let Some(c) = self.consumers.get(&id) else {
+            return Ok(());
+        };
+        if self.now >= c.deadline {
+            // Its forwarder cannot renew: the worker stops.
+            self.crash(id, false);
+            return Ok(());
+        }
+        let q = c.q;
+        let view = self.read_view(Some(q));
+        let read = c
+            .seen
+            .check_read(Self::view_generation(&view))
+            .map_err(|e| format!("generations only grow: {e}"))?;
+        self.adopt(id, view);
+        let confirmed = &self.confirmed;
+        let c = self.consumers.get_mut(&id).ok_or("consumer")?;
+        c.seen = read;
+        c.deadline = self.now + LEASE;
+        let unconfirmed = c
+            .forwarding
+            .filter(|f| !confirmed.contains(&f.serial))
+            .map(|f| f.routed);
+        let before = self
+            .leases
+            .get(&Reg::Forwarder(id))
+            .map_or(Generation(0), |l| l.acknowledged);
+        let acknowledged = if may_acknowledge(read, unconfirmed) {
+            read
+        } else {
+            before
+        };
+        let lease = Lease {
+            deadline_ms: self.now + LEASE,
+            acknowledged,
+        };
+        self.leases.insert(Reg::Forwarder(id), lease);
+        Ok(())
+    }
+
+    /// The consumer takes a view; keys a move hands it come with a new epoch.
+    fn adopt(&mut self, id: u64, view: View) {
+        let Some(c) = self.consumers.get(&id) else {
+            return;
+        };
+        let owned = self.owned(&view, c.q);
+        let gained = !owned.is_subset(&c.owned);
+        let fence_bug = self.bug(Bug::FenceFromOldScope);
+        if gained {
+            self.ranks += 1;
+            if !fence_bug {
+                self.fence += 1;
+            }
+        }
+        let (fence, ranks) = (self.fence, self.ranks);
+        let Some(c) = self.consumers.get_mut(&id) else {
+            return;
+        };
+        if gained {
+            c.rank = ranks;
+            if !fence_bug {
+                c.epoch = fence;
+            }
+        }
+        c.owned = owned;
+        c.view = view;
+    }
+
+    fn deliver(&mut self, id: u64) {
+        let Some(c) = self.consumers.get_mut(&id) else {
+            return;
+        };
+        if c.delivery.is_some() {
+            return;
+        }
+        c.delivery = self.queues.get_mut(&c.q).and_then(VecDeque::pop_front);
+    }
+
+    fn crash(&mut self, id: u64, zombie: bool) {
+        let Some(c) = self.consumers.remove(&id) else {
+            return;
+        };
+        if let Some(msg) = c.delivery {
+            if let Msg::Event(ev) = msg {
+                let mine =
+                    verdict(&c.view, c.q.source(), self.bucket(ev.order)) == Ok(Verdict::Process);
+                if zombie && mine {
+                    self.zombies.push(Zombie {
+                        ev,
+                        epoch: c.epoch,
+                        rank: c.rank,
+                    });
+                }
+            }
+            // Unacked: back to the head of its queue.
+            self.queues.entry(c.q).or_default().push_front(msg);
+        }
+    }
+
+    fn zombie_write(&mut self, pick: usize) -> Step {
+        if self.zombies.is_empty() {
+            return Ok(());
+        }
+        let z = self.zombies.remove(pick % self.zombies.len());
+        self.write(z.ev, z.epoch, z.rank, false)
+    }
+
+    /// A handler's write, fenced by the order's epoch.
+    fn write(&mut self, ev: Ev, epoch: u64, rank: u64, owner: bool) -> Step {
+        let o = usize::from(ev.order);
+        if epoch < self.order_epoch[o] {
+            return if owner {
+                Err(format!(
+                    "no stale write: the owner's write of {ev:?} refused, its epoch {epoch} is below the order's {}",
+                    self.order_epoch[o]
+                ))
+            } else {
+                Ok(())
+            };
+        }
+        if rank < self.order_rank[o] {
+            return Err(format!(
+                "no stale write: a stale owner's write of {ev:?} (epoch {epoch}) accepted after a newer owner's"
+            ));
+        }
+        self.order_epoch[o] = epoch;
+        self.order_rank[o] = rank;
+        if self.processed.insert((ev.publisher, ev.order, ev.nth)) {
+            if let Some(gap) =
+                (0..ev.nth).find(|k| !self.processed.contains(&(ev.publisher, ev.order, *k)))
+            {
+                return Err(format!(
+                    "per-order order: {ev:?} processed first before event {gap} of the same publisher and order"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn settle(&mut self, id: u64) -> Step {
+        let Some(c) = self.consumers.get(&id) else {
+            return Ok(());
+        };
+        let Some(msg) = c.delivery else { return Ok(()) };
+        if let Some(f) = c.forwarding {
+            if self.confirmed.contains(&f.serial) {
+                let c = self.consumers.get_mut(&id).ok_or("consumer")?;
+                c.forwarding = None;
+                c.delivery = None;
+            }
+            return Ok(());
+        }
+        let (q, epoch, rank, chan, seen) = (c.q, c.epoch, c.rank, c.chan, c.seen);
+        match msg {
+            Msg::Marker(marker, m, kind) => self.honour(id, marker, m, kind),
+            Msg::Event(ev) => {
+                let bucket = self.bucket(ev.order);
+                let said = verdict(&c.view, q.source(), bucket)
+                    .map_err(|e| format!("nothing dead-lettered: {ev:?} has no route: {e}"))?;
+                match said {
+                    Verdict::Process => {
+                        let truth = verdict(&self.read_view(None), q.source(), bucket);
+                        if truth != Ok(Verdict::Process) {
+                            return Err(format!(
+                                "one queue per bucket: {q:?} processed {ev:?}, the record says {truth:?}"
+                            ));
+                        }
+                        self.write(ev, epoch, rank, true)?;
+                        if let Some(c) = self.consumers.get_mut(&id) {
+                            c.delivery = None;
+                        }
+                        Ok(())
+                    }
+                    Verdict::Forward(destination) => {
+                        if self.now >= c.deadline {
+                            return Ok(());
+                        }
+                        let serial = self.publish(chan, Q::of(destination), Msg::Event(ev))?;
+                        if let Some(c) = self.consumers.get_mut(&id) {
+                            c.forwarding = Some(Pending {
+                                serial,
+                                ev,
+                                routed: seen,
+                            });
+                        }
+                        Ok(())
+                    }
+                    Verdict::Wait => Ok(()),
+                }
+            }
+        }
+    }
+
+    fn honour(&mut self, id: u64, marker: MarkerId, m: MoveId, kind: MarkerKind) -> Step {
+        let forged_ok = self.bug(Bug::ForgedMarkerHonoured);
+        if let Some(r) = self.record.as_mut() {
+            match r.markers.honour(marker, m, kind) {
+                Ok(Honour::Honoured(..) | Honour::AlreadyHonoured) => {}
+                Err(_) if forged_ok => {
+                    r.forced.insert((m, kind));
+                }
+                // Dead-lettered `control`: a control message, never an event.
+                Err(_) => {}
+            }
+        }
+        if let Some(c) = self.consumers.get_mut(&id) {
+            c.delivery = None;
+        }
+        let view = self.read_view(self.consumers.get(&id).map(|c| c.q));
+        self.adopt(id, view);
+        Ok(())
+    }
+
+    // ---- The reshard command ----
+
+    fn command(&mut self) -> Step {
+        let Some(r) = self.record.as_ref() else {
+            if self.map.shard_count().get() as u32 == self.target {
+                return Ok(());
+            }
+            let reshard = Reshard::new(self.map.clone(), self.target).map_err(|e| e.to_string())?;
+            let mut markers = Markers::default();
+            let mut next_id = 0;
+            for m in 0..reshard.plan().moves.len() {
+                for kind in [MarkerKind::Drain, MarkerKind::Close] {
+                    next_id += 1;
+                    markers.record(MarkerId(next_id), MoveId(m as u16), kind);
+                }
+            }
+            self.record = Some(Record {
+                reshard,
+                phase: Phase::Planned,
+                markers,
+                forced: BTreeSet::new(),
+                declared: false,
+                close_sent: false,
+                next_id,
+            });
+            return Ok(());
+        };
+        let from = r.reshard.from();
+        let moves = r.reshard.plan().moves.clone();
+        let (phase, declared, close_sent) = (r.phase, r.declared, r.close_sent);
+        let declare_first = !self.bug(Bug::UnbindBeforeBind);
+        if !declared && (declare_first || phase >= Phase::Holding) {
+            for j in 0..self.target as u16 {
+                self.declare(Q::Shard(j));
+            }
+            for m in 0..moves.len() as u16 {
+                self.declare(Q::Hold(m));
+            }
+            self.record_mut()?.declared = true;
+            return Ok(());
+        }
+        match phase {
+            Phase::Planned => {
+                self.generation = from.next();
+                self.record_mut()?.phase = Phase::Holding;
+            }
+            Phase::Holding => {
+                if self.command.is_empty() {
+                    if !self.barrier_open(from.next()) {
+                        return Ok(());
+                    }
+                    for (m, mv) in moves.iter().enumerate() {
+                        let id = self.marker_id(MoveId(m as u16), MarkerKind::Drain)?;
+                        let chan = self.command_channel();
+                        let serial = self.publish(
+                            chan,
+                            Q::Shard(mv.from.get()),
+                            Msg::Marker(id, MoveId(m as u16), MarkerKind::Drain),
+                        )?;
+                        self.command.push(serial);
+                    }
+                } else if self.command.iter().all(|s| self.confirmed.contains(s)) {
+                    self.command.clear();
+                    self.record_mut()?.phase = Phase::Draining;
+                }
+            }
+            Phase::Draining => {
+                let r = self.record.as_ref().ok_or("record")?;
+                if (0..moves.len()).all(|m| r.honoured(MoveId(m as u16), MarkerKind::Drain)) {
+                    self.record_mut()?.phase = Phase::Opening;
+                }
+            }
+            Phase::Opening => {
+                self.generation = from.next().next();
+                self.record_mut()?.phase = Phase::Closing;
+            }
+            Phase::Closing if !close_sent => {
+                if self.command.is_empty() {
+                    if !self.barrier_open(from.next().next()) {
+                        return Ok(());
+                    }
+                    for m in 0..moves.len() as u16 {
+                        let id = self.marker_id(MoveId(m), MarkerKind::Close)?;
+                        let chan = self.command_channel();
+                        let serial = self.publish(
+                            chan,
+                            Q::Hold(m),
+                            Msg::Marker(id, MoveId(m), MarkerKind::Close),
+                        )?;
+                        self.command.push(serial);
+                    }
+                } else if self.command.iter().all(|s| self.confirmed.contains(s)) {
+                    self.command.clear();
+                    self.record_mut()?.close_sent = true;
+                }
+            }
+            Phase::Closing => {
+                let r = self.record.as_ref().ok_or("record")?;
+                if (0..moves.len()).all(|m| r.honoured(MoveId(m as u16), MarkerKind::Close)) {
+                    self.map = r.reshard.plan().target.clone();
+                    self.last = self.record.take().map(|r| r.reshard);
+                    // The holding queues are unbound; what they still hold is forwarded.
+                    for m in 0..moves.len() as u16 {
+                        self.bound.remove(&Q::Hold(m));
+                    }
+                }
+            }
+            Phase::Done => {}
+        }
+        Ok(())
+    }
+
+    fn command_channel(&mut self) -> u32 {
+        // One channel for the command's markers.
+        0
+    }
+
+    fn record_mut(&mut self) -> Result<&mut Record, String> {
+        self.record.as_mut().ok_or_else(|| "no record".to_owned())
+    }
+
+    /// The id of the move's first marker of this kind (ids are recorded in pairs at plan time).
+    fn marker_id(&self, m: MoveId, kind: MarkerKind) -> Result<MarkerId, String> {
+        let base = u64::from(m.0) * 2 + 1;
+        Ok(MarkerId(if kind == MarkerKind::Drain {
+            base
+        } else {
+            base + 1
+        }))
+    }
+
+    fn barrier_open(&self, target: Generation) -> bool {
+        self.bug(Bug::MarkerWithoutBarrier)
+            || barrier(self.leases.values(), target, self.now) == Barrier::Open
+    }
+
+    fn resend(&mut self, pick: usize) -> Step {
+        let Some(r) = self.record.as_ref() else {
+            return Ok(());
+        };
+        let moves = r.reshard.plan().moves.clone();
+        if moves.is_empty() {
+            return Ok(());
+        }
+        let m = MoveId((pick % moves.len()) as u16);
+        let (kind, q) = match r.phase {
+            Phase::Draining => (
+                MarkerKind::Drain,
+                Q::Shard(moves[usize::from(m.0)].from.get()),
+            ),
+            Phase::Closing if r.close_sent => (MarkerKind::Close, Q::Hold(m.0)),
+            _ => return Ok(()),
+        };
+        if r.honoured(m, kind) {
+            return Ok(());
+        }
+        let r = self.record_mut()?;
+        r.next_id += 1;
+        let id = MarkerId(r.next_id);
+        r.markers.record(id, m, kind);
+        self.publish(0, q, Msg::Marker(id, m, kind))?;
+        Ok(())
+    }
+
+    fn forge(&mut self, pick: usize, drain: bool) -> Step {
+        let Some(r) = self.record.as_ref() else {
+            return Ok(());
+        };
+        let moves = &r.reshard.plan().moves;
+        if moves.is_empty() || !r.declared {
+            return Ok(());
+        }
+        let m = pick % moves.len();
+        let (kind, q) = if drain {
+            (MarkerKind::Drain, Q::Shard(moves[m].from.get()))
+        } else {
+            (MarkerKind::Close, Q::Hold(m as u16))
+        };
+        self.publish(
+            u32::MAX,
+            q,
+            Msg::Marker(MarkerId(FORGED + pick as u64), MoveId(m as u16), kind),
+        )?;
+        Ok(())
+    }
+
+    fn failover(&mut self) {
+        if let Some((reg, before)) = self.unwaited.take() {
+            match before {
+                Some(lease) => self.leases.insert(reg, lease),
+                None => self.leases.remove(&reg),
+            };
+        }
+    }
+
+    // ---- Driving ----
+
+    /// One action, then the invariants that hold after every step.
+    pub(crate) fn step(&mut self, action: Action) -> Step {
+        match action {
+            Action::Publish {
+                p,
+                order,
+                sequenced,
+            } => self.publisher_publish(usize::from(p), order % ORDERS.len() as u8, sequenced)?,
+            Action::Land(pick) => self.land(usize::from(pick)),
+            Action::Start(pick) => self.start(usize::from(pick)),
+            Action::Deliver(pick) => {
+                if let Some(id) = self.consumer_id(usize::from(pick)) {
+                    self.deliver(id);
+                }
+            }
+            Action::Settle(pick) => {
+                if let Some(id) = self.consumer_id(usize::from(pick)) {
+                    self.settle(id)?;
+                }
+            }
+            Action::Refresh(pick) => {
+                if let Some(id) = self.consumer_id(usize::from(pick)) {
+                    self.refresh(id)?;
+                }
+            }
+            Action::CrashWorker(pick, zombie) => {
+                if let Some(id) = self.consumer_id(usize::from(pick)) {
+                    self.crash(id, zombie);
+                }
+            }
+            Action::ZombieWrite(pick) => self.zombie_write(usize::from(pick))?,
+            Action::Renew(p) => self.renew(usize::from(p) % PUBLISHERS)?,
+            Action::Reregister(p) => self.reregister(usize::from(p) % PUBLISHERS)?,
+            Action::Tick => self.now += 1,
+            Action::Command => self.command()?,
+            Action::CommandCrash => self.command.clear(),
+            Action::Resend(pick) => self.resend(usize::from(pick))?,
+            Action::Forge(pick, drain) => self.forge(usize::from(pick), drain)?,
+            Action::Failover => self.failover(),
+        }
+        self.check()
+    }
+
+    fn check(&self) -> Step {
+        let mut queues = BTreeSet::new();
+        for c in self.consumers.values() {
+            if !queues.insert(c.q) {
+                return Err(format!("one consumer per queue: two on {:?}", c.q));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs everything to its end, fairly, then checks that nothing was lost.
+    pub(crate) fn finish(&mut self) -> Step {
+        self.zombies.clear();
+        for _ in 0..400 {
+            for p in 0..PUBLISHERS {
+                self.renew(p)?;
+                self.reregister(p)?;
+            }
+            while self.lanes.values().any(|l| !l.is_empty()) {
+                self.land(0);
+            }
+            let free: Vec<Q> = self
+                .queues
+                .keys()
+                .copied()
+                .filter(|q| !self.consumers.values().any(|c| c.q == *q))
+                .collect();
+            for q in free {
+                self.start_on(q);
+            }
+            let ids: Vec<u64> = self.consumers.keys().copied().collect();
+            for id in ids {
+                self.refresh(id)?;
+                for _ in 0..4 {
+                    self.deliver(id);
+                    self.settle(id)?;
+                    while self.lanes.values().any(|l| !l.is_empty()) {
+                        self.land(0);
+                    }
+                    self.settle(id)?;
+                }
+            }
+            self.command()?;
+            self.now += 1;
+            self.check()?;
+            let idle = self.record.is_none()
+                && self.map.shard_count().get() as u32 == self.target
+                && self.queues.values().all(VecDeque::is_empty)
+                && self.consumers.values().all(|c| c.delivery.is_none())
+                && self.lanes.values().all(VecDeque::is_empty);
+            if idle {
+                break;
+            }
+        }
+        if self.record.is_some() {
+            let phase = self.record.as_ref().map(|r| r.phase);
+            return Err(format!("the reshard never finished: stuck at {phase:?}"));
+        }
+        let lost: Vec<&Ev> = self
+            .published
+            .iter()
+            .filter(|ev| !self.processed.contains(&(ev.publisher, ev.order, ev.nth)))
+            .collect();
+        if let Some(ev) = lost.first() {
+            return Err(format!(
+                "no loss: {} events never processed, first {ev:?}",
+                lost.len()
+            ));
+        }
+        Ok(())
+    }
+}
