@@ -21,7 +21,12 @@ mod world;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner};
 
-use world::{Action, Bug, Cfg, ORDERS, PUBLISHERS, World};
+use std::sync::Mutex;
+
+use world::{Action, Bug, Cfg, ORDERS, PUBLISHERS, Stats, World};
+
+/// What the passing runs exercised, summed.
+static STATS: Mutex<Option<Stats>> = Mutex::new(None);
 
 /// One case: the first shard count N₀, the count before the reshard N, the
 /// target M, and what happens.
@@ -43,8 +48,8 @@ fn action() -> impl Strategy<Value = Action> {
         10 => any::<u8>().prop_map(Action::Deliver),
         10 => any::<u8>().prop_map(Action::Settle),
         5 => any::<u8>().prop_map(Action::Refresh),
-        1 => (any::<u8>(), any::<bool>()).prop_map(|(c, z)| Action::CrashWorker(c, z)),
-        1 => any::<u8>().prop_map(Action::ZombieWrite),
+        3 => (any::<u8>(), any::<bool>()).prop_map(|(c, z)| Action::CrashWorker(c, z)),
+        2 => any::<u8>().prop_map(Action::ZombieWrite),
         4 => any::<u8>().prop_map(Action::Renew),
         1 => any::<u8>().prop_map(Action::Reregister),
         3 => Just(Action::Tick),
@@ -85,13 +90,19 @@ fn run_case(cfg: Cfg, s: &Scenario) -> Result<(), TestCaseError> {
     }
     world
         .finish()
-        .map_err(|e| TestCaseError::fail(format!("after draining: {e}")))
+        .map_err(|e| TestCaseError::fail(format!("after draining: {e}")))?;
+    if cfg == CORRECT {
+        if let Ok(mut total) = STATS.lock() {
+            total.get_or_insert_with(Stats::default).add(&world.stats);
+        }
+    }
+    Ok(())
 }
 
 fn run(cfg: Cfg, cases: u32, seed: Option<u8>) -> Result<(), TestError<Scenario>> {
     let config = Config {
         cases,
-        max_shrink_iters: if seed.is_some() { 256 } else { 4096 },
+        max_shrink_iters: if seed.is_some() { 32 } else { 4096 },
         failure_persistence: None,
         ..Config::default()
     };
@@ -115,12 +126,47 @@ fn cases() -> u32 {
 const CORRECT: Cfg = Cfg {
     bug: None,
     lease_waits: true,
+    resend_uncovered: true,
 };
 
 #[test]
 fn the_protocol_keeps_every_invariant() {
+    let started = std::time::Instant::now();
     if let Err(e) = run(CORRECT, cases(), None) {
         panic!("{e}");
+    }
+    eprintln!(
+        "{} cases in {:?}: {:?}",
+        cases(),
+        started.elapsed(),
+        STATS.lock().map(|s| *s).ok().flatten()
+    );
+}
+
+/// Found by the model: a lease renewal that does not wait for the replica can
+/// be lost in a failover; the barrier then reads the older deadline and
+/// passes without a publisher that still believes its lease holds, whose
+/// event routed by the old map lands behind the marker. Shrunk case: 1 → 2,
+/// publisher 1 publishes `order-0` by g, renews (reading g + 1, not yet
+/// acknowledging it: the event is unconfirmed), publishes the order's next
+/// event to the holding queue; Redis fails over and loses the renewal; the
+/// old deadline passes, the barrier opens, and the first event lands behind
+/// the marker, to be forwarded after the second. Renewals must `WAIT`.
+#[test]
+fn a_lease_renewal_that_does_not_wait_breaks_the_barrier() {
+    let cfg = Cfg {
+        lease_waits: false,
+        ..CORRECT
+    };
+    let started = std::time::Instant::now();
+    match run(cfg, 2000, Some(7)) {
+        Err(TestError::Fail(reason, scenario)) => {
+            eprintln!(
+                "renewal without WAIT caught in {:?}: {reason}\n  minimal case: {scenario:?}",
+                started.elapsed()
+            );
+        }
+        other => panic!("{other:?}"),
     }
 }
 
@@ -129,9 +175,13 @@ fn caught(bug: Bug) {
         bug: Some(bug),
         ..CORRECT
     };
+    let started = std::time::Instant::now();
     match run(cfg, 2000, Some(7)) {
         Err(TestError::Fail(reason, scenario)) => {
-            eprintln!("{bug:?} caught: {reason}\n  minimal case: {scenario:?}");
+            eprintln!(
+                "{bug:?} caught in {:?}: {reason}\n  minimal case: {scenario:?}",
+                started.elapsed()
+            );
         }
         Err(e) => panic!("{bug:?}: {e}"),
         Ok(()) => panic!("{bug:?} was not caught"),
@@ -166,4 +216,149 @@ fn release_before_marker_is_caught() {
 #[test]
 fn fence_from_old_scope_is_caught() {
     caught(Bug::FenceFromOldScope);
+}
+
+/// The case the model found (a seeded run's shrunk case): see
+/// `lapsed_publisher_resends_what_no_barrier_covered`.
+fn lapsed_publisher_case() -> Scenario {
+    use Action::*;
+    Scenario {
+        first: 3,
+        current: 2,
+        target: 1,
+        actions: vec![
+            Publish {
+                p: 2,
+                order: 2,
+                sequenced: false,
+            },
+            Publish {
+                p: 0,
+                order: 4,
+                sequenced: false,
+            },
+            Command,
+            Land(188),
+            Start(83),
+            Publish {
+                p: 0,
+                order: 0,
+                sequenced: false,
+            },
+            Command,
+            Publish {
+                p: 1,
+                order: 0,
+                sequenced: false,
+            },
+            Deliver(0),
+            Forge(0, false),
+            Command,
+            Settle(4),
+            Land(31),
+            Land(232),
+            Publish {
+                p: 0,
+                order: 4,
+                sequenced: false,
+            },
+            Publish {
+                p: 0,
+                order: 2,
+                sequenced: false,
+            },
+            Land(6),
+            Land(71),
+            Publish {
+                p: 2,
+                order: 1,
+                sequenced: false,
+            },
+            Publish {
+                p: 1,
+                order: 3,
+                sequenced: false,
+            },
+            Publish {
+                p: 0,
+                order: 2,
+                sequenced: false,
+            },
+            Publish {
+                p: 2,
+                order: 4,
+                sequenced: false,
+            },
+            Tick,
+            Publish {
+                p: 0,
+                order: 4,
+                sequenced: true,
+            },
+            Land(100),
+            Publish {
+                p: 2,
+                order: 3,
+                sequenced: true,
+            },
+            Tick,
+            Tick,
+            Tick,
+            Land(178),
+            Start(250),
+            Reregister(237),
+            Command,
+            Land(55),
+            Land(25),
+            Land(81),
+            Start(255),
+            Publish {
+                p: 1,
+                order: 4,
+                sequenced: true,
+            },
+            Publish {
+                p: 1,
+                order: 2,
+                sequenced: false,
+            },
+            Land(72),
+            Land(202),
+            Land(17),
+            Land(153),
+        ],
+    }
+}
+
+/// The design's flaw the model found. Shrinking 2 → 1: publisher 0
+/// publishes events 1 and 2 of `order-4` by generation g (to `shard.1`),
+/// both still on their way; its lease lapses; the first barrier goes on
+/// without it and the drain marker lands in `shard.1`; then event 1 lands
+/// (confirmed) behind the marker. Registering again, the publisher resends
+/// only what is unconfirmed (event 2, now to the holding queue), so event 2
+/// is processed from the holding queue before event 1, which `shard.1`
+/// forwards after its marker. The design's "the lease is far longer than an
+/// enqueue" is the timing the protocol must not rest on. Fixed by
+/// [`must_resend`](shardline_contract::reshard::must_resend).
+#[test]
+fn lapsed_publisher_resends_what_no_barrier_covered() {
+    let play = |cfg: Cfg| {
+        let mut world = World::new(cfg, 3, 2, 1);
+        world.trace = std::env::var_os("SHARDLINE_MODEL_TRACE").is_some();
+        for a in lapsed_publisher_case().actions {
+            world.step(a)?;
+        }
+        world.finish()
+    };
+    let unfixed = play(Cfg {
+        resend_uncovered: false,
+        ..CORRECT
+    });
+    assert!(
+        unfixed
+            .as_ref()
+            .is_err_and(|e| e.starts_with("per-order order")),
+        "{unfixed:?}"
+    );
+    assert_eq!(play(CORRECT), Ok(()));
 }

@@ -51,6 +51,26 @@ pub fn may_acknowledge(
     unconfirmed.into_iter().all(|routed_by| routed_by >= read)
 }
 
+/// Must a publisher that registers again after its lease lapsed, having read
+/// `read`, publish again (before anything new, by the map it just read) an
+/// event it published by `routed_by`?
+///
+/// Yes when the event is not confirmed, and also when it is confirmed but no
+/// acknowledgement of a later generation covers it (`acknowledged ≤
+/// routed_by`): its confirm may have come after the lease lapsed, when a
+/// barrier had already gone on without this publisher, so the event may sit
+/// behind the marker in its old queue and be forwarded after the publisher's
+/// next events. Its copy goes by the new route ahead of them; the late
+/// original becomes a duplicate.
+pub fn must_resend(
+    routed_by: Generation,
+    confirmed: bool,
+    acknowledged: Generation,
+    read: Generation,
+) -> bool {
+    !confirmed || (routed_by < read && acknowledged <= routed_by)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,6 +91,18 @@ mod tests {
         assert_eq!(barrier(&leases, g, 40), Barrier::Waiting(1));
         assert_eq!(barrier(&leases, g, 50), Barrier::Open);
         assert_eq!(barrier(&[], g, 0), Barrier::Open);
+    }
+
+    #[test]
+    fn a_lapsed_publisher_resends_what_no_acknowledgement_covered() {
+        let (g, next) = (Generation(3), Generation(4));
+        // Confirmed, routed by g, never acknowledged past g: resent.
+        assert!(must_resend(g, true, g, next));
+        // Covered by an acknowledgement of g + 1: its confirm came while the lease held.
+        assert!(!must_resend(g, true, next, next));
+        // Routed by the map just read: where a resend would go anyway.
+        assert!(!must_resend(next, true, next, next));
+        assert!(must_resend(next, false, next, next));
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! - [`Reshard`] and [`Phase`]: the reshard's steps as data, and where a
 //!   bucket's new events go at each generation ([`Destination`]).
 //! - [`barrier`]: may a marker go out (every live publisher acknowledged)?
+//!   And what a publisher whose lease lapsed sends again ([`must_resend`]).
 //! - [`Markers`]: a marker is honoured once, only if its id is pending.
 //! - [`verdict`]: what a consumer does with a delivery: process, forward or wait.
 #![warn(missing_docs)]
@@ -20,7 +21,7 @@ mod marker;
 mod route;
 mod verdict;
 
-pub use barrier::{Barrier, Lease, barrier, may_acknowledge};
+pub use barrier::{Barrier, Lease, barrier, may_acknowledge, must_resend};
 pub use buckets::{Bucket, Buckets, BucketsError};
 pub use map::{Generation, GenerationError, MAX_TARGET_SHARDS, Map, Move, MoveId, Plan, PlanError};
 pub use marker::{Honour, MarkerError, MarkerId, MarkerKind, Markers};

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use shardline_contract::reshard::{
     Barrier, Bucket, Buckets, Destination, Generation, Honour, Lease, Map, MarkerId, MarkerKind,
     Markers, MoveId, Phase, Progress, Reshard, Source, Verdict, View, barrier, may_acknowledge,
-    verdict,
+    must_resend, verdict,
 };
 use shardline_contract::shard::ShardCount;
 
@@ -48,9 +48,13 @@ pub(crate) enum Bug {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Cfg {
     /// The planted bug, if any.
-    pub bug: Option<Bug>,
+    pub(crate) bug: Option<Bug>,
     /// Whether a publisher's lease renewal waits for the replica (`WAIT`).
-    pub lease_waits: bool,
+    pub(crate) lease_waits: bool,
+    /// The fix the model found: a publisher that registers again resends
+    /// what no acknowledgement covers ([`must_resend`]), not only what is
+    /// unconfirmed, and a worker acks a forward only while its lease holds.
+    pub(crate) resend_uncovered: bool,
 }
 
 /// One thing that can happen. Numbers pick among what exists, modulo its count.
@@ -142,6 +146,9 @@ struct Publisher {
     deadline: u64,
     read: Generation,
     seen: Generation,
+    /// The generation it last acknowledged.
+    acknowledged: Generation,
+    /// What it published and no acknowledgement covers yet.
     pending: Vec<Pending>,
     next: [u32; ORDERS.len()],
 }
@@ -191,8 +198,46 @@ enum Reg {
     Forwarder(u64),
 }
 
+/// What a run exercised, to see that the model reaches the protocol's corners.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Stats {
+    pub(crate) reshards: u32,
+    pub(crate) moves: u32,
+    pub(crate) processed: u32,
+    pub(crate) processed_from_hold: u32,
+    pub(crate) forwarded: u32,
+    pub(crate) waits: u32,
+    pub(crate) honoured: u32,
+    pub(crate) refused_markers: u32,
+    pub(crate) redelivered: u32,
+    pub(crate) zombie_refused: u32,
+    pub(crate) zombie_accepted: u32,
+    pub(crate) resent_after_lapse: u32,
+    pub(crate) failover_lost: u32,
+}
+
+impl Stats {
+    pub(crate) fn add(&mut self, o: &Self) {
+        self.reshards += o.reshards;
+        self.moves += o.moves;
+        self.processed += o.processed;
+        self.processed_from_hold += o.processed_from_hold;
+        self.forwarded += o.forwarded;
+        self.waits += o.waits;
+        self.honoured += o.honoured;
+        self.refused_markers += o.refused_markers;
+        self.redelivered += o.redelivered;
+        self.zombie_refused += o.zombie_refused;
+        self.zombie_accepted += o.zombie_accepted;
+        self.resent_after_lapse += o.resent_after_lapse;
+        self.failover_lost += o.failover_lost;
+    }
+}
+
 /// The world.
 pub(crate) struct World {
+    pub(crate) stats: Stats,
+    pub(crate) trace: bool,
     cfg: Cfg,
     buckets: Buckets,
     first: ShardCount,
@@ -243,6 +288,8 @@ impl World {
         }
         let generation = map.generation();
         let mut world = Self {
+            stats: Stats::default(),
+            trace: false,
             cfg,
             buckets,
             first,
@@ -286,6 +333,7 @@ impl World {
                 deadline: LEASE,
                 read: generation,
                 seen: generation,
+                acknowledged: generation,
                 pending: Vec::new(),
                 next: [0; ORDERS.len()],
             });
@@ -459,19 +507,22 @@ impl World {
             .map_err(|e| format!("generations only grow: {e}"))?;
         let confirmed = &self.confirmed;
         let publisher = &mut self.publishers[p];
-        publisher.pending.retain(|x| !confirmed.contains(&x.serial));
         publisher.read = read;
         publisher.seen = read;
         publisher.deadline = self.now + LEASE;
-        let before = self
-            .leases
-            .get(&Reg::Publisher(p))
-            .map_or(Generation(0), |l| l.acknowledged);
-        let acknowledged = if may_acknowledge(read, publisher.pending.iter().map(|x| x.routed)) {
-            read
-        } else {
-            before
-        };
+        let unconfirmed = publisher
+            .pending
+            .iter()
+            .filter(|x| !confirmed.contains(&x.serial))
+            .map(|x| x.routed);
+        if may_acknowledge(read, unconfirmed) {
+            publisher.acknowledged = read;
+        }
+        let acknowledged = publisher.acknowledged;
+        // An acknowledgement covers what was routed by an older map.
+        publisher
+            .pending
+            .retain(|x| !confirmed.contains(&x.serial) || x.routed >= acknowledged);
         let lease = Lease {
             deadline_ms: publisher.deadline,
             acknowledged,
@@ -490,14 +541,24 @@ impl World {
         let chan = self.channel();
         let confirmed = &self.confirmed;
         let publisher = &mut self.publishers[p];
+        let read = self.generation;
+        let acknowledged = publisher.acknowledged;
+        let uncovered = self.cfg.resend_uncovered;
         let resend: Vec<Pending> = publisher
             .pending
             .drain(..)
-            .filter(|x| !confirmed.contains(&x.serial))
+            .filter(|x| {
+                let done = confirmed.contains(&x.serial);
+                if uncovered {
+                    must_resend(x.routed, done, acknowledged, read)
+                } else {
+                    !done
+                }
+            })
             .collect();
         publisher.chan = chan;
         publisher.deadline = self.now + LEASE;
-        let read = self.generation;
+        publisher.acknowledged = read;
         publisher.read = read;
         publisher.seen = read;
         self.write_lease(
@@ -507,7 +568,8 @@ impl World {
                 acknowledged: read,
             },
         );
-        // Unconfirmed events go again, first, by the map just read.
+        // What may sit behind a marker goes again, first, by the map just read.
+        self.stats.resent_after_lapse += resend.len() as u32;
         for x in resend {
             let q = self.route_by(read, x.ev.order)?;
             let serial = self.publish(chan, q, Msg::Event(x.ev))?;
@@ -534,6 +596,9 @@ impl World {
         }
         let key = busy[pick % busy.len()];
         if let Some((serial, msg)) = self.lanes.get_mut(&key).and_then(VecDeque::pop_front) {
+            if self.trace {
+                eprintln!("  t{} land #{serial} in {:?}: {msg:?}", self.now, key.1);
+            }
             self.queues.entry(key.1).or_default().push_back(msg);
             self.confirmed.insert(serial);
         }
@@ -687,6 +752,7 @@ impl World {
                     });
                 }
             }
+            self.stats.redelivered += 1;
             // Unacked: back to the head of its queue.
             self.queues.entry(c.q).or_default().push_front(msg);
         }
@@ -704,6 +770,9 @@ impl World {
     fn write(&mut self, ev: Ev, epoch: u64, rank: u64, owner: bool) -> Step {
         let o = usize::from(ev.order);
         if epoch < self.order_epoch[o] {
+            if !owner {
+                self.stats.zombie_refused += 1;
+            }
             return if owner {
                 Err(format!(
                     "no stale write: the owner's write of {ev:?} refused, its epoch {epoch} is below the order's {}",
@@ -718,8 +787,14 @@ impl World {
                 "no stale write: a stale owner's write of {ev:?} (epoch {epoch}) accepted after a newer owner's"
             ));
         }
+        if !owner {
+            self.stats.zombie_accepted += 1;
+        }
         self.order_epoch[o] = epoch;
         self.order_rank[o] = rank;
+        if self.trace {
+            eprintln!("  t{} write {ev:?} epoch {epoch} owner {owner}", self.now);
+        }
         if self.processed.insert((ev.publisher, ev.order, ev.nth)) {
             if let Some(gap) =
                 (0..ev.nth).find(|k| !self.processed.contains(&(ev.publisher, ev.order, *k)))
@@ -738,7 +813,12 @@ impl World {
         };
         let Some(msg) = c.delivery else { return Ok(()) };
         if let Some(f) = c.forwarding {
-            if self.confirmed.contains(&f.serial) {
+            // Acked only while its lease holds, so its confirm came while the
+            // barrier counted it; past that the worker stops and the event is
+            // redelivered.
+            if self.confirmed.contains(&f.serial)
+                && (self.now < c.deadline || !self.cfg.resend_uncovered)
+            {
                 let c = self.consumers.get_mut(&id).ok_or("consumer")?;
                 c.forwarding = None;
                 c.delivery = None;
@@ -747,7 +827,12 @@ impl World {
         }
         let (q, epoch, rank, chan, seen) = (c.q, c.epoch, c.rank, c.chan, c.seen);
         match msg {
-            Msg::Marker(marker, m, kind) => self.honour(id, marker, m, kind),
+            Msg::Marker(marker, m, kind) => {
+                if self.trace {
+                    eprintln!("  t{} {q:?} honours {marker:?} {m:?} {kind:?}", self.now);
+                }
+                self.honour(id, marker, m, kind)
+            }
             Msg::Event(ev) => {
                 let bucket = self.bucket(ev.order);
                 let said = verdict(&c.view, q.source(), bucket)
@@ -761,6 +846,10 @@ impl World {
                             ));
                         }
                         self.write(ev, epoch, rank, true)?;
+                        self.stats.processed += 1;
+                        if matches!(q, Q::Hold(_)) {
+                            self.stats.processed_from_hold += 1;
+                        }
                         if let Some(c) = self.consumers.get_mut(&id) {
                             c.delivery = None;
                         }
@@ -778,9 +867,13 @@ impl World {
                                 routed: seen,
                             });
                         }
+                        self.stats.forwarded += 1;
                         Ok(())
                     }
-                    Verdict::Wait => Ok(()),
+                    Verdict::Wait => {
+                        self.stats.waits += 1;
+                        Ok(())
+                    }
                 }
             }
         }
@@ -790,12 +883,13 @@ impl World {
         let forged_ok = self.bug(Bug::ForgedMarkerHonoured);
         if let Some(r) = self.record.as_mut() {
             match r.markers.honour(marker, m, kind) {
-                Ok(Honour::Honoured(..) | Honour::AlreadyHonoured) => {}
+                Ok(Honour::Honoured(..)) => self.stats.honoured += 1,
+                Ok(Honour::AlreadyHonoured) => {}
                 Err(_) if forged_ok => {
                     r.forced.insert((m, kind));
                 }
                 // Dead-lettered `control`: a control message, never an event.
-                Err(_) => {}
+                Err(_) => self.stats.refused_markers += 1,
             }
         }
         if let Some(c) = self.consumers.get_mut(&id) {
@@ -905,6 +999,8 @@ impl World {
             Phase::Closing => {
                 let r = self.record.as_ref().ok_or("record")?;
                 if (0..moves.len()).all(|m| r.honoured(MoveId(m as u16), MarkerKind::Close)) {
+                    self.stats.reshards += 1;
+                    self.stats.moves += moves.len() as u32;
                     self.map = r.reshard.plan().target.clone();
                     self.last = self.record.take().map(|r| r.reshard);
                     // The holding queues are unbound; what they still hold is forwarded.
@@ -994,6 +1090,7 @@ impl World {
 
     fn failover(&mut self) {
         if let Some((reg, before)) = self.unwaited.take() {
+            self.stats.failover_lost += 1;
             match before {
                 Some(lease) => self.leases.insert(reg, lease),
                 None => self.leases.remove(&reg),
@@ -1005,6 +1102,14 @@ impl World {
 
     /// One action, then the invariants that hold after every step.
     pub(crate) fn step(&mut self, action: Action) -> Step {
+        if self.trace {
+            eprintln!(
+                "t{} {action:?} (gen {:?}, phase {:?})",
+                self.now,
+                self.generation,
+                self.record.as_ref().map(|r| r.phase)
+            );
+        }
         match action {
             Action::Publish {
                 p,
@@ -1058,8 +1163,13 @@ impl World {
 
     /// Runs everything to its end, fairly, then checks that nothing was lost.
     pub(crate) fn finish(&mut self) -> Step {
-        self.zombies.clear();
-        for _ in 0..400 {
+        for round in 0..400 {
+            if round == 1 {
+                // Dead workers' late writes, once the new owners are at work.
+                while !self.zombies.is_empty() {
+                    self.zombie_write(0)?;
+                }
+            }
             for p in 0..PUBLISHERS {
                 self.renew(p)?;
                 self.reregister(p)?;
