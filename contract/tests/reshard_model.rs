@@ -23,6 +23,8 @@ use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner
 
 use std::sync::Mutex;
 
+use shardline_contract::reshard::{Buckets, Map};
+use shardline_contract::shard::ShardCount;
 use world::{Action, Bug, Cfg, ORDERS, PUBLISHERS, Stats, World};
 
 /// What the passing runs exercised, summed.
@@ -91,10 +93,10 @@ fn run_case(cfg: Cfg, s: &Scenario) -> Result<(), TestCaseError> {
     world
         .finish()
         .map_err(|e| TestCaseError::fail(format!("after draining: {e}")))?;
-    if cfg == CORRECT {
-        if let Ok(mut total) = STATS.lock() {
-            total.get_or_insert_with(Stats::default).add(&world.stats);
-        }
+    if cfg == CORRECT
+        && let Ok(mut total) = STATS.lock()
+    {
+        total.get_or_insert_with(Stats::default).add(&world.stats);
     }
     Ok(())
 }
@@ -127,6 +129,7 @@ const CORRECT: Cfg = Cfg {
     bug: None,
     lease_waits: true,
     resend_uncovered: true,
+    route_by_acknowledged: true,
 };
 
 #[test]
@@ -145,29 +148,68 @@ fn the_protocol_keeps_every_invariant() {
 
 /// Found by the model: a lease renewal that does not wait for the replica can
 /// be lost in a failover; the barrier then reads the older deadline and
-/// passes without a publisher that still believes its lease holds, whose
-/// event routed by the old map lands behind the marker. Shrunk case: 1 → 2,
-/// publisher 1 publishes `order-0` by g, renews (reading g + 1, not yet
-/// acknowledging it: the event is unconfirmed), publishes the order's next
-/// event to the holding queue; Redis fails over and loses the renewal; the
-/// old deadline passes, the barrier opens, and the first event lands behind
-/// the marker, to be forwarded after the second. Renewals must `WAIT`.
+/// passes without a publisher that still believes its lease holds. Growing
+/// 1 → 2: publisher 1 publishes a moving order's event 0 by g (on its way to
+/// `shard.0`), renews (reading g + 1, which it cannot acknowledge yet);
+/// Redis fails over and loses the renewal; the old deadline passes, the
+/// barrier opens and the drain marker lands, then event 0 behind it. The
+/// publisher, whose lease still holds by its own clock, renews, acknowledges
+/// g + 1 and publishes event 1 to the holding queue, ahead of event 0's
+/// forward. (A long run of the first design found it with the renewal and
+/// the route switch in one step; shrunk and written out here.) Renewals must
+/// `WAIT`, as the topology's writes do.
 #[test]
 fn a_lease_renewal_that_does_not_wait_breaks_the_barrier() {
-    let cfg = Cfg {
+    use Action::*;
+    let buckets = Buckets::new(ShardCount::new(1).unwrap()).unwrap();
+    let plan = Map::initial(&buckets).plan(2).unwrap();
+    let order = (0..ORDERS.len() as u8)
+        .find(|&o| {
+            plan.move_of(buckets.bucket_of(ORDERS[usize::from(o)]))
+                .is_some()
+        })
+        .expect("an order that moves");
+    let publish = Publish {
+        p: 1,
+        order,
+        sequenced: false,
+    };
+    let actions = [
+        Command,
+        Command,
+        publish,
+        Command,
+        Tick,
+        Renew(1),
+        Failover,
+        Tick,
+        Tick,
+        Tick,
+        Command,
+        Land(0),
+        Land(0),
+        Renew(1),
+        publish,
+    ];
+    let play = |cfg: Cfg| {
+        let mut world = World::new(cfg, 1, 1, 2);
+        world.trace = std::env::var_os("SHARDLINE_MODEL_TRACE").is_some();
+        for a in actions {
+            world.step(a)?;
+        }
+        world.finish()
+    };
+    let unwaited = play(Cfg {
         lease_waits: false,
         ..CORRECT
-    };
-    let started = std::time::Instant::now();
-    match run(cfg, 2000, Some(7)) {
-        Err(TestError::Fail(reason, scenario)) => {
-            eprintln!(
-                "renewal without WAIT caught in {:?}: {reason}\n  minimal case: {scenario:?}",
-                started.elapsed()
-            );
-        }
-        other => panic!("{other:?}"),
-    }
+    });
+    assert!(
+        unwaited
+            .as_ref()
+            .is_err_and(|e| e.starts_with("per-order order")),
+        "{unwaited:?}"
+    );
+    assert_eq!(play(CORRECT), Ok(()));
 }
 
 fn caught(bug: Bug) {
@@ -216,6 +258,74 @@ fn release_before_marker_is_caught() {
 #[test]
 fn fence_from_old_scope_is_caught() {
     caught(Bug::FenceFromOldScope);
+}
+
+/// Found by a long run (20,000 cases) and shrunk by proptest. Growing 1 → 2
+/// from N₀ = 3: publisher 1 publishes `order-4`'s event 0 by g (to
+/// `shard.0`, still on its way), renews and reads g + 1 (it cannot
+/// acknowledge it: event 0 is unconfirmed), publishes event 1 by g + 1 to
+/// the holding queue, and then fails to renew. Its lease lapses, the first
+/// barrier goes on without it, event 0 lands behind the drain marker and is
+/// forwarded to the holding queue behind event 1. Fixed by routing by the
+/// generation acknowledged, not the one read (`may_acknowledge`'s rule).
+#[test]
+fn a_publisher_routes_by_the_generation_it_acknowledged() {
+    use Action::*;
+    let actions = [
+        Command,
+        Command,
+        Publish {
+            p: 0,
+            order: 0,
+            sequenced: false,
+        },
+        Publish {
+            p: 0,
+            order: 0,
+            sequenced: false,
+        },
+        Publish {
+            p: 0,
+            order: 0,
+            sequenced: false,
+        },
+        Publish {
+            p: 1,
+            order: 4,
+            sequenced: false,
+        },
+        Command,
+        Renew(49),
+        Tick,
+        Tick,
+        Tick,
+        Publish {
+            p: 1,
+            order: 4,
+            sequenced: false,
+        },
+        Tick,
+        Command,
+    ];
+    let play = |cfg: Cfg| {
+        let mut world = World::new(cfg, 3, 1, 2);
+        world.trace = std::env::var_os("SHARDLINE_MODEL_TRACE").is_some();
+        for a in actions {
+            world.step(a)?;
+        }
+        world.finish()
+    };
+    let unfixed = play(Cfg {
+        route_by_acknowledged: false,
+        ..CORRECT
+    });
+    assert!(
+        unfixed
+            .as_ref()
+            .is_err_and(|e| e.starts_with("per-order order")),
+        "{unfixed:?}"
+    );
+    assert_eq!(play(CORRECT), Ok(()));
 }
 
 /// The case the model found (a seeded run's shrunk case): see

@@ -44,6 +44,12 @@ pub fn barrier<'a>(
 /// May a publisher that read `read` acknowledge it, given the generations
 /// its unconfirmed messages were routed by? Only when none was routed by an
 /// older map.
+///
+/// A publisher routes by the generation it acknowledged, not by a newer one
+/// it only read: were it to send an order's next event by the new route
+/// while the previous one, by the old route, is unconfirmed, and its lease
+/// lapsed, the barrier would go on without it, the old event could land
+/// behind the marker and be forwarded after the new one.
 pub fn may_acknowledge(
     read: Generation,
     unconfirmed: impl IntoIterator<Item = Generation>,

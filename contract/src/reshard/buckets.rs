@@ -107,9 +107,9 @@ fn prime_powers(mut n: u32) -> Vec<u32> {
     let mut out = Vec::new();
     let mut p = 2;
     while p * p <= n {
-        if n % p == 0 {
+        if n.is_multiple_of(p) {
             let mut q = 1;
-            while n % p == 0 {
+            while n.is_multiple_of(p) {
                 n /= p;
                 q *= p;
             }

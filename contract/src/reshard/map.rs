@@ -162,10 +162,10 @@ impl Map {
         }
         let mut grouped: BTreeMap<(ShardId, ShardId), Vec<Bucket>> = BTreeMap::new();
         for (bucket, (old, new)) in self.shards.iter().zip(&shards).enumerate() {
-            if old != new {
-                if let Some(bucket) = Bucket::from_index(bucket) {
-                    grouped.entry((*old, *new)).or_default().push(bucket);
-                }
+            if old != new
+                && let Some(bucket) = Bucket::from_index(bucket)
+            {
+                grouped.entry((*old, *new)).or_default().push(bucket);
             }
         }
         let moves = grouped

@@ -62,17 +62,17 @@ impl View {
             Self::Settled(map) => (map, None),
             Self::Resharding(p) => (p.reshard.old(), Some(p)),
         };
-        if let Some(p) = progress {
-            if let Some(id) = p.reshard.plan().move_of(bucket) {
-                let moved = p.reshard.plan().get(id)?;
-                return Some(if p.closed.contains(&id) {
-                    Source::Shard(moved.to.get())
-                } else if p.drained.contains(&id) {
-                    Source::Hold(id)
-                } else {
-                    Source::Shard(moved.from.get())
-                });
-            }
+        if let Some(p) = progress
+            && let Some(id) = p.reshard.plan().move_of(bucket)
+        {
+            let moved = p.reshard.plan().get(id)?;
+            return Some(if p.closed.contains(&id) {
+                Source::Shard(moved.to.get())
+            } else if p.drained.contains(&id) {
+                Source::Hold(id)
+            } else {
+                Source::Shard(moved.from.get())
+            });
         }
         map.shard_of(bucket).map(|s| Source::Shard(s.get()))
     }

@@ -36,7 +36,8 @@ pub(crate) enum Bug {
     MarkerWithoutBarrier,
     /// A consumer honours a marker whose id the record does not hold.
     ForgedMarkerHonoured,
-    /// A publisher whose lease lapsed keeps publishing by the map it read.
+    /// A publisher whose lease lapsed keeps reading the topology and
+    /// publishing by the map it read, without registering again.
     PublishAfterLeaseLapse,
     /// The holding queue is consumed before its move is drained.
     ReleaseBeforeMarker,
@@ -55,6 +56,9 @@ pub(crate) struct Cfg {
     /// what no acknowledgement covers ([`must_resend`]), not only what is
     /// unconfirmed, and a worker acks a forward only while its lease holds.
     pub(crate) resend_uncovered: bool,
+    /// The other fix the model found: a publisher routes by the generation
+    /// it acknowledged, not by the newer one it read.
+    pub(crate) route_by_acknowledged: bool,
 }
 
 /// One thing that can happen. Numbers pick among what exists, modulo its count.
@@ -398,10 +402,10 @@ impl World {
                     .clone()
                     .filter(|&m| r.honoured(m, MarkerKind::Close))
                     .collect();
-                if let Some(Q::Hold(m)) = q {
-                    if self.bug(Bug::ReleaseBeforeMarker) {
-                        drained.insert(MoveId(m));
-                    }
+                if let Some(Q::Hold(m)) = q
+                    && self.bug(Bug::ReleaseBeforeMarker)
+                {
+                    drained.insert(MoveId(m));
                 }
                 View::Resharding(Progress {
                     reshard: r.reshard.clone(),
@@ -436,7 +440,14 @@ impl World {
         if self.now >= publisher.deadline && !self.bug(Bug::PublishAfterLeaseLapse) {
             return Ok(());
         }
-        let read = publisher.read;
+        // It routes by the generation it acknowledged: a route switched while
+        // events of the older route are unconfirmed would let a lapse put
+        // those behind the marker and the new route's ahead of them.
+        let read = if self.cfg.route_by_acknowledged {
+            publisher.acknowledged
+        } else {
+            publisher.read
+        };
         let q = self.route_by(read, order)?;
         let publisher = &mut self.publishers[p];
         let ev = Ev {
@@ -499,6 +510,15 @@ impl World {
             return Ok(());
         };
         if self.now >= publisher.deadline {
+            if self.bug(Bug::PublishAfterLeaseLapse) {
+                // The renewal failed; the publisher reads the topology anyway
+                // and goes on as if it were renewed, without registering again.
+                let read = self.generation;
+                let publisher = &mut self.publishers[p];
+                publisher.read = read;
+                publisher.seen = read;
+                publisher.acknowledged = read;
+            }
             return Ok(());
         }
         let read = publisher
@@ -795,14 +815,13 @@ impl World {
         if self.trace {
             eprintln!("  t{} write {ev:?} epoch {epoch} owner {owner}", self.now);
         }
-        if self.processed.insert((ev.publisher, ev.order, ev.nth)) {
-            if let Some(gap) =
+        if self.processed.insert((ev.publisher, ev.order, ev.nth))
+            && let Some(gap) =
                 (0..ev.nth).find(|k| !self.processed.contains(&(ev.publisher, ev.order, *k)))
-            {
-                return Err(format!(
-                    "per-order order: {ev:?} processed first before event {gap} of the same publisher and order"
-                ));
-            }
+        {
+            return Err(format!(
+                "per-order order: {ev:?} processed first before event {gap} of the same publisher and order"
+            ));
         }
         Ok(())
     }
