@@ -97,6 +97,9 @@ pub(crate) enum Action {
     Forge(u8, bool),
     /// Redis fails over and loses its last write if it did not wait.
     Failover,
+    /// The oldest message of one lane is enqueued twice (a binding and its
+    /// re-declaration overlapping, or a publish retried after a lost confirm).
+    Duplicate(u8),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -603,6 +606,22 @@ impl World {
     }
 
     // ---- Broker ----
+
+    fn duplicate(&mut self, pick: usize) {
+        let busy: Vec<(u32, Q)> = self
+            .lanes
+            .iter()
+            .filter(|(_, l)| !l.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        if busy.is_empty() {
+            return;
+        }
+        let key = busy[pick % busy.len()];
+        if let Some(&(_, msg)) = self.lanes.get(&key).and_then(VecDeque::front) {
+            self.queues.entry(key.1).or_default().push_back(msg);
+        }
+    }
 
     fn land(&mut self, pick: usize) {
         let busy: Vec<(u32, Q)> = self
@@ -1136,6 +1155,7 @@ impl World {
                 sequenced,
             } => self.publisher_publish(usize::from(p), order % ORDERS.len() as u8, sequenced)?,
             Action::Land(pick) => self.land(usize::from(pick)),
+            Action::Duplicate(pick) => self.duplicate(usize::from(pick)),
             Action::Start(pick) => self.start(usize::from(pick)),
             Action::Deliver(pick) => {
                 if let Some(id) = self.consumer_id(usize::from(pick)) {
