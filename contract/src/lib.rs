@@ -37,6 +37,7 @@ pub mod order_id;
 pub mod outline;
 pub mod rabbitmq;
 pub mod replay;
+pub mod reshard;
 pub mod shard;
 pub mod status;
 pub mod telemetry;

@@ -1,0 +1,219 @@
+//! B buckets, fixed when the topology is first recorded, and the bucket of an order.
+
+use crate::shard::ShardCount;
+
+/// How many buckets the first shard count's multiple is rounded up to.
+const MIN_BUCKETS: u32 = 4096;
+
+/// A bucket has at most this many distinct prime factors (B < 8,192 and
+/// 2·3·5·7·11·13 > 8,192).
+const MAX_FACTORS: usize = 5;
+
+/// One bucket, `0..B`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Bucket(u16);
+
+impl Bucket {
+    /// The bucket's number.
+    pub fn get(self) -> u16 {
+        self.0
+    }
+
+    pub(crate) fn index(self) -> usize {
+        usize::from(self.0)
+    }
+
+    pub(crate) fn from_index(index: usize) -> Option<Self> {
+        u16::try_from(index).ok().map(Self)
+    }
+}
+
+/// The bucket space: B = N₀ · ⌈4096 / N₀⌉ buckets, a multiple of the first shard
+/// count N₀, so `bucket mod N₀` is today's `md5 mod N₀` shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Buckets {
+    first: ShardCount,
+    count: u16,
+    /// B's prime-power factors (each ≤ 4,096, so a [`ShardCount`]) with their
+    /// Chinese-remainder coefficients: the md5 integer mod B is rebuilt from
+    /// [`ShardCount::shard_of`], the one place that hashes an order.
+    factors: [(ShardCount, u32); MAX_FACTORS],
+    len: usize,
+}
+
+impl Buckets {
+    /// The buckets of a topology first recorded with `first` shards.
+    pub fn new(first: ShardCount) -> Result<Self, BucketsError> {
+        let n0 = u32::from(first.get());
+        let b = n0 * MIN_BUCKETS.div_ceil(n0);
+        let count = u16::try_from(b).map_err(|_| BucketsError::Modulus(b))?;
+        let mut factors = [(first, 0u32); MAX_FACTORS];
+        let mut len = 0;
+        for q in prime_powers(b) {
+            let modulus = ShardCount::new(q).map_err(|_| BucketsError::Modulus(b))?;
+            let rest = b / q;
+            let inverse = inverse_mod(rest % q, q).ok_or(BucketsError::Modulus(b))?;
+            let slot = factors.get_mut(len).ok_or(BucketsError::Modulus(b))?;
+            *slot = (
+                modulus,
+                (u64::from(rest) * u64::from(inverse) % u64::from(b)) as u32,
+            );
+            len += 1;
+        }
+        Ok(Self {
+            first,
+            count,
+            factors,
+            len,
+        })
+    }
+
+    /// The first shard count N₀.
+    pub fn first(&self) -> ShardCount {
+        self.first
+    }
+
+    /// B, the number of buckets.
+    pub fn count(&self) -> u16 {
+        self.count
+    }
+
+    /// Every bucket, `0..B`.
+    pub fn all(&self) -> impl Iterator<Item = Bucket> + use<> {
+        (0..self.count).map(Bucket)
+    }
+
+    /// The bucket of an order: `int(md5(order_id)) mod B`.
+    pub fn bucket_of(&self, order_id: &str) -> Bucket {
+        let b = u64::from(self.count);
+        let sum = self.factors[..self.len]
+            .iter()
+            .map(|&(modulus, coefficient)| {
+                u64::from(modulus.shard_of(order_id).get()) * u64::from(coefficient)
+            })
+            .sum::<u64>();
+        // The remainder is below B, which fits in u16.
+        Bucket((sum % b) as u16)
+    }
+
+    /// The bucket numbered `n`, if it is below B.
+    pub fn bucket(&self, n: u16) -> Option<Bucket> {
+        (n < self.count).then_some(Bucket(n))
+    }
+}
+
+/// The prime-power factors of `n`, ascending by prime.
+fn prime_powers(mut n: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut p = 2;
+    while p * p <= n {
+        if n.is_multiple_of(p) {
+            let mut q = 1;
+            while n.is_multiple_of(p) {
+                n /= p;
+                q *= p;
+            }
+            out.push(q);
+        }
+        p += 1;
+    }
+    if n > 1 {
+        out.push(n);
+    }
+    out
+}
+
+/// `a⁻¹ mod m`, when `a` and `m` are coprime.
+fn inverse_mod(a: u32, m: u32) -> Option<u32> {
+    if m == 1 {
+        return Some(0);
+    }
+    let (mut old_r, mut r) = (i64::from(a), i64::from(m));
+    let (mut old_s, mut s) = (1i64, 0i64);
+    while r != 0 {
+        let q = old_r / r;
+        (old_r, r) = (r, old_r - q * r);
+        (old_s, s) = (s, old_s - q * s);
+    }
+    (old_r == 1).then(|| old_s.rem_euclid(i64::from(m)) as u32)
+}
+
+/// Why the bucket space could not be built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BucketsError {
+    /// B has a prime-power factor above the largest shard count (never for a
+    /// valid first shard count; a test checks every one).
+    #[error("{0} buckets cannot be computed from the shard hash")]
+    Modulus(u32),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(n: u32) -> ShardCount {
+        ShardCount::new(n).unwrap()
+    }
+
+    #[test]
+    fn b_is_the_first_multiple_of_n0_from_4096() {
+        for (n0, b) in [
+            (1, 4096),
+            (6, 4098),
+            (16, 4096),
+            (20, 4100),
+            (1024, 4096),
+            (3, 4098),
+        ] {
+            assert_eq!(Buckets::new(count(n0)).unwrap().count(), b, "n0 {n0}");
+        }
+    }
+
+    #[test]
+    fn every_first_shard_count_has_buckets() {
+        for n0 in 1..=u32::from(crate::shard::MAX_SHARDS) {
+            let buckets = Buckets::new(count(n0)).unwrap();
+            let b = u32::from(buckets.count());
+            assert!(
+                (4096..4096 + n0).contains(&b) || n0 == 4096 && b == 4096,
+                "n0 {n0}"
+            );
+            assert_eq!(b % n0, 0);
+        }
+    }
+
+    #[test]
+    fn bucket_mod_n0_is_todays_shard() {
+        for n0 in [1, 2, 3, 6, 7, 16, 20, 24, 100, 1000, 4095] {
+            let buckets = Buckets::new(count(n0)).unwrap();
+            for i in 0..500 {
+                let id = format!("order-{i}");
+                let bucket = buckets.bucket_of(&id);
+                assert!(bucket.get() < buckets.count());
+                assert_eq!(
+                    bucket.get() % count(n0).get(),
+                    count(n0).shard_of(&id).get(),
+                    "n0 {n0} id {id}"
+                );
+            }
+        }
+    }
+
+    /// When B is itself a shard count, the bucket is `ShardCount(B).shard_of`.
+    #[test]
+    fn bucket_is_md5_mod_b() {
+        let buckets = Buckets::new(count(16)).unwrap();
+        for id in ["A1024", "order-1", "", "é", "注文-42"] {
+            assert_eq!(buckets.bucket_of(id).get(), count(4096).shard_of(id).get());
+        }
+        // n0 = 6: B = 4098 = 2·3·683, each residue is that factor's shard.
+        let six = Buckets::new(count(6)).unwrap();
+        for i in 0..300 {
+            let id = format!("k{i}");
+            let b = six.bucket_of(&id).get();
+            for q in [2u16, 3, 683] {
+                assert_eq!(b % q, count(u32::from(q)).shard_of(&id).get());
+            }
+        }
+    }
+}
