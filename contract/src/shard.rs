@@ -33,15 +33,21 @@ impl ShardCount {
         (0..self.0).map(ShardId)
     }
 
-    /// The shard an order belongs to.
+    /// The shard an order belongs to: [`order_hash`] mod N.
     pub fn shard_of(self, order_id: &str) -> ShardId {
-        let digest = Md5::digest(order_id.as_bytes());
-        let mut bytes = [0u8; 16];
-        bytes.copy_from_slice(&digest);
-        let value = u128::from_be_bytes(bytes);
         // The remainder is below N <= MAX_SHARDS, so it fits in u16.
-        ShardId((value % u128::from(self.0)) as u16)
+        ShardId((order_hash(order_id) % u128::from(self.0)) as u16)
     }
+}
+
+/// `int(md5(order_id))`, big-endian, as Python's
+/// `int(hashlib.md5(order_id.encode()).hexdigest(), 16)`: the one place an
+/// order is hashed (shards and resharding's buckets are remainders of it).
+pub fn order_hash(order_id: &str) -> u128 {
+    let digest = Md5::digest(order_id.as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest);
+    u128::from_be_bytes(bytes)
 }
 
 impl Default for ShardCount {

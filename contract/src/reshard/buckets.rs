@@ -1,13 +1,9 @@
 //! B buckets, fixed when the topology is first recorded, and the bucket of an order.
 
-use crate::shard::ShardCount;
+use crate::shard::{ShardCount, order_hash};
 
 /// How many buckets the first shard count's multiple is rounded up to.
 const MIN_BUCKETS: u32 = 4096;
-
-/// A bucket has at most this many distinct prime factors (B < 8,192 and
-/// 2·3·5·7·11·13 > 8,192).
-const MAX_FACTORS: usize = 5;
 
 /// One bucket, `0..B`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -34,11 +30,6 @@ impl Bucket {
 pub struct Buckets {
     first: ShardCount,
     count: u16,
-    /// B's prime-power factors (each ≤ 4,096, so a [`ShardCount`]) with their
-    /// Chinese-remainder coefficients: the md5 integer mod B is rebuilt from
-    /// [`ShardCount::shard_of`], the one place that hashes an order.
-    factors: [(ShardCount, u32); MAX_FACTORS],
-    len: usize,
 }
 
 impl Buckets {
@@ -47,25 +38,7 @@ impl Buckets {
         let n0 = u32::from(first.get());
         let b = n0 * MIN_BUCKETS.div_ceil(n0);
         let count = u16::try_from(b).map_err(|_| BucketsError::Modulus(b))?;
-        let mut factors = [(first, 0u32); MAX_FACTORS];
-        let mut len = 0;
-        for q in prime_powers(b) {
-            let modulus = ShardCount::new(q).map_err(|_| BucketsError::Modulus(b))?;
-            let rest = b / q;
-            let inverse = inverse_mod(rest % q, q).ok_or(BucketsError::Modulus(b))?;
-            let slot = factors.get_mut(len).ok_or(BucketsError::Modulus(b))?;
-            *slot = (
-                modulus,
-                (u64::from(rest) * u64::from(inverse) % u64::from(b)) as u32,
-            );
-            len += 1;
-        }
-        Ok(Self {
-            first,
-            count,
-            factors,
-            len,
-        })
+        Ok(Self { first, count })
     }
 
     /// The first shard count N₀.
@@ -85,15 +58,8 @@ impl Buckets {
 
     /// The bucket of an order: `int(md5(order_id)) mod B`.
     pub fn bucket_of(&self, order_id: &str) -> Bucket {
-        let b = u64::from(self.count);
-        let sum = self.factors[..self.len]
-            .iter()
-            .map(|&(modulus, coefficient)| {
-                u64::from(modulus.shard_of(order_id).get()) * u64::from(coefficient)
-            })
-            .sum::<u64>();
         // The remainder is below B, which fits in u16.
-        Bucket((sum % b) as u16)
+        Bucket((order_hash(order_id) % u128::from(self.count)) as u16)
     }
 
     /// The bucket numbered `n`, if it is below B.
@@ -102,48 +68,12 @@ impl Buckets {
     }
 }
 
-/// The prime-power factors of `n`, ascending by prime.
-fn prime_powers(mut n: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut p = 2;
-    while p * p <= n {
-        if n.is_multiple_of(p) {
-            let mut q = 1;
-            while n.is_multiple_of(p) {
-                n /= p;
-                q *= p;
-            }
-            out.push(q);
-        }
-        p += 1;
-    }
-    if n > 1 {
-        out.push(n);
-    }
-    out
-}
-
-/// `a⁻¹ mod m`, when `a` and `m` are coprime.
-fn inverse_mod(a: u32, m: u32) -> Option<u32> {
-    if m == 1 {
-        return Some(0);
-    }
-    let (mut old_r, mut r) = (i64::from(a), i64::from(m));
-    let (mut old_s, mut s) = (1i64, 0i64);
-    while r != 0 {
-        let q = old_r / r;
-        (old_r, r) = (r, old_r - q * r);
-        (old_s, s) = (s, old_s - q * s);
-    }
-    (old_r == 1).then(|| old_s.rem_euclid(i64::from(m)) as u32)
-}
-
 /// Why the bucket space could not be built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum BucketsError {
-    /// B has a prime-power factor above the largest shard count (never for a
-    /// valid first shard count; a test checks every one).
-    #[error("{0} buckets cannot be computed from the shard hash")]
+    /// B does not fit a bucket number (never for a valid first shard count;
+    /// a test checks every one).
+    #[error("{0} buckets do not fit a bucket number")]
     Modulus(u32),
 }
 
