@@ -22,6 +22,8 @@
 //! - [`assignment`]: the elastic fleet's rule: who should own each shard, one rebalance step at a time.
 //! - [`fleet`]: the elastic fleet's membership and assignment documents in Redis.
 //! - [`topology`]: the recorded topology: the shard count every reader follows, and its generation.
+//! - [`reshard`]: resharding's decisions (buckets, the map and its plan, routes, a
+//!   consumer's verdict, the barrier, markers), checked by the model in `tests/reshard_model.rs`.
 //! - [`telemetry`]: span names and attribute keys.
 //! - [`text`]: outside text as a person reads it: the characters that do not
 //!   show as themselves, escaped.

@@ -11,14 +11,17 @@
 //!
 //! - `schedule`: [`Schedule::from_seed`], the faults and when they hold.
 //! - `history`: [`History`], the recorded events, calls, letters, faults and samples.
+//! - `backlog`: [`Backlog`], the confirmed events the recorder sees waiting.
 //! - `check`: [`check`], the [`Verdict`] of a history.
 //! - `report`: [`recovery`], [`Summary`] and [`write_report`], `report.md` and its chart.
 
+mod backlog;
 mod check;
 mod history;
 mod report;
 mod schedule;
 
+pub use backlog::Backlog;
 pub use check::{AllowedLetter, Repeats, Verdict, Violation, check};
 pub use history::{
     Call, FaultRecord, FinalConsumers, Fleet, History, Letter, PoisonKind, Published, Sample,

@@ -220,6 +220,12 @@ impl Downstream {
         self.state.calls.lock().unwrap().clone()
     }
 
+    /// The `index`-th call (arrival order), as it is now: a poller that saw
+    /// it in flight reads it again for its answer.
+    pub fn call(&self, index: usize) -> Option<Call> {
+        self.state.calls.lock().unwrap().get(index).cloned()
+    }
+
     /// The calls from the `from`-th on (arrival order): what a poller that
     /// saw `from` calls has not seen yet, without copying the rest.
     pub fn calls_since(&self, from: usize) -> Vec<Call> {

@@ -1,14 +1,14 @@
 //! What the soak records while it runs (one sample a second) and reads at the
 //! end (the downstream's calls, the DLQ), in the check's terms.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lapin::options::BasicGetOptions;
 use lapin::types::AMQPValue;
-use shardline_soak::{Call, Letter, Sample};
+use shardline_soak::{Backlog, Call, Letter, Sample};
 use shardline_testkit::TestEnv;
+use shardline_testkit::downstream::Call as DownstreamCall;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -46,6 +46,11 @@ impl Recorder {
     }
 }
 
+/// How long a call seen in flight is read again: longer than any answer
+/// (the slow downstream's 300 ms, a handler timeout), shorter than for ever
+/// for a call its worker abandoned.
+const ABANDONED: Duration = Duration::from_secs(60);
+
 /// What the sampler carries from one second to the next.
 #[derive(Default)]
 struct Sampling {
@@ -53,10 +58,11 @@ struct Sampling {
     confirmed: usize,
     /// Calls seen so far (an index into the downstream's calls).
     calls: usize,
-    /// Confirmed events not yet applied, by key, with their confirm time.
-    pending: HashMap<String, Instant>,
-    /// Events applied before their confirm was seen.
-    early: HashSet<String>,
+    /// Confirmed events not yet applied.
+    backlog: Backlog,
+    /// Calls seen in flight (their index), read again until answered: a call
+    /// counts as applied when its 2xx answer is handed back.
+    in_flight: Vec<usize>,
     /// The machine's CPU counters at the last sample: (busy, total) jiffies.
     cpu: Option<(u64, u64)>,
 }
@@ -64,26 +70,37 @@ struct Sampling {
 impl Sampling {
     async fn sample(&mut self, rig: &Rig, start: Instant) -> Sample {
         let new = rig.downstream.calls_since(self.calls);
-        self.calls += new.len();
-        let mut applied = 0_u32;
-        for call in new.iter().filter(|c| c.ok() && c.completed) {
-            applied += 1;
-            if self.pending.remove(call.key()).is_none() {
-                self.early.insert(call.key().to_owned());
+        let seen = new.len();
+        let mut answered: Vec<DownstreamCall> = Vec::with_capacity(seen);
+        self.in_flight
+            .retain(|&index| match rig.downstream.call(index) {
+                Some(call) if call.completed => {
+                    answered.push(call);
+                    false
+                }
+                Some(call) => call.started.elapsed() < ABANDONED,
+                None => false,
+            });
+        for (offset, call) in new.into_iter().enumerate() {
+            if call.completed {
+                answered.push(call);
+            } else {
+                self.in_flight.push(self.calls + offset);
             }
         }
-        // An event can be processed before its confirm reaches the publisher
-        // (a confirm delayed by a fault): it is not pending then.
+        self.calls += seen;
+        let mut applied = 0_u32;
+        for call in answered.iter().filter(|c| c.ok()) {
+            applied += 1;
+            self.backlog.applied(call.key());
+        }
         let confirmed = rig.confirmed_since(self.confirmed).await;
         self.confirmed += confirmed.len();
         for (at, event) in confirmed {
-            let key = event.key();
-            if !self.early.remove(&key) {
-                self.pending.insert(key, at);
-            }
+            self.backlog.confirmed(event.key(), at);
         }
         let now = Instant::now();
-        let oldest = self.pending.values().min().copied();
+        let oldest = self.backlog.oldest();
         Sample {
             at: now - start,
             processed_per_sec: f64::from(applied),
