@@ -89,23 +89,23 @@ pub async fn apply(fleet: &Fleet, options: &TopologyOptions) -> Result<Applied, 
 /// adopted at the count found on the broker (never a flag's); `None` when
 /// there is neither. `who` names the reader in an adoption's record.
 pub async fn recorded(fleet: &Fleet, who: &str) -> Result<Option<TopologyRecord>, Error> {
+    let mut redis = fleet.redis.connect().await?;
+    if let Some(record) = record::read(&mut redis, &fleet.keys)
+        .await
+        .map_err(record_error(fleet))?
+    {
+        return Ok(Some(record));
+    }
+    // Only a topology made before records needs the broker read.
     let conn = fleet
         .connect(&format!("shardline {who} topology record"))
         .await?;
-    let read = read_or_adopt(fleet, &conn, who).await;
+    let adopted =
+        record::read_or_adopt(&mut redis, &fleet.keys, &conn, &fleet.names, who, unix_ms())
+            .await
+            .map_err(record_error(fleet));
     close(&conn).await;
-    read
-}
-
-async fn read_or_adopt(
-    fleet: &Fleet,
-    conn: &lapin::Connection,
-    who: &str,
-) -> Result<Option<TopologyRecord>, Error> {
-    let mut redis = fleet.redis.connect().await?;
-    record::read_or_adopt(&mut redis, &fleet.keys, conn, &fleet.names, who, unix_ms())
-        .await
-        .map_err(record_error(fleet))
+    adopted
 }
 
 /// Records a new topology of `shards`, or checks the one recorded:

@@ -206,14 +206,13 @@ impl Downstream {
     /// The worker's built-in HTTP handler calling this downstream (what
     /// `--handler URL` makes), for an in-process worker.
     pub fn handler(&self) -> Arc<dyn shardline_worker::Handler> {
-        Arc::new(shardline_worker::handler::Http::new(&self.url()).unwrap())
+        handler_at(&self.url())
     }
 
     /// [`Self::handler`] calling `/events/{name}`: the calls of the worker
     /// it is given carry that path, so a test can tell whose a call was.
     pub fn handler_named(&self, name: &str) -> Arc<dyn shardline_worker::Handler> {
-        let url = format!("{}/{name}", self.url());
-        Arc::new(shardline_worker::handler::Http::new(&url).unwrap())
+        handler_at(&format!("{}/{name}", self.url()))
     }
 
     pub fn calls(&self) -> Vec<Call> {
@@ -376,4 +375,9 @@ async fn handle(
     }
     let response = response.body(Full::new(Bytes::from_static(b"{}"))).unwrap();
     Ok(response)
+}
+
+/// The worker's built-in HTTP handler calling `url`.
+fn handler_at(url: &str) -> Arc<dyn shardline_worker::Handler> {
+    Arc::new(shardline_worker::handler::Http::new(url).unwrap())
 }

@@ -374,13 +374,9 @@ async fn a_topology_made_before_records_is_adopted_at_the_brokers_count() {
 
 /// The record in Redis, if any.
 async fn recorded(env: &TestEnv) -> Option<shardline_contract::topology::TopologyRecord> {
-    let mut redis = env.redis().await;
-    let text: Option<String> = redis::cmd("GET")
-        .arg(env.keys().topology())
-        .query_async(&mut redis)
+    shardline_connect::record::read(&mut env.redis().await, &env.keys())
         .await
-        .unwrap();
-    text.map(|t| shardline_contract::topology::TopologyRecord::decode(&t).unwrap())
+        .unwrap()
 }
 
 /// The one `error` line of a command that refused, after checking it exited 1.
