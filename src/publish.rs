@@ -90,6 +90,8 @@ pub(crate) fn publisher_config(
         amqp: global.amqp_url.clone(),
         names: global.names(),
         shards: global.shards,
+        redis: Some(global.redis_url.clone()),
+        redis_prefix: global.redis_prefix.clone(),
         window,
         connection_name: connection_name.into(),
         check_shard_count: !global.allow_shard_mismatch,

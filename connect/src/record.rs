@@ -9,6 +9,7 @@ use shardline_contract::topology::{RecordError, TopologyRecord};
 use shardline_contract::{Keys, Names, ShardCount};
 
 use crate::declare::{self, DeclareError};
+use crate::redis_target::{RedisError, RedisTarget};
 
 /// How long a record's write waits for the replicas to have it.
 const REPLICA_WAIT_MS: u64 = 5_000;
@@ -19,6 +20,9 @@ pub enum RecordIoError {
     /// A Redis command failed.
     #[error("Redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// Redis could not be reached.
+    #[error("reading the recorded topology: {0}")]
+    Connect(#[from] RedisError),
     /// The stored record.
     #[error(transparent)]
     Record(#[from] RecordError),
@@ -153,6 +157,42 @@ pub async fn read_or_adopt(
         );
     }
     Ok(Some(standing))
+}
+
+/// What a publisher or worker configured for `configured` shards goes by:
+/// the recorded topology that stands (a topology made before records
+/// adopted at the broker's count); without a record or a topology,
+/// `configured` checked on the broker (queue N−1 exists, queue N does not)
+/// and `None`; the same, with a warning, when Redis cannot be read (the
+/// worker waits out a Redis outage; the record is read again at the next
+/// start). An unreadable record is an error. The caller decides what a disagreeing record means: the
+/// command line and the publisher follow it with one warning
+/// ([`TopologyRecord::follow_warning`]), the library worker refuses.
+pub async fn standing(
+    redis: &RedisTarget,
+    keys: &Keys,
+    conn: &Connection,
+    names: &Names,
+    configured: ShardCount,
+    who: &str,
+) -> Result<Option<TopologyRecord>, RecordIoError> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let read = match redis.connect().await {
+        Ok(mut link) => read_or_adopt(&mut link, keys, conn, names, who, now_ms).await,
+        Err(e) => Err(e.into()),
+    };
+    match read {
+        Ok(Some(record)) => return Ok(Some(record)),
+        Ok(None) => {}
+        Err(e @ (RecordIoError::Connect(_) | RecordIoError::Redis(_))) => tracing::warn!(
+            "cannot read the recorded topology ({e}): checking --shards {configured} on the broker"
+        ),
+        Err(e) => return Err(e),
+    }
+    declare::check_shard_count(conn, names, configured).await?;
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -114,6 +114,7 @@ fn report(read_at_ms: u64) -> StatusReport {
         read_at_ms,
         fleet: Some(fleet),
         broker: vec![],
+        topology: None,
     }
 }
 

@@ -8,7 +8,8 @@
 //! |---|---|---|
 //! | `order:{order}` | worker | an order's state (a hash): last passed seq, never-processed seqs, the claim of its event in flight, processed kinds ([`Keys::kind_code`]), fence |
 //! | `dedup:{dedup_key}` | worker | an unsequenced event's claim (`processing:…`) or `done` |
-//! | `fence:{shard}` | worker | the shard's consumer epoch counter (fenced writes) |
+//! | `fence` | worker | the fleet's epoch counter: every consumer takes its fence token here (fenced writes) |
+//! | `fence:{shard}` | worker | the epoch of the shard's newest consumer (`dlq release` raises an order to it; a worker of an earlier release counted here) |
 //! | `redis:era` | worker | the Redis failover era and the primary's replication id it was seen with |
 //! | `layout` | worker | when the order-state layout was switched on |
 //! | `gate:{order}`, `kind:{order}:{kind}` | workers before the order state | read during the dedup TTL after an upgrade |
@@ -88,8 +89,17 @@ impl Keys {
         field.as_bytes().chunks(8).any(|c| c == code.as_bytes())
     }
 
-    /// A shard's consumer epoch counter: each consumer of the shard takes the
-    /// next value with its first delivery and writes order state with it.
+    /// The fleet's epoch counter: each consumer of a shard, and each owner
+    /// taking over moved keys, takes the next value with its first write and
+    /// writes order state with it (one counter for the fleet, so an epoch
+    /// taken on any shard is above every epoch taken before it anywhere).
+    pub fn epochs(&self) -> String {
+        format!("{}fence", self.prefix)
+    }
+
+    /// The epoch of the shard's newest consumer, written when it takes one
+    /// (before the fleet-wide counter, each shard counted its own epochs
+    /// here; taking one raises the fleet's counter above it).
     pub fn fence(&self, shard: u16) -> String {
         format!("{}fence:{shard}", self.prefix)
     }
@@ -295,6 +305,7 @@ mod tests {
         assert!(Keys::has_kind(&format!("0badc0de{code}"), &code));
         assert!(!Keys::has_kind(&format!("0{code}"), &code));
         assert_eq!(k.fence(3), "p:fence:3");
+        assert_eq!(k.epochs(), "p:fence");
         let shard = ShardId::new(3, ShardCount::default()).unwrap_or_else(|_| unreachable!());
         assert_eq!(k.shard_status(shard), "p:status:shard:3");
         assert_eq!(k.worker_status("host-1"), "p:status:worker:host-1");

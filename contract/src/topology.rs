@@ -13,7 +13,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::shard::{ShardCount, ShardError};
+use crate::OrderId;
+use crate::reshard::{Buckets, BucketsError, Generation, Map, MapError};
+use crate::shard::{ShardCount, ShardError, ShardId};
 
 /// The record as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,6 +27,15 @@ pub struct TopologyRecord {
     /// The shard count the topology was first recorded with: what a
     /// publisher outside the project (md5 mod N) routes by.
     pub first_shards: u16,
+    /// B, the buckets orders hash to (`int(md5) mod B`), fixed with the first
+    /// shard count (a record of before buckets has none: 0 reads as the
+    /// first count's B).
+    #[serde(default)]
+    pub buckets: u16,
+    /// Each bucket's shard; absent while the map is the first one (bucket b
+    /// → shard `b mod N₀`, which routes every order as `md5 mod N₀`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub map: Option<Vec<u16>>,
     /// What wrote this generation (`topology apply`, or the tool or worker
     /// that adopted a topology made before records).
     pub recorded_by: String,
@@ -43,6 +54,15 @@ pub enum RecordError {
     /// The stored count is not a shard count.
     #[error("the recorded topology has an impossible shard count: {0}")]
     Shards(#[from] ShardError),
+    /// Its bucket count is not the one its first shard count makes.
+    #[error("the recorded topology has {found} buckets where its first shard count makes {made}")]
+    BucketCount { found: u16, made: u16 },
+    /// Its first shard count makes no bucket space.
+    #[error("the recorded topology's buckets: {0}")]
+    Buckets(#[from] BucketsError),
+    /// Its map does not fit its bucket space or shard count.
+    #[error("the recorded topology's map is impossible: {0}")]
+    Map(#[from] MapError),
     /// A generation lower than one seen before: a Redis failover lost a
     /// write that waited for no replica, or the key was rewritten by hand.
     #[error(
@@ -64,6 +84,8 @@ impl TopologyRecord {
             generation: 1,
             shards: shards.get(),
             first_shards: shards.get(),
+            buckets: Buckets::new(shards).map_or(0, |b| b.count()),
+            map: None,
             recorded_by: recorded_by.to_owned(),
             recorded_at_ms: now_ms,
         }
@@ -78,9 +100,34 @@ impl TopologyRecord {
     pub fn decode(text: &str) -> Result<Self, RecordError> {
         let record: Self =
             serde_json::from_str(text).map_err(|e| RecordError::Unreadable(e.to_string()))?;
-        record.shard_count()?;
-        ShardCount::new(u32::from(record.first_shards))?;
+        record.routing()?;
         Ok(record)
+    }
+
+    /// How the record routes orders: the bucket space of its first shard
+    /// count and its map.
+    pub fn routing(&self) -> Result<Routing, RecordError> {
+        let count = self.shard_count()?;
+        let first = ShardCount::new(u32::from(self.first_shards))?;
+        let buckets = Buckets::new(first)?;
+        if self.buckets != 0 && self.buckets != buckets.count() {
+            return Err(RecordError::BucketCount {
+                found: self.buckets,
+                made: buckets.count(),
+            });
+        }
+        let generation = Generation(self.generation);
+        let map = match &self.map {
+            Some(shards) => Map::recorded(generation, count, &buckets, shards)?,
+            None if count == first => Map::initial(&buckets).at(generation),
+            None => {
+                return Err(RecordError::Map(MapError::Buckets {
+                    found: 0,
+                    buckets: buckets.count(),
+                }));
+            }
+        };
+        Ok(Routing { buckets, map })
     }
 
     /// The shard count now.
@@ -91,6 +138,14 @@ impl TopologyRecord {
     /// Whether a reader configured with `configured` shards agrees.
     pub fn agrees(&self, configured: ShardCount) -> bool {
         self.shards == configured.get()
+    }
+
+    /// The routing key a publisher outside the project (the pika recipe)
+    /// uses, at every generation: the **first** shard count's, which the
+    /// fleet serves (after a reshard, by forwarding) so that such a
+    /// publisher never changes its N.
+    pub fn outside_routing(&self) -> String {
+        format!("shard.{{int(md5(order_id)) mod {}}}", self.first_shards)
     }
 
     /// What the record says, for a one-line message: `16 shards (recorded,
@@ -144,6 +199,41 @@ impl TopologyRecord {
     }
 }
 
+/// How orders are routed at one generation: an order's shard is its bucket's
+/// in the map (docs/semantics.md, "Which shard an order goes to"). Until
+/// the first reshard the map is the first one, which routes as `md5 mod N₀`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Routing {
+    buckets: Buckets,
+    map: Map,
+}
+
+impl Routing {
+    /// The order's shard.
+    pub fn shard_of(&self, order_id: &OrderId) -> ShardId {
+        let bucket = self.buckets.bucket_of(order_id.as_str());
+        // Every bucket of the space has a shard (`Map::recorded` checks).
+        self.map
+            .shard_of(bucket)
+            .unwrap_or_else(|| self.map.shard_count().shard_of(order_id.as_str()))
+    }
+
+    /// The map's shard count.
+    pub fn shard_count(&self) -> ShardCount {
+        self.map.shard_count()
+    }
+
+    /// The count outside publishers route by (`md5 mod N₀`).
+    pub fn first_shards(&self) -> ShardCount {
+        self.buckets.first()
+    }
+
+    /// The map.
+    pub fn map(&self) -> &Map {
+        &self.map
+    }
+}
+
 /// The highest generation a reader has seen, so that one lower is caught.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GenerationWatch {
@@ -178,6 +268,65 @@ mod tests {
         assert_eq!(TopologyRecord::decode(&record.encode()).unwrap(), record);
         assert_eq!(record.generation, 1);
         assert_eq!(record.first_shards, 16);
+    }
+
+    fn order(id: &str) -> OrderId {
+        OrderId::new(id).unwrap()
+    }
+
+    #[test]
+    fn the_first_map_routes_as_md5_mod_the_first_count_and_a_record_of_before_buckets_reads() {
+        let record = TopologyRecord::first(count(6), "topology apply", 0);
+        assert_eq!(record.buckets, 4098);
+        assert!(!record.encode().contains("\"map\""), "{}", record.encode());
+        let routing = record.routing().unwrap();
+        for id in ["A1", "order-17", "Z", "ünïcode"] {
+            assert_eq!(routing.shard_of(&order(id)), count(6).shard_of(id), "{id}");
+        }
+        // A record written before buckets existed (no `buckets`, no `map`).
+        let before = r#"{"generation":1,"shards":16,"first_shards":16,"recorded_by":"x","recorded_at_ms":0}"#;
+        let read = TopologyRecord::decode(before).unwrap();
+        assert_eq!(
+            read.routing().unwrap().shard_of(&order("A1")),
+            count(16).shard_of("A1")
+        );
+    }
+
+    #[test]
+    fn a_recorded_map_routes_by_bucket_and_an_impossible_one_is_refused() {
+        let mut record = TopologyRecord::first(count(4), "topology apply", 0);
+        let plan = record.routing().unwrap().map().plan(6).unwrap();
+        record.generation = 3;
+        record.shards = 6;
+        record.map = Some(plan.target.shard_numbers());
+        let read = TopologyRecord::decode(&record.encode()).unwrap();
+        let routing = read.routing().unwrap();
+        assert_eq!(routing.shard_count(), count(6));
+        assert_eq!(routing.first_shards(), count(4));
+        let moved = (0..200)
+            .map(|i| format!("order-{i}"))
+            .filter(|id| routing.shard_of(&order(id)) != count(4).shard_of(id))
+            .count();
+        assert!(moved > 0 && moved < 200, "{moved} of 200 moved");
+        // A map naming a shard beyond the count, or of another length.
+        let mut wrong = record.clone();
+        wrong.shards = 5;
+        assert!(matches!(
+            TopologyRecord::decode(&wrong.encode()),
+            Err(RecordError::Map(_))
+        ));
+        wrong = record.clone();
+        wrong.map.as_mut().unwrap().pop();
+        assert!(matches!(
+            TopologyRecord::decode(&wrong.encode()),
+            Err(RecordError::Map(_))
+        ));
+        wrong = record;
+        wrong.buckets = 7;
+        assert!(matches!(
+            TopologyRecord::decode(&wrong.encode()),
+            Err(RecordError::BucketCount { .. })
+        ));
     }
 
     #[test]

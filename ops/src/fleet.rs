@@ -37,6 +37,8 @@ impl Fleet {
             amqp: self.amqp.clone(),
             names: self.names.clone(),
             shards: self.shards,
+            redis: Some(self.redis.clone()),
+            redis_prefix: self.keys.prefix().to_owned(),
             window: 1,
             connection_name: connection_name.into(),
             check_shard_count: !self.allow_shard_mismatch,

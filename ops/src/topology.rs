@@ -368,6 +368,8 @@ pub struct StatusReport {
     pub fleet: Option<FleetView>,
     /// What the broker probe found: version, capabilities and their rules.
     pub broker: Vec<Finding>,
+    /// The recorded topology, when Redis has one and answered.
+    pub topology: Option<TopologyRecord>,
 }
 
 /// The elastic fleet as Redis has it: its members and the assignment.
@@ -401,9 +403,8 @@ pub async fn status(fleet: &Fleet, config: &StatusConfig) -> Result<StatusReport
     let url = fleet.amqp.to_string();
     let broker = probe::assess(&fleet.probe().await, &probe::Plan::default());
     let conn = fleet.connect("shardline topology status").await?;
-    if let Some(record) = record_within_timeout(fleet).await
-        && !record.agrees(fleet.shards)
-    {
+    let topology = record_within_timeout(fleet).await;
+    if let Some(record) = topology.as_ref().filter(|r| !r.agrees(fleet.shards)) {
         close(&conn).await;
         return Err(Error::config(&[], record.status_refusal(fleet.shards)));
     }
@@ -433,6 +434,7 @@ pub async fn status(fleet: &Fleet, config: &StatusConfig) -> Result<StatusReport
         read_at_ms: now,
         fleet: elastic,
         broker,
+        topology,
     })
 }
 
@@ -704,6 +706,12 @@ impl StatusReport {
                 "text": f.text,
                 "source": f.source.to_string(),
             })).collect::<Vec<_>>(),
+            "topology": self.topology.as_ref().map(|r| serde_json::json!({
+                "generation": r.generation,
+                "shards": r.shards,
+                "first_shards": r.first_shards,
+                "outside_publishers_route_by": r.outside_routing(),
+            })),
             "needs_attention": self.needs_attention(),
         })
     }
@@ -740,6 +748,14 @@ impl StatusReport {
             humantime::format_duration(t.warn),
             humantime::format_duration(t.page)
         );
+        if let Some(record) = &self.topology {
+            let _ = writeln!(
+                out,
+                "topology: {}; publishers outside shardline route by {}",
+                record.describe(),
+                record.outside_routing()
+            );
+        }
         let _ = writeln!(
             out,
             "{:<5}  {:<width$}  {:>9}  {:>9}  {:<owner_width$}  {:>9}  {:<level_width$}  note",
@@ -958,6 +974,7 @@ mod tests {
             read_at_ms: 1_000_000,
             fleet: None,
             broker: Vec::new(),
+            topology: None,
         }
     }
 

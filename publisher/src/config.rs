@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use shardline_connect::AmqpTarget;
-use shardline_contract::{Names, ShardCount};
+use shardline_connect::{AmqpTarget, RedisTarget};
+use shardline_contract::{Keys, Names, ShardCount};
 
 /// How a [`Publisher`](crate::Publisher) connects and how hard it pushes.
 #[derive(Debug, Clone)]
@@ -14,8 +14,19 @@ pub struct Config {
     /// Exchange and queue names; events go to `names.exchange`. Default: the pika
     /// recipe's names.
     pub names: Names,
-    /// Number of shards `N`; must match the topology and the workers. Default 16.
+    /// Number of shards `N`: what the publisher routes by without a recorded
+    /// topology (`shard.{md5 mod N}`). With one (see `redis`) the record's
+    /// map decides and a disagreeing N is followed with one warning.
+    /// Default 16.
     pub shards: ShardCount,
+    /// The Redis of the recorded topology (`{redis_prefix}topology`): the
+    /// publisher routes by the record's map, as resharding needs. Without
+    /// it the publisher routes by `shards` alone and is served as a legacy
+    /// publisher (docs/semantics.md, "Which shard an order goes to"): after
+    /// a reshard its events take one forward each. Default none.
+    pub redis: Option<RedisTarget>,
+    /// The key prefix of the fleet's Redis keys. Default `shardline:`.
+    pub redis_prefix: String,
     /// Most events sent but not yet confirmed. At the bound a publish first waits
     /// for the oldest confirm (backpressure). Larger windows hide more round trips
     /// but re-send more after a connection loss. Default 256; 0 is treated as 1.
@@ -50,11 +61,20 @@ pub struct Config {
     /// and a full queue with `x-overflow=reject-publish` takes events again
     /// once drained. 0 fails on the first nack. Default 10 (about 40 s).
     pub nack_retries: u32,
-    /// Check at connect that the topology has `shards` shard queues (queue
-    /// N−1 exists, queue N does not): a publisher with another N than the
-    /// workers' would split one order over two queues. Off only during a
-    /// shard-count migration. Default on.
+    /// Check at connect that the topology has `shards` shard queues: the
+    /// recorded topology's count when there is one (followed), else on the
+    /// broker (queue N−1 exists, queue N does not); a publisher with another
+    /// N than the workers' would split one order over two queues. Off only
+    /// during a hand-made shard-count migration (then `shards` routes,
+    /// record or not). Default on.
     pub check_shard_count: bool,
+}
+
+impl Config {
+    /// The fleet's Redis keys.
+    pub fn keys(&self) -> Keys {
+        Keys::new(&self.redis_prefix)
+    }
 }
 
 impl Default for Config {
@@ -63,6 +83,8 @@ impl Default for Config {
             amqp: AmqpTarget::default(),
             names: Names::default(),
             shards: ShardCount::default(),
+            redis: None,
+            redis_prefix: "shardline:".into(),
             window: 256,
             connection_name: "shardline-publisher".into(),
             max_body_bytes: 16 * 1024 * 1024,

@@ -61,6 +61,9 @@ pub enum PublishError {
     /// The topology does not have the configured shard count.
     #[error(transparent)]
     Topology(#[from] shardline_connect::DeclareError),
+    /// The recorded topology could not be read (or adopted).
+    #[error(transparent)]
+    Record(#[from] Box<shardline_connect::record::RecordIoError>),
     /// A broker operation failed while opening the publishing channel.
     #[error("broker error: {0}")]
     Broker(#[from] lapin::Error),

@@ -21,8 +21,9 @@ use opentelemetry::global::{self, BoxedTracer};
 use opentelemetry::trace::{SpanContext, SpanKind, Status, TraceContextExt as _, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use shardline_connect::broker::{BlockedWatch, soft_error};
-use shardline_connect::probe;
+use shardline_connect::{probe, record};
 use shardline_contract::telemetry::{self, attr, op};
+use shardline_contract::topology::Routing;
 use shardline_contract::{Envelope, NewEvent, OrderId, ShardId, headers, w3c};
 
 use crate::config::Config;
@@ -50,6 +51,8 @@ pub struct Counts {
 /// re-send some events on the next call (in order); it never loses or reorders them.
 pub struct Publisher {
     config: Config,
+    /// The recorded topology's routing; `None`: `config.shards` routes.
+    routing: Option<Routing>,
     exchange: ShortString,
     conn: Option<Connection>,
     /// The connection's flow control (a memory or disk alarm blocks it).
@@ -104,10 +107,40 @@ impl Publisher {
         let exchange = short("exchange", &config.names.exchange)?;
         let conn = shardline_connect::connect(&config.amqp, &config.connection_name).await?;
         let channel = open_channel(&conn, &exchange, &config.names.exchange).await?;
-        if config.check_shard_count {
-            shardline_connect::declare::check_shard_count(&conn, &config.names, config.shards)
-                .await?;
-        }
+        let routing = match (&config.redis, config.check_shard_count) {
+            (_, false) => None,
+            (Some(redis), true) => {
+                let keys = config.keys();
+                // Boxed: the record's reads would deepen every caller's future.
+                let standing = Box::pin(record::standing(
+                    redis,
+                    &keys,
+                    &conn,
+                    &config.names,
+                    config.shards,
+                    "publisher",
+                ))
+                .await
+                .map_err(Box::new)?;
+                match standing {
+                    Some(record) => {
+                        let routing = record
+                            .routing()
+                            .map_err(|e| Box::new(record::RecordIoError::from(e)))?;
+                        if routing.shard_count() != config.shards {
+                            tracing::warn!("{}", record.follow_warning(config.shards));
+                        }
+                        Some(routing)
+                    }
+                    None => None,
+                }
+            }
+            (None, true) => {
+                shardline_connect::declare::check_shard_count(&conn, &config.names, config.shards)
+                    .await?;
+                None
+            }
+        };
         // Nothing a publisher does depends on the broker's version: it is
         // read in the background and logged for the operator (the worker and
         // `topology apply` decide on it).
@@ -126,6 +159,7 @@ impl Publisher {
         Ok(Self {
             unconfirmed: Unconfirmed::new(config.window),
             config,
+            routing,
             exchange,
             blocked: Some(BlockedWatch::new(&conn, "publishing")),
             conn: Some(conn),
@@ -166,9 +200,13 @@ impl Publisher {
         self.unconfirmed.len()
     }
 
-    /// The shard an order's events go to.
+    /// The shard an order's events go to: its bucket's in the recorded map,
+    /// or without a record `md5 mod shards`.
     pub fn shard_of(&self, order_id: &OrderId) -> ShardId {
-        self.config.shards.shard_of(order_id)
+        match &self.routing {
+            Some(routing) => routing.shard_of(order_id),
+            None => self.config.shards.shard_of(order_id),
+        }
     }
 
     /// Publishes an envelope body to its order's shard, unchanged (unknown fields

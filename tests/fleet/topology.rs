@@ -372,6 +372,80 @@ async fn a_topology_made_before_records_is_adopted_at_the_brokers_count() {
     assert!(worker.wait_exit(Duration::from_secs(30)).await.success());
 }
 
+/// Publishers route by the recorded map: a `Publisher` given the fleet's
+/// Redis sends an order to its bucket's shard in the map (here a map at
+/// generation 3 that sends every bucket to the next shard), one without it
+/// by `md5 mod N` (a legacy publisher); `topology status` prints the record
+/// and the routing key publishers outside shardline keep using.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishers_route_by_the_recorded_map_and_without_redis_by_md5_mod_n() {
+    use shardline_contract::reshard::{Buckets, Generation, Map};
+    let env = TestEnv::new("topo-map").await;
+    env.apply_topology().await;
+    let mut record = recorded(&env).await.expect("apply records the topology");
+    let n = SHARDS;
+    let buckets = Buckets::new(env.shards).unwrap();
+    let rotated: Vec<u16> = buckets.all().map(|b| (b.get() + 1) % n).collect();
+    Map::recorded(Generation(3), env.shards, &buckets, &rotated).unwrap();
+    record.generation = 3;
+    record.map = Some(rotated);
+    let _: () = redis::cmd("SET")
+        .arg(env.keys().topology())
+        .arg(record.encode())
+        .query_async(&mut env.redis().await)
+        .await
+        .unwrap();
+
+    // Orders md5 mod N sends to shard 0; the map sends them to shard 1.
+    let orders: Vec<String> = (0..)
+        .map(|i| format!("map-{i}"))
+        .filter(|o| env.shard_of(o) == 0)
+        .take(12)
+        .collect();
+    let config = |redis: bool| shardline_publisher::Config {
+        amqp: env.amqp_target(),
+        names: env.names.clone(),
+        shards: env.shards,
+        redis: redis.then(|| env.ops_fleet().redis),
+        redis_prefix: env.redis_prefix.clone(),
+        ..shardline_publisher::Config::default()
+    };
+    let mut by_map = shardline_publisher::Publisher::connect(config(true))
+        .await
+        .unwrap();
+    let mut legacy = shardline_publisher::Publisher::connect(config(false))
+        .await
+        .unwrap();
+    let event = |order: &str| shardline_contract::NewEvent {
+        order_id: shardline_contract::OrderId::new(order).unwrap(),
+        event: "order.created".into(),
+        seq: Some(1),
+        event_id: None,
+        data: serde_json::json!({}),
+    };
+    for order in &orders {
+        by_map.publish_event(&event(order)).await.unwrap();
+    }
+    for order in &orders[..5] {
+        legacy.publish_event(&event(order)).await.unwrap();
+    }
+    by_map.close().await.unwrap();
+    legacy.close().await.unwrap();
+    let depths = env.queue_depths().await;
+    let depth = |shard: u16| depths.get(&env.shard_queue(shard)).map(|d| d.0);
+    assert_eq!((depth(0), depth(1)), (Some(5), Some(12)), "{depths:?}");
+
+    let status = env.cli(&["topology", "status"]).await;
+    let stdout = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "topology: {n} shards (recorded in Redis, generation 3); publishers outside \
+             shardline route by shard.{{int(md5(order_id)) mod {n}}}"
+        )),
+        "{stdout}"
+    );
+}
+
 /// The record in Redis, if any.
 async fn recorded(env: &TestEnv) -> Option<shardline_contract::topology::TopologyRecord> {
     shardline_connect::record::read(&mut env.redis().await, &env.keys())

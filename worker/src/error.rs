@@ -24,6 +24,9 @@ pub enum WorkerError {
     /// A shard queue is missing (topology not applied?).
     #[error(transparent)]
     Topology(#[from] DeclareError),
+    /// The recorded topology could not be read or adopted.
+    #[error(transparent)]
+    Record(#[from] shardline_connect::record::RecordIoError),
     /// The Redis pool could not be built.
     #[error(transparent)]
     Redis(#[from] shardline_connect::RedisError),

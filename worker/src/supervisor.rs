@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use lapin::Connection;
 use shardline_connect::broker::{self, BrokerError};
-use shardline_connect::{RedisPool, declare, probe, stamps};
+use shardline_connect::{RedisPool, declare, probe, record, stamps};
 use shardline_contract::{Keys, ShardId};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
@@ -850,7 +850,20 @@ async fn check_queues(config: &Config) -> Result<(), WorkerError> {
     on_own_connection(config, async |conn| {
         declare::check_queue_arguments(conn, &config.names, &config.topology()).await?;
         if !config.allow_shard_mismatch {
-            declare::check_shard_count(conn, &config.names, config.shards).await?;
+            let standing = Box::pin(record::standing(
+                &config.redis,
+                &config.keys(),
+                conn,
+                &config.names,
+                config.shards,
+                "worker",
+            ))
+            .await?;
+            // The command line follows a disagreeing record before it
+            // builds the worker's config; a library caller is told.
+            if let Some(record) = standing.filter(|r| !r.agrees(config.shards)) {
+                return Err(WorkerError::Refused(record.status_refusal(config.shards)));
+            }
         }
         Ok(())
     })

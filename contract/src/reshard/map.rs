@@ -70,6 +70,52 @@ impl Map {
         }
     }
 
+    /// A map as recorded: `shards[b]` is bucket b's shard, each below
+    /// `count`; a map of `count` shards leaves none of them without a bucket.
+    pub fn recorded(
+        generation: Generation,
+        count: ShardCount,
+        buckets: &Buckets,
+        shards: &[u16],
+    ) -> Result<Self, MapError> {
+        if shards.len() != usize::from(buckets.count()) {
+            return Err(MapError::Buckets {
+                found: shards.len(),
+                buckets: buckets.count(),
+            });
+        }
+        let ids: Vec<ShardId> = count.ids().collect();
+        let shards = shards
+            .iter()
+            .map(|&s| {
+                ids.get(usize::from(s))
+                    .copied()
+                    .ok_or(MapError::Shard { shard: s, count })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let map = Self {
+            generation,
+            count,
+            shards,
+        };
+        if let Some(empty) = map.loads().iter().position(|&load| load == 0) {
+            return Err(MapError::Empty { shard: empty });
+        }
+        Ok(map)
+    }
+
+    /// The map with another generation (the first map of a record written
+    /// at a later generation).
+    pub fn at(mut self, generation: Generation) -> Self {
+        self.generation = generation;
+        self
+    }
+
+    /// Each bucket's shard number, as a record stores them.
+    pub fn shard_numbers(&self) -> Vec<u16> {
+        self.shards.iter().map(|s| s.get()).collect()
+    }
+
     /// The map's generation.
     pub fn generation(&self) -> Generation {
         self.generation
@@ -227,6 +273,33 @@ impl Plan {
     pub fn moved(&self) -> usize {
         self.moves.iter().map(|m| m.buckets.len()).sum()
     }
+}
+
+/// Why a recorded map was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum MapError {
+    /// The map has another number of buckets than the bucket space.
+    #[error("the map has {found} buckets, the topology {buckets}")]
+    Buckets {
+        /// Entries in the map.
+        found: usize,
+        /// B.
+        buckets: u16,
+    },
+    /// A bucket's shard is not below the shard count.
+    #[error("the map names shard {shard}, of {count} shards")]
+    Shard {
+        /// The shard named.
+        shard: u16,
+        /// The map's shard count.
+        count: ShardCount,
+    },
+    /// A shard of the count owns no bucket.
+    #[error("shard {shard} owns no bucket")]
+    Empty {
+        /// The shard without a bucket.
+        shard: usize,
+    },
 }
 
 /// Why no plan was made.

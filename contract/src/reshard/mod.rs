@@ -23,7 +23,9 @@ mod verdict;
 
 pub use barrier::{Barrier, Lease, barrier, may_acknowledge, must_resend};
 pub use buckets::{Bucket, Buckets, BucketsError};
-pub use map::{Generation, GenerationError, MAX_TARGET_SHARDS, Map, Move, MoveId, Plan, PlanError};
+pub use map::{
+    Generation, GenerationError, MAX_TARGET_SHARDS, Map, MapError, Move, MoveId, Plan, PlanError,
+};
 pub use marker::{Honour, MarkerError, MarkerId, MarkerKind, Markers};
 pub use route::{Destination, Phase, Reshard, RouteError};
 pub use verdict::{Progress, Source, Verdict, View, verdict};

@@ -244,8 +244,9 @@ pub async fn purge(fleet: &Fleet, filters: &Filters) -> Result<PurgeReport, Erro
     .await
 }
 
-/// KEYS: the quarantine, the order's state, its shard's epoch counter. Lifts
-/// the quarantine and raises the order's fence to the shard's current epoch.
+/// KEYS: the quarantine, the order's state, the epoch of its shard's newest
+/// consumer (`Keys::fence`). Lifts the quarantine and raises the order's
+/// fence to that epoch: the current consumer's, so only older ones are fenced.
 const LIFT: &str = r"
 redis.call('DEL', KEYS[1])
 local epoch = redis.call('GET', KEYS[3])

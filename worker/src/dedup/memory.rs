@@ -260,7 +260,7 @@ impl MemoryStore {
         MemoryOrderState {
             store: self.clone(),
             settings: Settings {
-                counter: FenceScope::Shard(shard).counter(&config.keys()),
+                fence_keys: FenceScope { shard }.keys(&config.keys()),
                 lease_ms: u64::try_from(config.lease().as_millis()).unwrap_or(u64::MAX),
                 max_starts: config.max_deliveries.max(1),
                 quarantine: config.on_dead_letter == OnDeadLetter::Quarantine,
@@ -325,17 +325,23 @@ impl MemoryStore {
         self.lock().records.get(id).cloned()
     }
 
-    /// The last fence token taken from a counter.
+    /// The value of a fence key: the fleet's counter, or a shard's newest epoch.
     pub(crate) fn fence_counter(&self, counter: &str) -> Option<u64> {
         self.lock().fences.get(counter).copied()
+    }
+
+    /// Sets a fence key, as a worker of an earlier release left it.
+    pub(crate) fn set_fence(&self, counter: &str, value: u64) {
+        self.lock().fences.insert(counter.to_owned(), value);
     }
 }
 
 /// What `Dedup::new` reads from the config, for the fake.
 #[derive(Debug, Clone)]
 struct Settings {
-    /// The fence scope's counter (the same name the Redis key has).
-    counter: String,
+    /// The fleet's epoch counter and the shard's newest epoch (the names the
+    /// Redis keys have).
+    fence_keys: [String; 2],
     lease_ms: u64,
     max_starts: u32,
     quarantine: bool,
@@ -364,14 +370,16 @@ impl MemoryOrderState {
         if token != 0 {
             return token;
         }
+        // `take_epoch.lua`: the fleet's counter, raised above the shard's record.
         let mut memory = self.store.lock();
-        let counter = memory
-            .fences
-            .entry(self.settings.counter.clone())
-            .or_default();
-        *counter += 1;
-        self.fence.store(*counter, Ordering::Relaxed);
-        *counter
+        let [fleet, shard] = &self.settings.fence_keys;
+        let recorded = memory.fences.get(shard).copied().unwrap_or(0);
+        let counter = memory.fences.entry(fleet.clone()).or_default();
+        *counter = (*counter + 1).max(recorded + 1);
+        let epoch = *counter;
+        memory.fences.insert(shard.clone(), epoch);
+        self.fence.store(epoch, Ordering::Relaxed);
+        epoch
     }
 
     /// An admit, then (quarantine mode) the order's quarantine head, as

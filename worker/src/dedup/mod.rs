@@ -19,14 +19,15 @@
 //! `processing:{deadline}:{starts}:{token}` or `done`; its kind goes to its
 //! order's hash.
 //!
-//! **Fencing.** Every consumer of a shard takes the next fence token of its
-//! scope (`FenceScope`: today the shard's epoch counter) with its first
-//! delivery (only the active consumer gets deliveries) and writes with it; the
+//! **Fencing.** Every consumer of a shard takes the next epoch of the fleet
+//! (`FenceScope`, `take_epoch.lua`) with its first delivery (only the active
+//! consumer gets deliveries) and writes with it; the
 //! scripts compare tokens only: a write older than the order's `f` changes
 //! nothing and tells the worker it lost the shard. Claims are given up and
 //! renewed only by their own token. So a stale owner never moves a gate back,
 //! never deletes or overwrites a newer claim, never re-opens a lifted
-//! quarantine (`dlq release` raises the order's `f` to the shard's epoch).
+//! quarantine (`dlq release` raises the order's `f` to the epoch of its
+//! shard's newest consumer).
 //!
 //! Round trips per event: one — the commit and the next event's admit travel
 //! together when the next delivery is already here. With `--group-commit`,
@@ -58,6 +59,7 @@ const COMMIT: &str = include_str!("commit.lua");
 const RENEW: &str = include_str!("renew.lua");
 const RELEASE: &str = include_str!("release.lua");
 const DEAD: &str = include_str!("dead.lua");
+const TAKE_EPOCH: &str = include_str!("take_epoch.lua");
 const STEP: &str = include_str!("step.lua");
 const GROUP: &str = include_str!("group.lua");
 
@@ -228,21 +230,20 @@ impl std::fmt::Display for FenceToken {
     }
 }
 
-/// What fence tokens are counted in: today one counter per shard, taken by
-/// each new consumer of the shard (its epoch). A move of keys between shards
-/// scopes them to something wider (the shard map), without touching the
-/// scripts.
+/// Where fence tokens come from: the fleet's one epoch counter
+/// (`Keys::epochs`), so that an epoch taken on any shard is above every epoch
+/// taken before it on any shard, and a consumer taking over moved keys
+/// outranks each of their earlier writers; the shard's own record
+/// (`Keys::fence`) keeps its newest consumer's epoch (`take_epoch.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FenceScope {
-    Shard(ShardId),
+pub(crate) struct FenceScope {
+    shard: ShardId,
 }
 
 impl FenceScope {
-    /// The Redis counter its tokens come from.
-    fn counter(self, keys: &Keys) -> String {
-        match self {
-            Self::Shard(shard) => keys.fence(shard.get()),
-        }
+    /// The fleet's counter and the shard's record, the keys of `take_epoch.lua`.
+    fn keys(self, keys: &Keys) -> [String; 2] {
+        [keys.epochs(), keys.fence(self.shard.get())]
     }
 }
 
@@ -269,6 +270,7 @@ pub(crate) struct Scripts {
     index: Script,
     step: Script,
     group: Script,
+    take_epoch: Script,
     /// All of them, for loading after a Redis restart.
     all: Arc<[Script]>,
 }
@@ -289,6 +291,7 @@ impl Scripts {
         let index = Script::new(&format!("{INDEX_LUA}\nindex_letter(KEYS, ARGV)\nreturn 1"));
         let step = script(&format!("{COMMIT}\n{ADMIT_ORDER}\n{STEP}"));
         let group = script(&format!("{COMMIT}\n{ADMIT_ORDER}\n{GROUP}"));
+        let take_epoch = Script::new(TAKE_EPOCH);
         let all = Arc::from([
             admit_order.clone(),
             admit_event.clone(),
@@ -299,6 +302,7 @@ impl Scripts {
             index.clone(),
             step.clone(),
             group.clone(),
+            take_epoch.clone(),
         ]);
         Self {
             admit_order,
@@ -310,6 +314,7 @@ impl Scripts {
             index,
             step,
             group,
+            take_epoch,
             all,
         }
     }
@@ -362,7 +367,7 @@ impl Dedup {
             max_starts: config.max_deliveries.max(1),
             quarantine: config.on_dead_letter == OnDeadLetter::Quarantine,
             fence: Arc::new(Fence {
-                scope: FenceScope::Shard(shard),
+                scope: FenceScope { shard },
                 token: AtomicU64::new(0),
                 taking: tokio::sync::Mutex::new(()),
             }),
@@ -375,13 +380,13 @@ impl Dedup {
         SCRIPTS.all.clone()
     }
 
-    /// A new consumer of the shard: it takes a new fence token with its first write.
+    /// A new consumer of the shard, or its consumer taking over moved keys:
+    /// it takes a new epoch with its next write.
     pub(crate) fn new_consumer(&self) {
         self.fence.token.store(0, Ordering::Relaxed);
     }
 
-    /// The consumer's fence token, taken (`INCR` of its scope's counter) on
-    /// first use.
+    /// The consumer's fence token, taken (`take_epoch.lua`) on first use.
     async fn fence_token(&self, redis: &mut RedisSlot) -> FenceToken {
         let token = self.fence.token.load(Ordering::Relaxed);
         if token != 0 {
@@ -392,9 +397,8 @@ impl Dedup {
         if token != 0 {
             return FenceToken(token);
         }
-        let mut incr = redis::cmd("INCR");
-        incr.arg(self.fence.scope.counter(&self.keys));
-        let token: u64 = redis.query(&incr).await;
+        let take = Self::evalsha(&SCRIPTS.take_epoch, &self.fence.scope.keys(&self.keys), &[]);
+        let token: u64 = redis.query(&take).await;
         self.fence.token.store(token, Ordering::Relaxed);
         tracing::debug!(shard = %self.shard, fence = token, "consumer fence token taken");
         FenceToken(token)

@@ -57,7 +57,11 @@ impl Setup {
 }
 
 fn shard() -> ShardId {
-    ShardId::new(0, ShardCount::default()).unwrap()
+    shard_n(0)
+}
+
+fn shard_n(n: u16) -> ShardId {
+    ShardId::new(u32::from(n), ShardCount::default()).unwrap()
 }
 
 fn millis(d: Duration) -> u64 {
@@ -71,7 +75,12 @@ type Indexed = Option<(IndexEntry, Option<String>)>;
 trait World {
     type State: OrderState;
     /// A new consumer of shard 0 (its fence token not yet taken).
-    fn consumer(&mut self) -> Self::State;
+    fn consumer(&mut self) -> Self::State {
+        self.consumer_of(0)
+    }
+    /// A new consumer of shard `n`: a move of keys is simulated by two
+    /// shards' consumers writing one order.
+    fn consumer_of(&mut self, n: u16) -> Self::State;
     async fn order(&mut self, order: &str) -> OrderView;
     async fn event(&mut self, dedup_key: &str) -> Option<EventView>;
     /// The letters holding the order, blocker first.
@@ -80,7 +89,13 @@ trait World {
     async fn letters_of(&mut self, order: &str) -> Vec<String>;
     /// A letter's index entry and its cause group's description.
     async fn letter(&mut self, id: &str) -> Indexed;
+    /// The newest epoch recorded for shard 0.
     async fn fence_counter(&mut self) -> Option<u64>;
+    /// The fleet's epoch counter.
+    async fn fleet_epochs(&mut self) -> Option<u64>;
+    /// Sets shard `n`'s epoch record, as a worker of an earlier release
+    /// counting epochs per shard left it.
+    async fn set_shard_epoch(&mut self, n: u16, epoch: u64);
     /// Writes a replay record, as the replay tool does.
     async fn record_replay(&mut self, id: &str, record: &str);
     /// A replay record, while unspent.
@@ -109,8 +124,8 @@ impl Fake {
 impl World for Fake {
     type State = MemoryOrderState;
 
-    fn consumer(&mut self) -> MemoryOrderState {
-        let consumer = self.store.consumer(&self.config, shard());
+    fn consumer_of(&mut self, n: u16) -> MemoryOrderState {
+        let consumer = self.store.consumer(&self.config, shard_n(n));
         match self.setup.lease {
             Some(lease) => consumer.with_lease(lease),
             None => consumer,
@@ -142,6 +157,14 @@ impl World for Fake {
     async fn fence_counter(&mut self) -> Option<u64> {
         let counter = self.config.keys().fence(shard().get());
         self.store.fence_counter(&counter)
+    }
+
+    async fn fleet_epochs(&mut self) -> Option<u64> {
+        self.store.fence_counter(&self.config.keys().epochs())
+    }
+
+    async fn set_shard_epoch(&mut self, n: u16, epoch: u64) {
+        self.store.set_fence(&self.config.keys().fence(n), epoch);
     }
 
     async fn record_replay(&mut self, id: &str, record: &str) {
@@ -190,8 +213,8 @@ fn parse_claim(c: &str) -> ClaimView {
 impl World for Lua {
     type State = RedisOrderState;
 
-    fn consumer(&mut self) -> RedisOrderState {
-        let Consumer { mut dedup, slot } = self.store.consumer();
+    fn consumer_of(&mut self, n: u16) -> RedisOrderState {
+        let Consumer { mut dedup, slot } = self.store.consumer_of(shard_n(n));
         if let Some(lease) = self.setup.lease {
             dedup.lease_ms = millis(lease);
         }
@@ -251,6 +274,17 @@ impl World for Lua {
     async fn fence_counter(&mut self) -> Option<u64> {
         let key = self.keys().fence(shard().get());
         self.query(redis::cmd("GET").arg(key)).await
+    }
+
+    async fn fleet_epochs(&mut self) -> Option<u64> {
+        let key = self.keys().epochs();
+        self.query(redis::cmd("GET").arg(key)).await
+    }
+
+    async fn set_shard_epoch(&mut self, n: u16, epoch: u64) {
+        let key = self.keys().fence(n);
+        self.query::<()>(redis::cmd("SET").arg(key).arg(epoch))
+            .await;
     }
 
     async fn record_replay(&mut self, id: &str, record: &str) {

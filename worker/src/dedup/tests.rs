@@ -36,7 +36,11 @@ impl Store {
 
     /// A consumer of shard 0: its own epoch, its own connection.
     pub(super) fn consumer(&self) -> Consumer {
-        let shard = ShardId::new(0, ShardCount::default()).unwrap();
+        self.consumer_of(ShardId::new(0, ShardCount::default()).unwrap())
+    }
+
+    /// A consumer of `shard`: its own epoch, its own connection.
+    pub(super) fn consumer_of(&self, shard: ShardId) -> Consumer {
         let era = Arc::new(RedisEra::new(self.config.keys().redis_era()));
         let dedup = Dedup::new(&self.config, shard, era.clone());
         let pool = self.config.redis.pool(2).unwrap();

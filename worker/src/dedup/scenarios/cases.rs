@@ -352,6 +352,65 @@ fn fencing_agrees() {
     on_both!("fencing", Setup::default(), fencing);
 }
 
+/// A move of an order's keys between shards (simulated: consumers of two
+/// shards writing one order). Shard 1's consumer counted epochs per shard
+/// before the fleet-wide counter (its record is at 57, shard 3's at 2): the
+/// first epoch taken raises the fleet's counter above the shard's record. The
+/// order's old owner (shard 1) wrote it; its new owner (shard 3) takes a new
+/// epoch when it takes the keys over (after the old queue drained), above
+/// every epoch before it on any shard. After its first write, each of the old
+/// owner's writes (admit, commit, renewal, dead letter) changes nothing, and
+/// the new owner's are never refused.
+async fn moved_keys<W: World>(run: &mut Run<W>) {
+    run.world.set_shard_epoch(1, 57).await;
+    run.world.set_shard_epoch(3, 2).await;
+    let (mut old, mut new) = (run.world.consumer_of(1), run.world.consumer_of(3));
+    let t = run.fence(&mut new).await;
+    run.expect(&t, &3);
+    let t = run.fence(&mut old).await;
+    run.expect(&t, &58);
+    let one = run.a(1);
+    run.admit(&mut old, &one).await;
+    let w = run.commit(&mut old, &one).await;
+    run.expect(&w, &Written::Done);
+    let two = run.a(2);
+    run.admit(&mut old, &two).await;
+    // The move: shard 3's consumer takes the keys over with a new epoch.
+    run.new_consumer(&mut new).await;
+    let t = run.fence(&mut new).await;
+    run.expect(&t, &59);
+    let epochs = run.world.fleet_epochs().await;
+    run.expect(&epochs, &Some(59));
+    let again = run.copy(&two);
+    let v = run.admit_as(&mut new, &again, true, false).await;
+    run.expect(&v, &Verdict::TakenOver);
+    // The old owner, late: its commit, renewal, next admit and dead letter
+    // change nothing of the order.
+    let before = run.world.order("A").await;
+    let w = run.commit(&mut old, &two).await;
+    run.expect(&w, &Written::Fenced);
+    run.renew(&mut old, &two, Start::Waits).await;
+    let three = run.a(3);
+    let v = run.admit(&mut old, &three).await;
+    run.expect(&v, &Verdict::Fenced);
+    let w = run.dead(&mut old, &three, "dl-late").await;
+    run.expect(&w, &Written::Fenced);
+    let after = run.world.order("A").await;
+    run.expect(&after, &before);
+    // The new owner goes on.
+    let w = run.commit(&mut new, &again).await;
+    run.expect(&w, &Written::Done);
+    let v = run.admit(&mut new, &three).await;
+    run.expect(&v, &Verdict::Claimed);
+    let w = run.commit(&mut new, &three).await;
+    run.expect(&w, &Written::Done);
+}
+
+#[test]
+fn moved_keys_agree() {
+    on_both!("moved-keys", Setup::default(), moved_keys);
+}
+
 /// A group fenced part way: the commits before the first fenced one are
 /// written, nothing after it, no admit.
 async fn group_fenced<W: World>(run: &mut Run<W>) {
