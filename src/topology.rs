@@ -1,5 +1,6 @@
-//! `shardline topology apply|status`: flags to [`shardline_ops::topology`],
-//! its reports printed as text or JSON.
+//! `shardline topology apply|status|reshard`: flags to
+//! [`shardline_ops::topology`] and [`shardline_ops::reshard`], their reports
+//! printed as text or JSON.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -20,6 +21,24 @@ pub(crate) enum TopologyCommand {
     /// Per shard: depth, consumers, owner, backlog age and level; DLQ depth by
     /// reason. Exit code 3 when a shard is at PAGE or has events and no consumer.
     Status(StatusArgs),
+    /// Change the shard count to M. In this release only `--plan`: what a
+    /// reshard would move (the online change comes next: ARCHITECTURE.md,
+    /// "Resharding: the protocol").
+    Reshard(ReshardArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ReshardArgs {
+    /// The target shard count M (1 to 1,024).
+    #[arg(long)]
+    pub to: u32,
+    /// Print the plan (the moves, their share of orders, the queues) and
+    /// change nothing.
+    #[arg(long)]
+    pub plan: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -75,6 +94,25 @@ pub(crate) async fn run(global: &GlobalArgs, cmd: TopologyCommand) -> anyhow::Re
                 "{}",
                 topology::apply(&fleet, &options).await.flags()?.text()
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        TopologyCommand::Reshard(args) => {
+            if !args.plan {
+                return Err(shardline_ops::Usage(
+                    "topology reshard runs with --plan only in this release: the online change \
+                     of the shard count comes next (ARCHITECTURE.md, \"Resharding: the protocol\")"
+                        .into(),
+                )
+                .into());
+            }
+            let report = shardline_ops::reshard::plan(&fleet, args.to)
+                .await
+                .flags()?;
+            if args.json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", report.text());
+            }
             Ok(ExitCode::SUCCESS)
         }
         TopologyCommand::Status(args) => {

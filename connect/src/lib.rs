@@ -21,6 +21,7 @@ pub mod inbound;
 pub mod management;
 pub mod otlp;
 pub mod probe;
+pub mod publishers;
 pub mod record;
 pub mod redact;
 pub mod redis_target;

@@ -75,7 +75,11 @@ pub async fn write_first(
 
 /// Waits until every replica the primary reports (`INFO replication`) has
 /// the connection's writes; none on a standalone Redis.
-async fn wait_for_replicas(redis: &mut impl ConnectionLike) -> Result<(), RecordIoError> {
+/// Waits (`WAIT`) until every replica the primary reports in `INFO
+/// replication` has the connection's writes; none on a standalone Redis.
+pub(crate) async fn wait_for_replicas(
+    redis: &mut impl ConnectionLike,
+) -> Result<(), RecordIoError> {
     let info: String = redis::cmd("INFO")
         .arg("replication")
         .query_async(redis)

@@ -10,6 +10,7 @@
 //! | `dedup:{dedup_key}` | worker | an unsequenced event's claim (`processing:…`) or `done` |
 //! | `fence` | worker | the fleet's epoch counter: every consumer takes its fence token here (fenced writes) |
 //! | `fence:{shard}` | worker | the epoch of the shard's newest consumer (`dlq release` raises an order to it; a worker of an earlier release counted here) |
+//! | `publishers` | the project's publishers | each registered publisher's lease and the topology generation it acknowledged (resharding's confirm barrier) |
 //! | `redis:era` | worker | the Redis failover era and the primary's replication id it was seen with |
 //! | `layout` | worker | when the order-state layout was switched on |
 //! | `gate:{order}`, `kind:{order}:{kind}` | workers before the order state | read during the dedup TTL after an upgrade |
@@ -107,6 +108,12 @@ impl Keys {
     /// The recorded topology (JSON: [`crate::topology::TopologyRecord`]).
     pub fn topology(&self) -> String {
         format!("{}topology", self.prefix)
+    }
+
+    /// The registered publishers of the resharding protocol's confirm
+    /// barrier (a hash: publisher id → lease; `connect::publishers`).
+    pub fn publishers(&self) -> String {
+        format!("{}publishers", self.prefix)
     }
 
     /// The Redis failover era (a hash: `era`, `replid`).

@@ -54,6 +54,22 @@ impl Names {
     pub fn routing_key(shard: ShardId) -> String {
         format!("shard.{shard}")
     }
+
+    /// The holding queue of a reshard's move from shard `from` to `to`, the
+    /// reshard starting at generation `g`: `order.events.move.{g}.{from}-{to}`
+    /// with the default names (the shard queues' prefix without its `shard.`).
+    pub fn hold_queue(&self, g: u64, from: ShardId, to: ShardId) -> String {
+        let stem = self
+            .queue_prefix
+            .strip_suffix("shard.")
+            .unwrap_or(&self.queue_prefix);
+        format!("{stem}move.{g}.{from}-{to}")
+    }
+
+    /// The routing key of that holding queue: `move.{g}.{from}-{to}`.
+    pub fn hold_routing_key(g: u64, from: ShardId, to: ShardId) -> String {
+        format!("move.{g}.{from}-{to}")
+    }
 }
 
 #[cfg(test)]

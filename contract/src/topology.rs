@@ -14,7 +14,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::OrderId;
-use crate::reshard::{Buckets, BucketsError, Generation, Map, MapError};
+use crate::reshard::{
+    Buckets, BucketsError, Destination, Generation, Map, MapError, Phase, PlanError, Reshard,
+    ReshardState,
+};
 use crate::shard::{ShardCount, ShardError, ShardId};
 
 /// The record as stored.
@@ -36,6 +39,10 @@ pub struct TopologyRecord {
     /// → shard `b mod N₀`, which routes every order as `md5 mod N₀`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub map: Option<Vec<u16>>,
+    /// A reshard in progress: `map` is then the map it started from, and
+    /// routes follow its phase (ARCHITECTURE.md, "Resharding: the protocol").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reshard: Option<ReshardState>,
     /// What wrote this generation (`topology apply`, or the tool or worker
     /// that adopted a topology made before records).
     pub recorded_by: String,
@@ -63,6 +70,10 @@ pub enum RecordError {
     /// Its map does not fit its bucket space or shard count.
     #[error("the recorded topology's map is impossible: {0}")]
     Map(#[from] MapError),
+    /// Its reshard in progress cannot be planned from its map, or its
+    /// generations disagree.
+    #[error("the recorded topology's reshard in progress is impossible: {0}")]
+    Reshard(String),
     /// A generation lower than one seen before: a Redis failover lost a
     /// write that waited for no replica, or the key was rewritten by hand.
     #[error(
@@ -86,6 +97,7 @@ impl TopologyRecord {
             first_shards: shards.get(),
             buckets: Buckets::new(shards).map_or(0, |b| b.count()),
             map: None,
+            reshard: None,
             recorded_by: recorded_by.to_owned(),
             recorded_at_ms: now_ms,
         }
@@ -116,7 +128,19 @@ impl TopologyRecord {
                 made: buckets.count(),
             });
         }
-        let generation = Generation(self.generation);
+        let (generation, reshard) = match &self.reshard {
+            Some(state) => {
+                let from = Generation(state.from);
+                if state.phase.generation(from) != Generation(self.generation) {
+                    return Err(RecordError::Reshard(format!(
+                        "generation {} at phase {:?} of a reshard from generation {}",
+                        self.generation, state.phase, state.from
+                    )));
+                }
+                (from, Some(state))
+            }
+            None => (Generation(self.generation), None),
+        };
         let map = match &self.map {
             Some(shards) => Map::recorded(generation, count, &buckets, shards)?,
             None if count == first => Map::initial(&buckets).at(generation),
@@ -127,7 +151,20 @@ impl TopologyRecord {
                 }));
             }
         };
-        Ok(Routing { buckets, map })
+        let reshard = match reshard {
+            Some(state) => Some((
+                state
+                    .reshard(&map)
+                    .map_err(|e: PlanError| RecordError::Reshard(e.to_string()))?,
+                state.phase,
+            )),
+            None => None,
+        };
+        Ok(Routing {
+            buckets,
+            map,
+            reshard,
+        })
     }
 
     /// The shard count now.
@@ -205,22 +242,67 @@ impl TopologyRecord {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Routing {
     buckets: Buckets,
+    /// The map (at a reshard's start, while one runs).
     map: Map,
+    /// A reshard in progress and its recorded step.
+    reshard: Option<(Reshard, Phase)>,
 }
 
 impl Routing {
-    /// The order's shard.
-    pub fn shard_of(&self, order_id: &OrderId) -> ShardId {
+    /// Where a publisher sends the order's new events at this generation:
+    /// its bucket's shard, or during a move its move's holding queue.
+    pub fn destination(&self, order_id: &OrderId) -> Destination {
         let bucket = self.buckets.bucket_of(order_id.as_str());
+        let routed = match &self.reshard {
+            Some((reshard, phase)) => reshard.route(phase.generation(reshard.from()), bucket).ok(),
+            None => self.map.shard_of(bucket).map(Destination::Shard),
+        };
         // Every bucket of the space has a shard (`Map::recorded` checks).
-        self.map
-            .shard_of(bucket)
-            .unwrap_or_else(|| self.map.shard_count().shard_of(order_id.as_str()))
+        routed.unwrap_or_else(|| {
+            Destination::Shard(self.map.shard_count().shard_of(order_id.as_str()))
+        })
     }
 
-    /// The map's shard count.
+    /// The order's shard: its bucket's in the newest map (during a reshard,
+    /// its move's target once its holding route is recorded).
+    pub fn shard_of(&self, order_id: &OrderId) -> ShardId {
+        match self.destination(order_id) {
+            Destination::Shard(shard) => shard,
+            Destination::Hold(id) => self
+                .reshard
+                .as_ref()
+                .and_then(|(r, _)| r.plan().get(id))
+                .map_or_else(
+                    || self.map.shard_count().shard_of(order_id.as_str()),
+                    |m| m.to,
+                ),
+        }
+    }
+
+    /// The map's shard count (during a reshard, the count it started from).
     pub fn shard_count(&self) -> ShardCount {
         self.map.shard_count()
+    }
+
+    /// The routing key of the order's new events at this generation:
+    /// `shard.{j}`, or during a move `move.{g}.{i}-{j}`.
+    pub fn routing_key(&self, order_id: &OrderId) -> String {
+        match self.destination(order_id) {
+            Destination::Shard(shard) => crate::Names::routing_key(shard),
+            Destination::Hold(id) => self
+                .reshard
+                .as_ref()
+                .and_then(|(r, _)| {
+                    let m = r.plan().get(id)?;
+                    Some(crate::Names::hold_routing_key(r.from().0, m.from, m.to))
+                })
+                .unwrap_or_else(|| crate::Names::routing_key(self.shard_of(order_id))),
+        }
+    }
+
+    /// A reshard in progress and its recorded step.
+    pub fn reshard(&self) -> Option<(&Reshard, Phase)> {
+        self.reshard.as_ref().map(|(r, p)| (r, *p))
     }
 
     /// The count outside publishers route by (`md5 mod N₀`).
@@ -326,6 +408,56 @@ mod tests {
         assert!(matches!(
             TopologyRecord::decode(&wrong.encode()),
             Err(RecordError::BucketCount { .. })
+        ));
+    }
+
+    #[test]
+    fn during_a_reshard_moving_orders_route_to_their_holding_queue_then_to_their_new_shard() {
+        let mut record = TopologyRecord::first(count(4), "topology apply", 0);
+        let mut state = ReshardState::planned(1, 6, "test", 0);
+        let old = record.routing().unwrap();
+        let plan = state.reshard(old.map()).unwrap().plan().clone();
+        let orders: Vec<OrderId> = (0..300).map(|i| order(&format!("o-{i}"))).collect();
+        let moving: Vec<&OrderId> = orders
+            .iter()
+            .filter(|o| {
+                plan.target.shard_of(old.buckets.bucket_of(o.as_str())) != Some(old.shard_of(o))
+            })
+            .collect();
+        assert!(!moving.is_empty());
+        for (phase, generation) in [
+            (Phase::Planned, 1),
+            (Phase::Holding, 2),
+            (Phase::Closing, 3),
+        ] {
+            state.phase = phase;
+            record.generation = generation;
+            record.reshard = Some(state.clone());
+            let routing = TopologyRecord::decode(&record.encode())
+                .unwrap()
+                .routing()
+                .unwrap();
+            for o in &orders {
+                let key = routing.routing_key(o);
+                let new = plan
+                    .target
+                    .shard_of(old.buckets.bucket_of(o.as_str()))
+                    .unwrap();
+                let expected = match phase {
+                    Phase::Holding if moving.contains(&o) => {
+                        crate::Names::hold_routing_key(1, old.shard_of(o), new)
+                    }
+                    Phase::Closing => crate::Names::routing_key(new),
+                    _ => crate::Names::routing_key(old.shard_of(o)),
+                };
+                assert_eq!(key, expected, "{o} at {phase:?}");
+            }
+        }
+        // A generation that is not the phase's is refused.
+        record.generation = 2;
+        assert!(matches!(
+            TopologyRecord::decode(&record.encode()),
+            Err(RecordError::Reshard(_))
         ));
     }
 

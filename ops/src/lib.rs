@@ -15,6 +15,8 @@
 //! - [`dlq`]: the dead-letter queue: reading without removing, list and show,
 //!   replay (key-ordered, confirmed, with quarantine rounds), purge, release;
 //!   the dead-letter index's failure groups and entries.
+//! - [`reshard`]: what a reshard of the recorded topology to M shards would
+//!   move (`topology reshard --plan`).
 //! - [`reconcile`]: compensation events for what the order database says
 //!   happened and the fleet never processed; its Prometheus metrics; the
 //!   summaries of its runs at an interval, kept in Redis.
@@ -39,6 +41,7 @@ pub mod fleet;
 mod letter;
 pub mod progress;
 pub mod reconcile;
+pub mod reshard;
 pub mod scratch;
 pub mod topology;
 

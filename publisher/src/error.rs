@@ -64,6 +64,16 @@ pub enum PublishError {
     /// The recorded topology could not be read (or adopted).
     #[error(transparent)]
     Record(#[from] Box<shardline_connect::record::RecordIoError>),
+    /// The publisher's lease in the registered publishers lapsed and could
+    /// not be renewed (Redis unreachable): it publishes nothing until it
+    /// can register again, so that a reshard's barrier never passes an
+    /// event of it. Its unconfirmed events stay queued; a later call tries
+    /// again.
+    #[error(
+        "not publishing: this publisher's lease in the registered publishers lapsed and cannot be \
+         renewed ({cause}); {unconfirmed} events wait to be sent again"
+    )]
+    Lease { cause: String, unconfirmed: usize },
     /// A broker operation failed while opening the publishing channel.
     #[error("broker error: {0}")]
     Broker(#[from] lapin::Error),

@@ -12,6 +12,8 @@
 //!
 //! - [`config`]: connection, window and reconnect settings.
 //! - [`publisher`]: shard routing, sending, confirms and reconnection.
+//! - `lease`: the publisher's registration in resharding's confirm barrier
+//!   and the routing of the generation it acknowledged.
 //! - `window`: the unconfirmed events, in order; backpressure and re-send order.
 //! - [`confirm`]: the one confirmed-publish path (a confirm-mode channel, typed
 //!   confirms), also used for the worker's dead letters.
@@ -33,6 +35,7 @@ pub mod config;
 pub mod confirm;
 pub mod error;
 pub mod latency;
+mod lease;
 pub mod publisher;
 mod window;
 

@@ -22,14 +22,15 @@ use opentelemetry::trace::{SpanContext, SpanKind, Status, TraceContextExt as _, 
 use opentelemetry::{Context, KeyValue};
 use shardline_connect::broker::{BlockedWatch, soft_error};
 use shardline_connect::{probe, record};
+use shardline_contract::reshard::Generation;
 use shardline_contract::telemetry::{self, attr, op};
-use shardline_contract::topology::Routing;
 use shardline_contract::{Envelope, NewEvent, OrderId, ShardId, headers, w3c};
 
 use crate::config::Config;
 use crate::confirm::{self, ConfirmChannel, Refusal};
 use crate::error::PublishError;
 use crate::latency::LatencyHistogram;
+use crate::lease::Membership;
 use crate::window::{Outgoing, Unconfirmed};
 
 /// Running totals of one publisher.
@@ -51,8 +52,10 @@ pub struct Counts {
 /// re-send some events on the next call (in order); it never loses or reorders them.
 pub struct Publisher {
     config: Config,
-    /// The recorded topology's routing; `None`: `config.shards` routes.
-    routing: Option<Routing>,
+    /// The registration in resharding's confirm barrier and the routing of
+    /// the generation it acknowledged; `None`: `config.shards` routes (a
+    /// legacy publisher, served by forwarding after a reshard).
+    membership: Option<Membership>,
     exchange: ShortString,
     conn: Option<Connection>,
     /// The connection's flow control (a memory or disk alarm blocks it).
@@ -104,10 +107,16 @@ impl Publisher {
     /// Connects, checks that the exchange exists and turns on publisher confirms.
     /// Fails at once (no retry) when the broker cannot be reached.
     pub async fn connect(config: Config) -> Result<Self, PublishError> {
+        // Boxed: connecting reads the recorded topology and registers, which
+        // would deepen every caller's future.
+        Box::pin(Self::connect_unboxed(config)).await
+    }
+
+    async fn connect_unboxed(config: Config) -> Result<Self, PublishError> {
         let exchange = short("exchange", &config.names.exchange)?;
         let conn = shardline_connect::connect(&config.amqp, &config.connection_name).await?;
         let channel = open_channel(&conn, &exchange, &config.names.exchange).await?;
-        let routing = match (&config.redis, config.check_shard_count) {
+        let membership = match (&config.redis, config.check_shard_count) {
             (_, false) => None,
             (Some(redis), true) => {
                 let keys = config.keys();
@@ -124,13 +133,18 @@ impl Publisher {
                 .map_err(Box::new)?;
                 match standing {
                     Some(record) => {
-                        let routing = record
-                            .routing()
-                            .map_err(|e| Box::new(record::RecordIoError::from(e)))?;
-                        if routing.shard_count() != config.shards {
+                        if !record.agrees(config.shards) {
                             tracing::warn!("{}", record.follow_warning(config.shards));
                         }
-                        Some(routing)
+                        let joined = Box::pin(Membership::join(
+                            redis,
+                            keys,
+                            &config.connection_name,
+                            &record,
+                        ))
+                        .await
+                        .map_err(Box::new)?;
+                        Some(joined)
                     }
                     None => None,
                 }
@@ -159,7 +173,7 @@ impl Publisher {
         Ok(Self {
             unconfirmed: Unconfirmed::new(config.window),
             config,
-            routing,
+            membership,
             exchange,
             blocked: Some(BlockedWatch::new(&conn, "publishing")),
             conn: Some(conn),
@@ -203,10 +217,114 @@ impl Publisher {
     /// The shard an order's events go to: its bucket's in the recorded map,
     /// or without a record `md5 mod shards`.
     pub fn shard_of(&self, order_id: &OrderId) -> ShardId {
-        match &self.routing {
-            Some(routing) => routing.shard_of(order_id),
+        match &self.membership {
+            Some(m) => m.routing().shard_of(order_id),
             None => self.config.shards.shard_of(order_id),
         }
+    }
+
+    /// The routing key of an order's event now: `shard.{i}`, or during a
+    /// reshard's move `move.{g}.{i}-{j}`.
+    fn routing_key_of(&self, order_id: &OrderId) -> String {
+        match &self.membership {
+            Some(m) => m.routing().routing_key(order_id),
+            None => shardline_contract::Names::routing_key(self.config.shards.shard_of(order_id)),
+        }
+    }
+
+    /// The id this publisher is registered under in `{prefix}publishers`
+    /// (resharding's confirm barrier); `None` for a publisher without the
+    /// recorded topology.
+    pub fn registration(&self) -> Option<&str> {
+        self.membership.as_ref().map(Membership::id)
+    }
+
+    /// Renews the lease when due, following a newer generation of the
+    /// recorded topology: everything routed by the older map is confirmed
+    /// first, then the new one is acknowledged and routed by. A lease that
+    /// lapsed (Redis unreachable, or the publisher idle past it) sends its
+    /// window again by the route read on registering again.
+    async fn keep_lease(&mut self) -> Result<(), PublishError> {
+        if !self.membership.as_ref().is_some_and(Membership::due) {
+            return Ok(());
+        }
+        let Some(mut membership) = self.membership.take() else {
+            return Ok(());
+        };
+        // Boxed: rare, and deep enough to deepen every publish's future.
+        let kept = Box::pin(self.follow_topology(&mut membership)).await;
+        self.membership = Some(membership);
+        kept
+    }
+
+    async fn follow_topology(&mut self, m: &mut Membership) -> Result<(), PublishError> {
+        let lapsed = m.lapsed();
+        if lapsed {
+            tracing::warn!(
+                unconfirmed = self.unconfirmed.len(),
+                "this publisher's lease lapsed: registering again, then sending its window again"
+            );
+            self.drop_connection("publisher lease lapsed");
+        }
+        let lease_error = |e: record::RecordIoError, unconfirmed: usize| {
+            if lapsed {
+                PublishError::Lease {
+                    cause: e.to_string(),
+                    unconfirmed,
+                }
+            } else {
+                PublishError::Record(Box::new(e))
+            }
+        };
+        let read = match m.read().await {
+            Ok(record) => record,
+            Err(e @ record::RecordIoError::Record(_)) => {
+                return Err(PublishError::Record(Box::new(e)));
+            }
+            Err(e) if !lapsed => {
+                tracing::warn!(error = %e, "cannot renew this publisher's lease: trying again");
+                return Ok(());
+            }
+            Err(e) => return Err(lease_error(e, self.unconfirmed.len())),
+        };
+        if Generation(read.generation) <= m.acknowledged() {
+            return match m.renew(m.acknowledged()).await {
+                Ok(()) => Ok(()),
+                Err(e) if !lapsed => {
+                    tracing::warn!(error = %e, "cannot renew this publisher's lease: trying again");
+                    Ok(())
+                }
+                Err(e) => Err(lease_error(e, self.unconfirmed.len())),
+            };
+        }
+        // A newer map: confirm what was routed by the older one first (the
+        // lease is renewed for it; should it lapse while the confirms come,
+        // their events go again by the new route).
+        if !lapsed {
+            m.renew(m.acknowledged())
+                .await
+                .map_err(|e| lease_error(e, self.unconfirmed.len()))?;
+            let copies = self.unconfirmed.copies();
+            self.flush_window().await?;
+            if m.lapsed() {
+                for copy in copies {
+                    self.unconfirmed.push(copy);
+                }
+            }
+        }
+        m.acknowledge(&read)
+            .await
+            .map_err(|e| lease_error(e, self.unconfirmed.len()))?;
+        let routing = m.routing();
+        // A lapsed lease gave the channel up: everything goes again.
+        self.unconfirmed.reroute(lapsed, |order| {
+            short("routing key", &routing.routing_key(order)).ok()
+        });
+        tracing::info!(
+            generation = read.generation,
+            "the topology changed: routing by its new generation"
+        );
+        Ok(())
     }
 
     /// Publishes an envelope body to its order's shard, unchanged (unknown fields
@@ -254,12 +372,22 @@ impl Publisher {
         about: &About<'_>,
         body: Vec<u8>,
     ) -> Result<(), PublishError> {
+        self.keep_lease().await?;
         let shard = self.shard_of(about.order_id);
+        let routing_key = self.routing_key_of(about.order_id);
         let message_id = message_id(about.event_id);
-        let (trace, recording) = self.publish_span(about, shard, &message_id, body.len());
+        let (trace, recording) =
+            self.publish_span(about, shard, &routing_key, &message_id, body.len());
         let props = headers::traced_event_properties(&message_id, SystemTime::now(), &trace);
         self.last_trace = Some(trace);
-        self.push(shard, body, props, recording).await
+        let outgoing = Outgoing {
+            routing_key: short("routing key", &routing_key)?,
+            order: Some(about.order_id.to_owned()),
+            body,
+            properties: props,
+            trace: recording,
+        };
+        self.push(outgoing).await
     }
 
     /// The producer span of one event: the context to send and, when the span
@@ -270,6 +398,7 @@ impl Publisher {
         &self,
         about: &About<'_>,
         shard: ShardId,
+        routing_key: &str,
         message_id: &str,
         body_len: usize,
     ) -> (SpanContext, Option<Context>) {
@@ -291,10 +420,7 @@ impl Publisher {
                 attr::MESSAGING_DESTINATION_NAME,
                 self.config.names.exchange.clone(),
             ),
-            KeyValue::new(
-                attr::MESSAGING_ROUTING_KEY,
-                shardline_contract::Names::routing_key(shard),
-            ),
+            KeyValue::new(attr::MESSAGING_ROUTING_KEY, routing_key.to_owned()),
             KeyValue::new(attr::MESSAGING_MESSAGE_ID, message_id.to_owned()),
             KeyValue::new(
                 attr::MESSAGING_BODY_SIZE,
@@ -320,30 +446,26 @@ impl Publisher {
         body: Vec<u8>,
         properties: BasicProperties,
     ) -> Result<(), PublishError> {
-        self.push(shard, body, properties, None).await
+        self.keep_lease().await?;
+        let outgoing = Outgoing {
+            routing_key: short(
+                "routing key",
+                &shardline_contract::Names::routing_key(shard),
+            )?,
+            order: None,
+            body,
+            properties,
+            trace: None,
+        };
+        self.push(outgoing).await
     }
 
-    async fn push(
-        &mut self,
-        shard: ShardId,
-        body: Vec<u8>,
-        properties: BasicProperties,
-        trace: Option<Context>,
-    ) -> Result<(), PublishError> {
-        let routing_key = short(
-            "routing key",
-            &shardline_contract::Names::routing_key(shard),
-        )?;
+    async fn push(&mut self, outgoing: Outgoing) -> Result<(), PublishError> {
         self.settle_ready()?;
         while self.unconfirmed.is_full() {
             self.settle_oldest().await?;
         }
-        self.unconfirmed.push(Outgoing {
-            routing_key,
-            body,
-            properties,
-            trace,
-        });
+        self.unconfirmed.push(outgoing);
         self.counts.published += 1;
         self.send_unsent().await
     }
@@ -351,15 +473,24 @@ impl Publisher {
     /// Waits until every event sent so far is confirmed; the first negative
     /// confirm is returned as an error.
     pub async fn flush(&mut self) -> Result<(), PublishError> {
+        self.keep_lease().await?;
+        self.flush_window().await
+    }
+
+    async fn flush_window(&mut self) -> Result<(), PublishError> {
         while !self.unconfirmed.is_empty() {
             self.settle_oldest().await?;
         }
         Ok(())
     }
 
-    /// Flushes, then closes the channel and the connection.
+    /// Flushes, then leaves the registered publishers and closes the channel
+    /// and the connection.
     pub async fn close(mut self) -> Result<(), PublishError> {
         self.flush().await?;
+        if let Some(membership) = self.membership.as_mut() {
+            Box::pin(membership.leave()).await;
+        }
         if let Some(channel) = self.channel.take() {
             let closing = channel.channel().close(200, "publisher closing".into());
             if let Ok(Err(e)) = tokio::time::timeout(CLOSE_TIMEOUT, closing).await {

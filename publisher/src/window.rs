@@ -12,12 +12,14 @@ use lapin::BasicProperties;
 use lapin::types::ShortString;
 use opentelemetry::Context;
 use opentelemetry::trace::TraceContextExt as _;
-use shardline_contract::telemetry;
+use shardline_contract::{OrderId, telemetry};
 
 /// An event as it goes on the wire, kept until the broker confirms it.
 #[derive(Debug, Clone)]
 pub(crate) struct Outgoing {
     pub routing_key: ShortString,
+    /// The order it routes by (an event; `None`: sent to a given shard).
+    pub order: Option<OrderId>,
     pub body: Vec<u8>,
     pub properties: BasicProperties,
     /// The event's publish span while it records (a tracer provider is
@@ -103,6 +105,29 @@ impl<C> Unconfirmed<C> {
         self.entries.pop_front()
     }
 
+    /// Copies of every event (unconfirmed or confirmed but not yet
+    /// settled), to send again should a lease lapse while they settle.
+    pub(crate) fn copies(&self) -> Vec<Outgoing> {
+        self.entries.iter().map(|e| e.event.clone()).collect()
+    }
+
+    /// Routes the events of orders again (a new map acknowledged): those not
+    /// sent on the current channel, or with `all` (the channel is being
+    /// given up, so everything will be sent again) every one.
+    pub(crate) fn reroute(&mut self, all: bool, key: impl Fn(&OrderId) -> Option<ShortString>) {
+        for entry in self
+            .entries
+            .iter_mut()
+            .filter(|e| all || e.confirm.is_none())
+        {
+            if let Some(order) = &entry.event.order
+                && let Some(routing_key) = key(order)
+            {
+                entry.event.routing_key = routing_key;
+            }
+        }
+    }
+
     /// The channel is gone: every event is unsent again, in its original order.
     /// Returns how many of them had been sent before (and will be re-sent).
     pub(crate) fn forget_confirms(&mut self) -> usize {
@@ -127,6 +152,7 @@ mod tests {
     fn event(key: &str) -> Outgoing {
         Outgoing {
             routing_key: key.into(),
+            order: None,
             body: key.as_bytes().to_vec(),
             properties: BasicProperties::default(),
             trace: None,
@@ -175,6 +201,27 @@ mod tests {
         assert_eq!(oldest.first_sent, Some(now));
         assert_eq!(q.first_unsent(), 1);
         assert_eq!(q.len(), 2);
+    }
+
+    #[test]
+    fn a_new_route_applies_to_unsent_events_of_orders_only() {
+        let mut q = Unconfirmed::new(8);
+        let of = |key: &str, order: &str| Outgoing {
+            order: Some(OrderId::new(order).unwrap()),
+            ..event(key)
+        };
+        q.push(of("shard.1", "A"));
+        q.push(of("shard.1", "B"));
+        q.push(event("shard.2"));
+        q.mark_sent(1, Instant::now());
+        let rerouted = |o: &OrderId| Some(format!("move.1.1-4.{o}").into());
+        q.reroute(false, rerouted);
+        assert_eq!(keys(&q), ["shard.1", "move.1.1-4.B", "shard.2"]);
+        // With the channel given up (a lapsed lease), every event of an
+        // order goes by the new route.
+        q.reroute(true, rerouted);
+        assert_eq!(keys(&q), ["move.1.1-4.A", "move.1.1-4.B", "shard.2"]);
+        assert_eq!(q.copies().len(), 3);
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //!
 //! - [`cli`]: the command line as a newcomer meets it: plain-text logs in files, exit codes.
 //! - [`topology`]: `topology apply` is idempotent, pika-compatible and loud on conflicts.
+//! - [`reshard`]: resharding's parts on the real broker: a publisher acknowledges a new generation only after its confirms.
 //! - [`broker_facts`]: what the guarantees rest on in the broker, per version: returns and nacks on quorum queues, the delivery limit, the arguments `apply` declares, prefetch, the largest message.
 //! - [`ordering`]: per-order sequence and exactly-once delivery across shards.
 //! - [`duplicates`]: redelivered copies never reach the downstream twice.
@@ -80,6 +81,7 @@ mod reconcile;
 mod reconcile_runs;
 mod replay_records;
 mod replay_window;
+mod reshard;
 mod scale;
 mod secrets;
 mod shutdown;

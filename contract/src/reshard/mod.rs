@@ -12,6 +12,7 @@
 //!   And what a publisher whose lease lapsed sends again ([`must_resend`]).
 //! - [`Markers`]: a marker is honoured once, only if its id is pending.
 //! - [`verdict`]: what a consumer does with a delivery: process, forward or wait.
+//! - [`ReshardState`]: a reshard in progress as the recorded topology stores it.
 #![warn(missing_docs)]
 
 mod barrier;
@@ -19,6 +20,7 @@ mod buckets;
 mod map;
 mod marker;
 mod route;
+mod state;
 mod verdict;
 
 pub use barrier::{Barrier, Lease, barrier, may_acknowledge, must_resend};
@@ -28,4 +30,5 @@ pub use map::{
 };
 pub use marker::{Honour, MarkerError, MarkerId, MarkerKind, Markers};
 pub use route::{Destination, Phase, Reshard, RouteError};
+pub use state::{MarkerEntry, ReshardState};
 pub use verdict::{Progress, Source, Verdict, View, verdict};

@@ -7,7 +7,10 @@ use super::buckets::Bucket;
 use super::map::{Generation, Map, MoveId, Plan, PlanError};
 
 /// The recorded step of one reshard, generation g → g + 2.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum Phase {
     /// Plan recorded (with its marker ids); queues declared; routes still g.
     Planned,

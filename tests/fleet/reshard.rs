@@ -1,0 +1,267 @@
+//! Resharding (ARCHITECTURE.md, "Resharding: the protocol"), part by part
+//! against the real broker and Redis: the publishers' side of the confirm
+//! barrier.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use shardline_contract::reshard::{
+    Barrier, Destination, Generation, Lease, Phase, ReshardState, barrier,
+};
+use shardline_contract::{NewEvent, OrderId};
+use shardline_testkit::TestEnv;
+
+/// One event of each order at `seq`.
+async fn round(publisher: &mut shardline_publisher::Publisher, orders: &[OrderId], seq: u64) {
+    for order in orders {
+        let event = NewEvent {
+            order_id: order.clone(),
+            event: "order.updated".into(),
+            seq: Some(seq),
+            event_id: None,
+            data: serde_json::json!({}),
+        };
+        publisher.publish_event(&event).await.unwrap();
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Every message of `queue`, taken (`basic.get`, acked): (order, seq).
+async fn take_all(channel: &lapin::Channel, queue: &str) -> Vec<(String, u64)> {
+    let mut taken = Vec::new();
+    while let Some(message) = channel
+        .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        let body: serde_json::Value = serde_json::from_slice(&message.delivery.data).unwrap();
+        taken.push((
+            body["order_id"].as_str().unwrap().to_owned(),
+            body["seq"].as_u64().unwrap(),
+        ));
+    }
+    taken
+}
+
+/// A publisher of the project follows the recorded topology's generation
+/// through the barrier: registered at connect with the generation it read
+/// (its live lease holds the barrier to the next), it acknowledges a newer
+/// one (a reshard at its holding step, generation 2) when its lease is next
+/// renewed, after confirming what it routed by the older map, and routes by
+/// it from then on: a moving order's events go to its move's holding queue,
+/// each after every event of the order in its old shard queue. The barrier
+/// opens on the acknowledgement; a closed publisher leaves the registry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_acknowledges_a_new_generation_only_after_its_confirms_then_routes_by_it() {
+    let env = TestEnv::new("reshard-ack").await;
+    env.apply_topology().await;
+    let mut redis = env.redis().await;
+    let keys = env.keys();
+    let config = shardline_publisher::Config {
+        amqp: env.amqp_target(),
+        names: env.names.clone(),
+        shards: env.shards,
+        redis: Some(env.ops_fleet().redis),
+        redis_prefix: env.redis_prefix.clone(),
+        ..shardline_publisher::Config::default()
+    };
+    let mut publisher = shardline_publisher::Publisher::connect(config)
+        .await
+        .unwrap();
+    let id = publisher.registration().expect("registered").to_owned();
+    let registered = || async {
+        let mut redis = env.redis().await;
+        shardline_connect::publishers::all(&mut redis, &keys)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|p| p.id == id)
+    };
+    let lease = registered().await.expect("in the registry").lease;
+    assert_eq!(lease.acknowledged, Generation(1));
+    assert_eq!(
+        barrier(&[lease], Generation(2), unix_ms()),
+        Barrier::Waiting(1),
+        "a live lease that acknowledged generation 1 holds the barrier to 2"
+    );
+
+    // The reshard's holding step, as its command records it: generation 2,
+    // holding queues declared and bound first.
+    let mut record = shardline_connect::record::read(&mut redis, &keys)
+        .await
+        .unwrap()
+        .unwrap();
+    let m = env.shards.get() + 2;
+    let mut state = ReshardState::planned(1, m, "test", 0);
+    state.phase = Phase::Holding;
+    let routing = record.routing().unwrap();
+    let reshard = state.reshard(routing.map()).unwrap();
+    let conn = env.connect().await;
+    let channel = conn.create_channel().await.unwrap();
+    let mut holds = BTreeMap::new();
+    for mv in &reshard.plan().moves {
+        let queue = env.names.hold_queue(1, mv.from, mv.to);
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let key = shardline_contract::Names::hold_routing_key(1, mv.from, mv.to);
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                env.names.exchange.as_str().into(),
+                key.as_str().into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        holds.insert(queue, mv.from);
+    }
+    record.generation = 2;
+    record.reshard = Some(state);
+    let _: () = redis::cmd("SET")
+        .arg(keys.topology())
+        .arg(record.encode())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let next = record.routing().unwrap();
+
+    // Publish round after round over 60 orders until the publisher
+    // acknowledged generation 2 (its renewal is due every lease / 3), then
+    // one round more.
+    let orders: Vec<OrderId> = (0..60)
+        .map(|i| OrderId::new(format!("ack-{i}")).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seq = 0;
+    loop {
+        seq += 1;
+        round(&mut publisher, &orders, seq).await;
+        let acked = registered().await.map(|p| p.lease.acknowledged);
+        if acked == Some(Generation(2)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "generation 2 not acknowledged in 30 s: {acked:?}"
+        );
+    }
+    let leases = async || -> Vec<Lease> {
+        shardline_connect::publishers::all(&mut env.redis().await, &keys)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.lease)
+            .collect()
+    };
+    assert_eq!(
+        barrier(&leases().await, Generation(2), unix_ms()),
+        Barrier::Open
+    );
+    round(&mut publisher, &orders, seq + 1).await;
+    publisher.close().await.unwrap();
+    assert!(
+        leases().await.is_empty(),
+        "a closed publisher leaves the registry"
+    );
+
+    // Per moving order: all of its old queue's seqs before all of its
+    // holding queue's.
+    let mut moving = 0;
+    for order in &orders {
+        if let Destination::Hold(_) = next.destination(order) {
+            moving += 1;
+        }
+    }
+    assert!(moving > 0, "no order of 60 moves");
+    let mut old_max: BTreeMap<String, u64> = BTreeMap::new();
+    for shard in 0..env.shards.get() {
+        for (order, seq) in take_all(&channel, &env.shard_queue(shard)).await {
+            let top = old_max.entry(order).or_default();
+            *top = (*top).max(seq);
+        }
+    }
+    let mut held = 0;
+    for queue in holds.keys() {
+        for (order, seq) in take_all(&channel, queue).await {
+            held += 1;
+            let before = old_max.get(&order).copied().unwrap_or(0);
+            assert!(
+                seq > before,
+                "{order}: seq {seq} held while {before} went to its old shard"
+            );
+            let routed = next.destination(&OrderId::new(&order).unwrap());
+            assert!(
+                matches!(routed, Destination::Hold(_)),
+                "{order} is not moving"
+            );
+        }
+    }
+    assert!(held > 0, "nothing reached a holding queue");
+}
+
+/// `topology reshard --to M --plan` reads the recorded topology and prints
+/// the moves without changing anything; without `--plan` it says that only
+/// the plan is available yet (exit 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reshard_plan_is_printed_and_nothing_changes() {
+    let env = TestEnv::new("reshard-plan").await;
+    env.apply_topology().await;
+    let before = env.queue_depths().await;
+    let n = env.shards.get();
+    let to = (n + 2).to_string();
+    let out = env
+        .cli(&["topology", "reshard", "--to", &to, "--plan"])
+        .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.starts_with(&format!("reshard {n} → {to} shards (generation 1")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "new shard queues: {}",
+            env.names.shard_queue_named(u32::from(n))
+        )),
+        "{stdout}"
+    );
+    let out = env.cli(&["topology", "reshard", "--to", &to]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        env.queue_depths().await.len(),
+        before.len(),
+        "nothing declared"
+    );
+    let record = shardline_connect::record::read(&mut env.redis().await, &env.keys())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((record.generation, record.reshard), (1, None));
+}
