@@ -137,17 +137,10 @@ impl Membership {
         };
         let keys = self.keys.clone();
         let renewed = publishers::renew(self.link().await?, &keys, &next).await;
-        match self.forget_link_on_error(renewed) {
-            Ok(()) => {
-                self.me = next;
-                self.due_at = Instant::now() + LEASE / 3;
-                Ok(())
-            }
-            Err(e) => {
-                self.due_at = Instant::now() + RETRY;
-                Err(e)
-            }
-        }
+        self.forget_link_on_error(renewed)?;
+        self.me = next;
+        self.due_at = Instant::now() + LEASE / 3;
+        Ok(())
     }
 
     /// Acknowledges `record`'s generation and routes by it from now on. The
@@ -172,12 +165,15 @@ impl Membership {
         }
     }
 
+    /// After an error the connection is made again, and the next renewal
+    /// tried [`RETRY`] later.
     fn forget_link_on_error<T>(
         &mut self,
         result: Result<T, RecordIoError>,
     ) -> Result<T, RecordIoError> {
         if result.is_err() {
             self.link = None;
+            self.due_at = Instant::now() + RETRY;
         }
         result
     }

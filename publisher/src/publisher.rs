@@ -258,73 +258,97 @@ impl Publisher {
     }
 
     async fn follow_topology(&mut self, m: &mut Membership) -> Result<(), PublishError> {
-        let lapsed = m.lapsed();
-        if lapsed {
-            tracing::warn!(
-                unconfirmed = self.unconfirmed.len(),
-                "this publisher's lease lapsed: registering again, then sending its window again"
-            );
-            self.drop_connection("publisher lease lapsed");
+        if m.lapsed() {
+            return self.register_again(m).await;
         }
-        let lease_error = |e: record::RecordIoError, unconfirmed: usize| {
-            if lapsed {
-                PublishError::Lease {
-                    cause: e.to_string(),
-                    unconfirmed,
-                }
-            } else {
-                PublishError::Record(Box::new(e))
-            }
-        };
+        let unreadable = |e: record::RecordIoError| PublishError::Record(Box::new(e));
         let read = match m.read().await {
             Ok(record) => record,
-            Err(e @ record::RecordIoError::Record(_)) => {
-                return Err(PublishError::Record(Box::new(e)));
-            }
-            Err(e) if !lapsed => {
-                tracing::warn!(error = %e, "cannot renew this publisher's lease: trying again");
-                return Ok(());
-            }
-            Err(e) => return Err(lease_error(e, self.unconfirmed.len())),
+            Err(e @ record::RecordIoError::Record(_)) => return Err(unreadable(e)),
+            Err(e) => return not_renewed(&e),
         };
         if Generation(read.generation) <= m.acknowledged() {
             return match m.renew(m.acknowledged()).await {
                 Ok(()) => Ok(()),
-                Err(e) if !lapsed => {
-                    tracing::warn!(error = %e, "cannot renew this publisher's lease: trying again");
-                    Ok(())
-                }
-                Err(e) => Err(lease_error(e, self.unconfirmed.len())),
+                Err(e) => not_renewed(&e),
             };
         }
-        // A newer map: confirm what was routed by the older one first (the
-        // lease is renewed for it; should it lapse while the confirms come,
-        // their events go again by the new route).
-        if !lapsed {
-            m.renew(m.acknowledged())
-                .await
-                .map_err(|e| lease_error(e, self.unconfirmed.len()))?;
-            let copies = self.unconfirmed.copies();
-            self.flush_window().await?;
-            if m.lapsed() {
-                for copy in copies {
-                    self.unconfirmed.push(copy);
-                }
+        // A newer map: confirm what was routed by the older one first, with
+        // the lease renewed for it; should it lapse while the confirms come,
+        // their events go again, by the new route.
+        if let Err(e) = m.renew(m.acknowledged()).await {
+            return not_renewed(&e);
+        }
+        let copies = self.unconfirmed.copies();
+        self.flush_window().await?;
+        if m.lapsed() {
+            for copy in copies {
+                self.unconfirmed.push(copy);
             }
         }
-        m.acknowledge(&read)
-            .await
-            .map_err(|e| lease_error(e, self.unconfirmed.len()))?;
-        let routing = m.routing();
-        // A lapsed lease gave the channel up: everything goes again.
-        self.unconfirmed.reroute(lapsed, |order| {
-            short("routing key", &routing.routing_key(order)).ok()
-        });
+        if let Err(e) = m.acknowledge(&read).await {
+            return not_renewed(&e);
+        }
+        self.reroute(m, false);
         tracing::info!(
             generation = read.generation,
             "the topology changed: routing by its new generation"
         );
         Ok(())
+    }
+
+    /// The lease lapsed: the barrier may have gone on without this
+    /// publisher. It gives its channel up, registers again on the
+    /// generation it reads (retrying, like a reconnect, for at most
+    /// `reconnect_give_up`), and sends its whole window again by that
+    /// generation's route.
+    async fn register_again(&mut self, m: &mut Membership) -> Result<(), PublishError> {
+        tracing::warn!(
+            unconfirmed = self.unconfirmed.len(),
+            "this publisher's lease lapsed: registering again, then sending its window again"
+        );
+        self.drop_connection("publisher lease lapsed");
+        let started = Instant::now();
+        let mut delay = self.config.reconnect_min;
+        loop {
+            let joined = match m.read().await {
+                Ok(record) => m.acknowledge(&record).await,
+                Err(e) => Err(e),
+            };
+            match joined {
+                Ok(()) => {
+                    self.reroute(m, true);
+                    tracing::info!(
+                        generation = m.acknowledged().0,
+                        "publisher registered again"
+                    );
+                    return Ok(());
+                }
+                Err(e @ record::RecordIoError::Record(_)) => {
+                    return Err(PublishError::Record(Box::new(e)));
+                }
+                Err(e) if started.elapsed() + delay > self.config.reconnect_give_up => {
+                    return Err(PublishError::Lease {
+                        cause: e.to_string(),
+                        unconfirmed: self.unconfirmed.len(),
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?delay, "cannot register this publisher again");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(self.config.reconnect_max);
+                }
+            }
+        }
+    }
+
+    /// Routes the window's events of orders by `m`'s acknowledged
+    /// generation: those not sent yet, or with `all` every one.
+    fn reroute(&mut self, m: &Membership, all: bool) {
+        let routing = m.routing();
+        self.unconfirmed.reroute(all, |order| {
+            short("routing key", &routing.routing_key(order)).ok()
+        });
     }
 
     /// Publishes an envelope body to its order's shard, unchanged (unknown fields
@@ -818,6 +842,13 @@ impl Drop for Publisher {
             );
         }
     }
+}
+
+/// A renewal that failed while the lease still holds: publishing goes on,
+/// and the renewal is tried again shortly.
+fn not_renewed(e: &shardline_connect::record::RecordIoError) -> Result<(), PublishError> {
+    tracing::warn!(error = %e, "cannot renew this publisher's lease: trying again");
+    Ok(())
 }
 
 /// The AMQP message id of a new event: its event id, else a fresh uuid.
