@@ -115,6 +115,7 @@ fn report(read_at_ms: u64) -> StatusReport {
         fleet: Some(fleet),
         broker: vec![],
         topology: None,
+        publishers: Vec::new(),
     }
 }
 

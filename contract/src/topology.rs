@@ -204,6 +204,16 @@ impl TopologyRecord {
         )
     }
 
+    /// The same for a library's config, naming its field instead of a flag:
+    /// `shards = 8 disagrees with the topology, which has 16 shards (…)`,
+    /// then what follows (`following the record`, or `set shards to 16`).
+    pub fn config_disagreement(&self, configured: ShardCount, then: &str) -> String {
+        format!(
+            "shards = {configured} disagrees with the topology, which has {}: {then}",
+            self.describe()
+        )
+    }
+
     /// `topology apply`'s refusal of another count.
     pub fn apply_refusal(&self, configured: ShardCount) -> String {
         format!(

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use shardline_connect::declare::{self, DlqKind, TopologyOptions};
 use shardline_connect::probe::{self, Finding};
+use shardline_connect::publishers::{self, Registered};
 use shardline_connect::record;
 use shardline_connect::{ApplyReport, ShardStatus};
 use shardline_contract::QueueType;
@@ -370,6 +371,9 @@ pub struct StatusReport {
     pub broker: Vec<Finding>,
     /// The recorded topology, when Redis has one and answered.
     pub topology: Option<TopologyRecord>,
+    /// The registered publishers (resharding's confirm barrier), live or
+    /// lapsed, as Redis has them.
+    pub publishers: Vec<Registered>,
 }
 
 /// The elastic fleet as Redis has it: its members and the assignment.
@@ -403,7 +407,7 @@ pub async fn status(fleet: &Fleet, config: &StatusConfig) -> Result<StatusReport
     let url = fleet.amqp.to_string();
     let broker = probe::assess(&fleet.probe().await, &probe::Plan::default());
     let conn = fleet.connect("shardline topology status").await?;
-    let topology = record_within_timeout(fleet).await;
+    let (topology, publishers) = record_within_timeout(fleet).await;
     if let Some(record) = topology.as_ref().filter(|r| !r.agrees(fleet.shards)) {
         close(&conn).await;
         return Err(Error::config(&[], record.status_refusal(fleet.shards)));
@@ -435,6 +439,7 @@ pub async fn status(fleet: &Fleet, config: &StatusConfig) -> Result<StatusReport
         fleet: elastic,
         broker,
         topology,
+        publishers,
     })
 }
 
@@ -480,14 +485,23 @@ async fn read_queues(
     Ok((queues, dlq))
 }
 
-/// The recorded topology, within [`REDIS_TIMEOUT`]; `None` when there is
-/// none or Redis does not answer (the documents' error then says why).
-async fn record_within_timeout(fleet: &Fleet) -> Option<TopologyRecord> {
+/// The recorded topology and the registered publishers, within
+/// [`REDIS_TIMEOUT`]; nothing when Redis does not answer (the documents'
+/// error then says why).
+async fn record_within_timeout(fleet: &Fleet) -> (Option<TopologyRecord>, Vec<Registered>) {
     let read = async {
         let mut redis = fleet.redis.connect().await.ok()?;
-        record::read(&mut redis, &fleet.keys).await.ok()?
+        let record = record::read(&mut redis, &fleet.keys).await.ok()?;
+        let registered = publishers::all(&mut redis, &fleet.keys)
+            .await
+            .unwrap_or_default();
+        Some((record, registered))
     };
-    tokio::time::timeout(REDIS_TIMEOUT, read).await.ok()?
+    tokio::time::timeout(REDIS_TIMEOUT, read)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default()
 }
 
 /// The dead-letter index's count, within [`REDIS_TIMEOUT`]; `None` when
@@ -712,6 +726,13 @@ impl StatusReport {
                 "first_shards": r.first_shards,
                 "outside_publishers_route_by": r.outside_routing(),
             })),
+            "publishers": self.publishers.iter().map(|p| serde_json::json!({
+                "id": p.id,
+                "name": p.name,
+                "acknowledged_generation": p.lease.acknowledged.0,
+                "lease_left_seconds": secs(Duration::from_millis(p.lease.deadline_ms.saturating_sub(self.read_at_ms))),
+                "lapsed": p.lease.deadline_ms <= self.read_at_ms,
+            })).collect::<Vec<_>>(),
             "needs_attention": self.needs_attention(),
         })
     }
@@ -754,6 +775,22 @@ impl StatusReport {
                 "topology: {}; publishers outside shardline route by {}",
                 record.describe(),
                 record.outside_routing()
+            );
+            let live: Vec<&Registered> = self
+                .publishers
+                .iter()
+                .filter(|p| p.lease.deadline_ms > self.read_at_ms)
+                .collect();
+            let behind = live
+                .iter()
+                .filter(|p| p.lease.acknowledged.0 < record.generation)
+                .count();
+            let _ = writeln!(
+                out,
+                "registered publishers: {} live ({} on an older generation), {} lapsed",
+                live.len(),
+                behind,
+                self.publishers.len() - live.len()
             );
         }
         let _ = writeln!(
@@ -975,6 +1012,7 @@ mod tests {
             fleet: None,
             broker: Vec::new(),
             topology: None,
+            publishers: Vec::new(),
         }
     }
 

@@ -133,8 +133,11 @@ impl Publisher {
                 .map_err(Box::new)?;
                 match standing {
                     Some(record) => {
+                        // (The command line follows the record before it gets here.)
                         if !record.agrees(config.shards) {
-                            tracing::warn!("{}", record.follow_warning(config.shards));
+                            let line =
+                                record.config_disagreement(config.shards, "routing by the record");
+                            tracing::warn!("{line}");
                         }
                         let joined = Box::pin(Membership::join(
                             redis,

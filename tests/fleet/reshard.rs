@@ -142,6 +142,14 @@ async fn a_publisher_acknowledges_a_new_generation_only_after_its_confirms_then_
         .await
         .unwrap();
     let next = record.routing().unwrap();
+    // `topology status` counts it as live and behind until it renews (it
+    // renews only as it publishes).
+    let status = env.cli(&["topology", "status"]).await;
+    let stdout = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        stdout.contains("registered publishers: 1 live (1 on an older generation), 0 lapsed"),
+        "{stdout}"
+    );
 
     // Publish round after round over 60 orders until the publisher
     // acknowledged generation 2 (its renewal is due every lease / 3), then

@@ -446,6 +446,32 @@ async fn publishers_route_by_the_recorded_map_and_without_redis_by_md5_mod_n() {
     );
 }
 
+/// The library's `Worker` reads the record too: a `Config::shards` that
+/// disagrees with it is refused at start in one line that names the field
+/// and the recorded count (the command line follows the record instead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_library_worker_refuses_a_shard_count_the_record_disagrees_with() {
+    let env = TestEnv::new("topo-lib-worker").await;
+    env.apply_topology().await;
+    let n = SHARDS;
+    let mut config = env.worker_config("w-lib");
+    config.shards = shardline_contract::ShardCount::new(u32::from(n) * 2).unwrap();
+    config.assign = config.shards.ids().collect();
+    let worker =
+        shardline_worker::Worker::new(config, std::sync::Arc::new(shardline_worker::Noop)).unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = tokio::time::timeout(Duration::from_secs(30), worker.run(stop)).await;
+    let error = run.expect("refused at start").unwrap_err().to_string();
+    assert_eq!(
+        error,
+        format!(
+            "shards = {} disagrees with the topology, which has {n} shards (recorded in Redis, \
+             generation 1): set shards to {n}",
+            n * 2
+        )
+    );
+}
+
 /// The record in Redis, if any.
 async fn recorded(env: &TestEnv) -> Option<shardline_contract::topology::TopologyRecord> {
     shardline_connect::record::read(&mut env.redis().await, &env.keys())

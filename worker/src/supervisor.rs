@@ -842,6 +842,9 @@ fn check_channels(conn: &Connection, config: &Config) -> Result<(), WorkerError>
 /// another would fail on a stale 404 — and the consume connection, were the
 /// checks run there, would hand a shard such an id (and the worker reconnect).
 async fn check_queues(config: &Config) -> Result<(), WorkerError> {
+    if !config.allow_shard_mismatch {
+        refuse_a_count_the_record_disagrees_with(config).await?;
+    }
     on_own_connection(config, async |conn| {
         check_channels(conn, config)?;
         check_each_queue(conn, config).await
@@ -850,7 +853,9 @@ async fn check_queues(config: &Config) -> Result<(), WorkerError> {
     on_own_connection(config, async |conn| {
         declare::check_queue_arguments(conn, &config.names, &config.topology()).await?;
         if !config.allow_shard_mismatch {
-            let standing = Box::pin(record::standing(
+            // The record that stands (a topology of before records adopted
+            // at the broker's count), else the count checked on the broker.
+            Box::pin(record::standing(
                 &config.redis,
                 &config.keys(),
                 conn,
@@ -859,11 +864,6 @@ async fn check_queues(config: &Config) -> Result<(), WorkerError> {
                 "worker",
             ))
             .await?;
-            // The command line follows a disagreeing record before it
-            // builds the worker's config; a library caller is told.
-            if let Some(record) = standing.filter(|r| !r.agrees(config.shards)) {
-                return Err(WorkerError::Refused(record.status_refusal(config.shards)));
-            }
         }
         Ok(())
     })
@@ -881,6 +881,25 @@ async fn check_queues(config: &Config) -> Result<(), WorkerError> {
     }
     probe::log(&findings);
     Ok(())
+}
+
+/// A `shards` the recorded topology disagrees with is refused first, naming
+/// the recorded count (it would otherwise show as a missing queue). The
+/// command line follows the record before it builds the worker's config; a
+/// library caller is told. Without a readable record nothing is refused here.
+async fn refuse_a_count_the_record_disagrees_with(config: &Config) -> Result<(), WorkerError> {
+    let Ok(mut redis) = config.redis.connect().await else {
+        return Ok(());
+    };
+    match record::read(&mut redis, &config.keys()).await {
+        Ok(Some(record)) if !record.agrees(config.shards) => {
+            let then = format!("set shards to {}", record.shards);
+            Err(WorkerError::Refused(
+                record.config_disagreement(config.shards, &then),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Runs `check` on a broker connection made for it, then closes it.
