@@ -25,6 +25,7 @@ pub mod publishers;
 pub mod record;
 pub mod redact;
 pub mod redis_target;
+pub mod reshard;
 pub mod stamps;
 
 pub use broker::{AddressOrder, AmqpTarget, BrokerError, connect, connect_each};

@@ -10,6 +10,7 @@
 //! | `dedup:{dedup_key}` | worker | an unsequenced event's claim (`processing:…`) or `done` |
 //! | `fence` | worker | the fleet's epoch counter: every consumer takes its fence token here (fenced writes) |
 //! | `fence:{shard}` | worker | the epoch of the shard's newest consumer (`dlq release` raises an order to it; a worker of an earlier release counted here) |
+//! | `reshard:markers`, `reshard:drained`, `reshard:closed` | `topology reshard`, the worker honouring a marker | a reshard's marker ids and the moves drained and closed (`connect::reshard`) |
 //! | `publishers` | the project's publishers | each registered publisher's lease and the topology generation it acknowledged (resharding's confirm barrier) |
 //! | `redis:era` | worker | the Redis failover era and the primary's replication id it was seen with |
 //! | `layout` | worker | when the order-state layout was switched on |
@@ -114,6 +115,21 @@ impl Keys {
     /// barrier (a hash: publisher id → lease; `connect::publishers`).
     pub fn publishers(&self) -> String {
         format!("{}publishers", self.prefix)
+    }
+
+    /// A reshard's marker ids (a hash: id → `{move}:{drain|close}:{pending|spent}`).
+    pub fn reshard_markers(&self) -> String {
+        format!("{}reshard:markers", self.prefix)
+    }
+
+    /// A reshard's moves whose drain marker was honoured (a set of move ids).
+    pub fn reshard_drained(&self) -> String {
+        format!("{}reshard:drained", self.prefix)
+    }
+
+    /// A reshard's moves whose holding queue's marker was honoured (a set).
+    pub fn reshard_closed(&self) -> String {
+        format!("{}reshard:closed", self.prefix)
     }
 
     /// The Redis failover era (a hash: `era`, `replid`).

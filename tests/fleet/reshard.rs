@@ -273,3 +273,55 @@ async fn the_reshard_plan_is_printed_and_nothing_changes() {
         .unwrap();
     assert_eq!((record.generation, record.reshard), (1, None));
 }
+
+/// A marker is honoured once, and only when its id was recorded pending for
+/// its move and hand-over: the script marks it spent and releases its move
+/// in one step; a repeat releases nothing more, a forged id or one of another
+/// move nothing at all (against the real Redis).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marker_is_honoured_once_and_a_forged_one_releases_nothing() {
+    use shardline_connect::reshard::{honour, record_marker, released};
+    use shardline_contract::reshard::{Honour, MarkerError, MarkerId, MarkerKind, MoveId};
+    let env = TestEnv::new("reshard-marker").await;
+    let (mut redis, keys) = (env.redis().await, env.keys());
+    let (id, mv) = (MarkerId(0x5eed_cafe_f00d), MoveId(3));
+    record_marker(&mut redis, &keys, id, mv, MarkerKind::Drain)
+        .await
+        .unwrap();
+    let forged = honour(&mut redis, &keys, MarkerId(7), mv, MarkerKind::Drain)
+        .await
+        .unwrap();
+    assert_eq!(forged, Err(MarkerError::Unknown(MarkerId(7))));
+    let other_move = honour(&mut redis, &keys, id, MoveId(4), MarkerKind::Drain)
+        .await
+        .unwrap();
+    assert_eq!(other_move, Err(MarkerError::Mismatch(id)));
+    let other_kind = honour(&mut redis, &keys, id, mv, MarkerKind::Close)
+        .await
+        .unwrap();
+    assert_eq!(other_kind, Err(MarkerError::Mismatch(id)));
+    assert_eq!(
+        released(&mut redis, &keys).await.unwrap(),
+        Default::default()
+    );
+
+    let first = honour(&mut redis, &keys, id, mv, MarkerKind::Drain)
+        .await
+        .unwrap();
+    assert_eq!(first, Ok(Honour::Honoured(mv, MarkerKind::Drain)));
+    let again = honour(&mut redis, &keys, id, mv, MarkerKind::Drain)
+        .await
+        .unwrap();
+    assert_eq!(again, Ok(Honour::AlreadyHonoured));
+    let (drained, closed) = released(&mut redis, &keys).await.unwrap();
+    assert_eq!(drained.into_iter().collect::<Vec<_>>(), [mv]);
+    assert!(closed.is_empty());
+    // Recording it again (a resumed reshard) keeps it spent.
+    record_marker(&mut redis, &keys, id, mv, MarkerKind::Drain)
+        .await
+        .unwrap();
+    let after = honour(&mut redis, &keys, id, mv, MarkerKind::Drain)
+        .await
+        .unwrap();
+    assert_eq!(after, Ok(Honour::AlreadyHonoured));
+}

@@ -10,10 +10,7 @@ use super::map::MoveId;
 pub struct MarkerId(pub u64);
 
 /// Which hand-over a marker closes.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MarkerKind {
     /// In a move's old shard queue (step 4): the move is `drained`.
     Drain,

@@ -30,5 +30,5 @@ pub use map::{
 };
 pub use marker::{Honour, MarkerError, MarkerId, MarkerKind, Markers};
 pub use route::{Destination, Phase, Reshard, RouteError};
-pub use state::{MarkerEntry, ReshardState};
+pub use state::ReshardState;
 pub use verdict::{Progress, Source, Verdict, View, verdict};
