@@ -23,6 +23,13 @@ pub enum RecordIoError {
     /// Redis could not be reached.
     #[error("reading the recorded topology: {0}")]
     Connect(#[from] RedisError),
+    /// The record a reader had read is gone (a Redis that restarted without
+    /// its data, a failover that lost it): it comes back when a worker or
+    /// `topology apply` adopts or records the topology again.
+    #[error(
+        "the recorded topology is gone from Redis: a worker's start or `shardline topology apply` records it again"
+    )]
+    Missing,
     /// The stored record.
     #[error(transparent)]
     Record(#[from] RecordError),

@@ -118,9 +118,7 @@ impl Membership {
         let keys = self.keys.clone();
         let read = record::read(self.link().await?, &keys).await;
         let read = self.forget_link_on_error(read)?;
-        let record = read.ok_or(RecordIoError::Record(RecordError::Unreadable(
-            "the recorded topology is gone".into(),
-        )))?;
+        let record = read.ok_or(RecordIoError::Missing)?;
         self.watch.observe(&record)?;
         Ok(record)
     }
