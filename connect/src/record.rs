@@ -187,9 +187,7 @@ pub async fn standing(
     configured: ShardCount,
     who: &str,
 ) -> Result<Option<TopologyRecord>, RecordIoError> {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let now_ms = shardline_contract::status::unix_ms();
     let read = match redis.connect().await {
         Ok(mut link) => read_or_adopt(&mut link, keys, conn, names, who, now_ms).await,
         Err(e) => Err(e.into()),

@@ -101,14 +101,3 @@ pub async fn released(
     let ids = |v: Vec<u16>| v.into_iter().map(MoveId).collect();
     Ok((ids(drained), ids(closed)))
 }
-
-/// Removes a finished (or aborted) reshard's markers and sets.
-pub async fn clear(redis: &mut impl ConnectionLike, keys: &Keys) -> Result<(), RecordIoError> {
-    let _: () = redis::cmd("DEL")
-        .arg(keys.reshard_markers())
-        .arg(keys.reshard_drained())
-        .arg(keys.reshard_closed())
-        .query_async(redis)
-        .await?;
-    wait_for_replicas(redis).await
-}

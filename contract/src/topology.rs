@@ -276,16 +276,27 @@ impl Routing {
     /// The order's shard: its bucket's in the newest map (during a reshard,
     /// its move's target once its holding route is recorded).
     pub fn shard_of(&self, order_id: &OrderId) -> ShardId {
+        self.route(order_id).0
+    }
+
+    /// The order's shard and the routing key of its new events at this
+    /// generation (`shard.{j}`, or during a move `move.{g}.{i}-{j}`), from
+    /// one hash of the order id: a publisher needs both for every event.
+    pub fn route(&self, order_id: &OrderId) -> (ShardId, String) {
+        let hold = |id| {
+            let (r, _) = self.reshard.as_ref()?;
+            let m = r.plan().get(id)?;
+            Some((
+                m.to,
+                crate::Names::hold_routing_key(r.from().0, m.from, m.to),
+            ))
+        };
+        let shard = |shard| (shard, crate::Names::routing_key(shard));
         match self.destination(order_id) {
-            Destination::Shard(shard) => shard,
-            Destination::Hold(id) => self
-                .reshard
-                .as_ref()
-                .and_then(|(r, _)| r.plan().get(id))
-                .map_or_else(
-                    || self.map.shard_count().shard_of(order_id.as_str()),
-                    |m| m.to,
-                ),
+            Destination::Shard(s) => shard(s),
+            // Every move of the plan is recorded: the fallback is not met.
+            Destination::Hold(id) => hold(id)
+                .unwrap_or_else(|| shard(self.map.shard_count().shard_of(order_id.as_str()))),
         }
     }
 
@@ -294,20 +305,9 @@ impl Routing {
         self.map.shard_count()
     }
 
-    /// The routing key of the order's new events at this generation:
-    /// `shard.{j}`, or during a move `move.{g}.{i}-{j}`.
+    /// The routing key of the order's new events at this generation.
     pub fn routing_key(&self, order_id: &OrderId) -> String {
-        match self.destination(order_id) {
-            Destination::Shard(shard) => crate::Names::routing_key(shard),
-            Destination::Hold(id) => self
-                .reshard
-                .as_ref()
-                .and_then(|(r, _)| {
-                    let m = r.plan().get(id)?;
-                    Some(crate::Names::hold_routing_key(r.from().0, m.from, m.to))
-                })
-                .unwrap_or_else(|| crate::Names::routing_key(self.shard_of(order_id))),
-        }
+        self.route(order_id).1
     }
 
     /// A reshard in progress and its recorded step.

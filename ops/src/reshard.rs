@@ -1,7 +1,8 @@
 //! `topology reshard --to M --plan`: what a reshard of the recorded topology
 //! to M shards would move (ARCHITECTURE.md, "Resharding: the protocol"): the
 //! sticky plan of `contract::reshard`, read from the record, described for an
-//! operator. Reading only: nothing is declared or written.
+//! operator. Nothing is declared; like every reader of the record, it
+//! adopts a topology made before records (at the broker's count) first.
 
 use std::fmt::Write as _;
 

@@ -407,7 +407,7 @@ pub async fn status(fleet: &Fleet, config: &StatusConfig) -> Result<StatusReport
     let url = fleet.amqp.to_string();
     let broker = probe::assess(&fleet.probe().await, &probe::Plan::default());
     let conn = fleet.connect("shardline topology status").await?;
-    let (topology, publishers) = record_within_timeout(fleet).await;
+    let (topology, publishers) = topology_within_timeout(fleet).await;
     if let Some(record) = topology.as_ref().filter(|r| !r.agrees(fleet.shards)) {
         close(&conn).await;
         return Err(Error::config(&[], record.status_refusal(fleet.shards)));
@@ -488,7 +488,7 @@ async fn read_queues(
 /// The recorded topology and the registered publishers, within
 /// [`REDIS_TIMEOUT`]; nothing when Redis does not answer (the documents'
 /// error then says why).
-async fn record_within_timeout(fleet: &Fleet) -> (Option<TopologyRecord>, Vec<Registered>) {
+async fn topology_within_timeout(fleet: &Fleet) -> (Option<TopologyRecord>, Vec<Registered>) {
     let read = async {
         let mut redis = fleet.redis.connect().await.ok()?;
         let record = record::read(&mut redis, &fleet.keys).await.ok()?;

@@ -14,7 +14,8 @@ use shardline_connect::publishers::{self, LEASE, Registered};
 use shardline_connect::record::{self, RecordIoError};
 use shardline_contract::Keys;
 use shardline_contract::reshard::{Generation, Lease};
-use shardline_contract::topology::{GenerationWatch, RecordError, Routing, TopologyRecord};
+use shardline_contract::status::unix_ms as now_ms;
+use shardline_contract::topology::{GenerationWatch, Routing, TopologyRecord};
 
 /// After a failed renewal, the next try comes this much later (while the
 /// lease holds).
@@ -31,12 +32,6 @@ pub(crate) struct Membership {
     watch: GenerationWatch,
     /// When the next renewal is due.
     due_at: Instant,
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn millis(d: Duration) -> u64 {
@@ -102,14 +97,11 @@ impl Membership {
     }
 
     async fn link(&mut self) -> Result<&mut MultiplexedConnection, RecordIoError> {
-        if self.link.is_none() {
-            self.link = Some(self.redis.connect().await?);
-        }
-        self.link
-            .as_mut()
-            .ok_or(RecordIoError::Record(RecordError::Unreadable(
-                "no Redis connection".into(),
-            )))
+        let link = match self.link.take() {
+            Some(link) => link,
+            None => self.redis.connect().await?,
+        };
+        Ok(self.link.insert(link))
     }
 
     /// The recorded topology now; a generation below one seen stops the

@@ -226,12 +226,15 @@ impl Publisher {
         }
     }
 
-    /// The routing key of an order's event now: `shard.{i}`, or during a
-    /// reshard's move `move.{g}.{i}-{j}`.
-    fn routing_key_of(&self, order_id: &OrderId) -> String {
+    /// An order's shard and the routing key of its event now: `shard.{i}`,
+    /// or during a reshard's move `move.{g}.{i}-{j}` (one hash of the id).
+    fn route(&self, order_id: &OrderId) -> (ShardId, String) {
         match &self.membership {
-            Some(m) => m.routing().routing_key(order_id),
-            None => shardline_contract::Names::routing_key(self.config.shards.shard_of(order_id)),
+            Some(m) => m.routing().route(order_id),
+            None => {
+                let shard = self.config.shards.shard_of(order_id);
+                (shard, shardline_contract::Names::routing_key(shard))
+            }
         }
     }
 
@@ -400,8 +403,7 @@ impl Publisher {
         body: Vec<u8>,
     ) -> Result<(), PublishError> {
         self.keep_lease().await?;
-        let shard = self.shard_of(about.order_id);
-        let routing_key = self.routing_key_of(about.order_id);
+        let (shard, routing_key) = self.route(about.order_id);
         let message_id = message_id(about.event_id);
         let (trace, recording) =
             self.publish_span(about, shard, &routing_key, &message_id, body.len());

@@ -10,6 +10,7 @@ use lapin::types::FieldTable;
 use shardline_contract::reshard::{
     Barrier, Destination, Generation, Lease, Phase, ReshardState, barrier,
 };
+use shardline_contract::status::unix_ms;
 use shardline_contract::{NewEvent, OrderId};
 use shardline_testkit::TestEnv;
 
@@ -25,13 +26,6 @@ async fn round(publisher: &mut shardline_publisher::Publisher, orders: &[OrderId
         };
         publisher.publish_event(&event).await.unwrap();
     }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
 }
 
 /// Every message of `queue`, taken (`basic.get`, acked): (order, seq).
@@ -60,7 +54,7 @@ async fn take_all(channel: &lapin::Channel, queue: &str) -> Vec<(String, u64)> {
 /// each after every event of the order in its old shard queue. The barrier
 /// opens on the acknowledgement; a closed publisher leaves the registry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_publisher_acknowledges_a_new_generation_only_after_its_confirms_then_routes_by_it() {
+async fn a_publisher_acknowledges_a_new_generation_when_it_renews_then_routes_by_it() {
     let env = TestEnv::new("reshard-ack").await;
     env.apply_topology().await;
     let mut redis = env.redis().await;
