@@ -21,8 +21,8 @@ pub(crate) enum TopologyCommand {
     /// Per shard: depth, consumers, owner, backlog age and level; DLQ depth by
     /// reason. Exit code 3 when a shard is at PAGE or has events and no consumer.
     Status(StatusArgs),
-    /// Change the shard count to M. In this release only `--plan`: what a
-    /// reshard would move (the online change comes next: ARCHITECTURE.md,
+    /// Change the shard count to M online, or print the plan (`--plan`).
+    /// Run again after an interruption, it resumes (ARCHITECTURE.md,
     /// "Resharding: the protocol").
     Reshard(ReshardArgs),
 }
@@ -39,6 +39,10 @@ pub(crate) struct ReshardArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// The topology's flags, as `topology apply` was given them: new shard
+    /// queues and holding queues are declared with them.
+    #[command(flatten)]
+    pub topology: ApplyArgs,
 }
 
 #[derive(Debug, Args)]
@@ -78,18 +82,33 @@ pub(crate) struct StatusArgs {
     pub dlq_browse: u32,
 }
 
+/// A report as JSON (`--json`) or as its text.
+fn print_report(json: bool, report: &impl serde::Serialize, text: String) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+    } else {
+        print!("{text}");
+    }
+    Ok(())
+}
+
+/// The topology's options from `apply`'s flags.
+fn options(global: &GlobalArgs, args: &ApplyArgs) -> TopologyOptions {
+    TopologyOptions {
+        shards: global.shards,
+        single_active_consumer: args.single_active_consumer,
+        queue_type: args.queue_type,
+        delivery_limit: args.delivery_limit,
+        accept_classic_sac_risk: args.accept_classic_sac_risk,
+        broker_version: None,
+    }
+}
+
 pub(crate) async fn run(global: &GlobalArgs, cmd: TopologyCommand) -> anyhow::Result<ExitCode> {
     let fleet = global.fleet();
     match cmd {
         TopologyCommand::Apply(args) => {
-            let options = TopologyOptions {
-                shards: global.shards,
-                single_active_consumer: args.single_active_consumer,
-                queue_type: args.queue_type,
-                delivery_limit: args.delivery_limit,
-                accept_classic_sac_risk: args.accept_classic_sac_risk,
-                broker_version: None,
-            };
+            let options = options(global, &args);
             print!(
                 "{}",
                 topology::apply(&fleet, &options).await.flags()?.text()
@@ -97,21 +116,18 @@ pub(crate) async fn run(global: &GlobalArgs, cmd: TopologyCommand) -> anyhow::Re
             Ok(ExitCode::SUCCESS)
         }
         TopologyCommand::Reshard(args) => {
-            if !args.plan {
-                return Err(shardline_ops::Usage(
-                    "topology reshard runs with --plan only in this release: the online change \
-                     of the shard count comes next (ARCHITECTURE.md, \"Resharding: the protocol\")"
-                        .into(),
-                )
-                .into());
-            }
-            let report = shardline_ops::reshard::plan(&fleet, args.to)
-                .await
-                .flags()?;
-            if args.json {
-                println!("{}", serde_json::to_string(&report)?);
+            if args.plan {
+                let report = shardline_ops::reshard::plan(&fleet, args.to)
+                    .await
+                    .flags()?;
+                print_report(args.json, &report, report.text())?;
             } else {
-                print!("{}", report.text());
+                let options = options(global, &args.topology);
+                let mut say = |line: String| println!("{line}");
+                let report = shardline_ops::reshard::run(&fleet, args.to, &options, &mut say)
+                    .await
+                    .flags()?;
+                print_report(args.json, &report, report.text())?;
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -521,6 +521,70 @@ pub async fn peek(channel: &Channel, queue: &str) -> Result<ShardStatus, lapin::
     })
 }
 
+/// Declares a reshard's holding queue (the shard queues' arguments) and
+/// binds it with its own routing key. Idempotent.
+pub async fn hold_queue(
+    conn: &Connection,
+    names: &Names,
+    opts: &TopologyOptions,
+    queue: &str,
+    routing_key: &str,
+) -> Result<(), DeclareError> {
+    let ch = conn.create_channel().await?;
+    declare_queue(&ch, queue, &opts.shard_queue_arguments(names)).await?;
+    ch.queue_bind(
+        queue.into(),
+        names.exchange.as_str().into(),
+        routing_key.into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
+    close_quietly(&ch).await;
+    Ok(())
+}
+
+/// Unbinds a holding queue, then deletes it if it is empty. `false` (and
+/// it stays, unbound) when it still holds messages.
+pub async fn retire_hold_queue(
+    conn: &Connection,
+    names: &Names,
+    queue: &str,
+    routing_key: &str,
+) -> Result<bool, DeclareError> {
+    let ch = conn.create_channel().await?;
+    let unbound = ch
+        .queue_unbind(
+            queue.into(),
+            names.exchange.as_str().into(),
+            routing_key.into(),
+            FieldTable::default(),
+        )
+        .await;
+    match unbound {
+        // Deleted before (a reshard run again after this step).
+        Err(e) if soft_error(&e, AMQPSoftError::NOTFOUND).is_some() => return Ok(true),
+        other => other?,
+    }
+    let deleted = ch
+        .queue_delete(
+            queue.into(),
+            QueueDeleteOptions {
+                if_empty: true,
+                ..QueueDeleteOptions::default()
+            },
+        )
+        .await;
+    match deleted {
+        Ok(_) => {
+            close_quietly(&ch).await;
+            Ok(true)
+        }
+        Err(e) if soft_error(&e, AMQPSoftError::PRECONDITIONFAILED).is_some() => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Deletes everything `apply` declared under `names`: for throwaway runs.
 pub async fn delete(
     conn: &Connection,

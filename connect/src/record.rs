@@ -80,8 +80,22 @@ pub async fn write_first(
     Ok(record.clone())
 }
 
-/// Waits until every replica the primary reports (`INFO replication`) has
-/// the connection's writes; none on a standalone Redis.
+/// Writes `record` over the one that stands (the reshard command, which
+/// holds the reshard's lock, is its one writer), then waits for the
+/// replicas.
+pub async fn replace(
+    redis: &mut impl ConnectionLike,
+    keys: &Keys,
+    record: &TopologyRecord,
+) -> Result<(), RecordIoError> {
+    let _: () = redis::cmd("SET")
+        .arg(keys.topology())
+        .arg(record.encode())
+        .query_async(redis)
+        .await?;
+    wait_for_replicas(redis).await
+}
+
 /// Waits (`WAIT`) until every replica the primary reports in `INFO
 /// replication` has the connection's writes; none on a standalone Redis.
 pub(crate) async fn wait_for_replicas(

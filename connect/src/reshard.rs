@@ -16,6 +16,7 @@ use std::collections::BTreeSet;
 use redis::aio::ConnectionLike;
 use shardline_contract::Keys;
 use shardline_contract::reshard::{Honour, MarkerError, MarkerId, MarkerKind, MoveId};
+use shardline_contract::topology::TopologyRecord;
 
 use crate::record::{RecordIoError, wait_for_replicas};
 
@@ -98,6 +99,33 @@ pub async fn released(
         .arg(keys.reshard_closed())
         .query_async(redis)
         .await?;
-    let ids = |v: Vec<u16>| v.into_iter().map(MoveId).collect();
-    Ok((ids(drained), ids(closed)))
+    Ok((moves(drained), moves(closed)))
+}
+
+fn moves(ids: Vec<u16>) -> BTreeSet<MoveId> {
+    ids.into_iter().map(MoveId).collect()
+}
+
+/// What a follower of the topology reads, in one step (`MULTI`): the record
+/// (if one was written) and the moves drained and closed so far.
+pub type Standing = (Option<TopologyRecord>, BTreeSet<MoveId>, BTreeSet<MoveId>);
+
+/// Reads the record and the released moves together, so that a move seen
+/// drained belongs to the reshard the record holds.
+pub async fn standing(
+    redis: &mut impl ConnectionLike,
+    keys: &Keys,
+) -> Result<Standing, RecordIoError> {
+    let (text, drained, closed): (Option<String>, Vec<u16>, Vec<u16>) = redis::pipe()
+        .atomic()
+        .cmd("GET")
+        .arg(keys.topology())
+        .cmd("SMEMBERS")
+        .arg(keys.reshard_drained())
+        .cmd("SMEMBERS")
+        .arg(keys.reshard_closed())
+        .query_async(redis)
+        .await?;
+    let record = text.as_deref().map(TopologyRecord::decode).transpose()?;
+    Ok((record, moves(drained), moves(closed)))
 }

@@ -40,6 +40,19 @@ pub const REPLAY: &str = "x-shardline-replay";
 /// Marks a control message (an instruction to the worker, such as a drain
 /// marker), not an event; its value names the kind.
 pub const CONTROL: &str = "x-shardline-control";
+/// A drain marker's single-use id (`x-shardline-control: drain` or `close`),
+/// recorded by the reshard before it sent the marker.
+pub const MARKER_ID: &str = "x-shardline-marker";
+/// The move a drain marker hands over (its number in the reshard's plan).
+pub const MARKER_MOVE: &str = "x-shardline-move";
+/// Set on an event a worker forwarded (resharding, legacy routing) that
+/// had been delivered before: a consumer before it may hold its claim, so
+/// the next consumer treats the copy as a redelivery (it may take over).
+pub const REDELIVERED: &str = "x-shardline-redelivered";
+/// `x-shardline-control` of a move's drain marker, sent into its old shard queue.
+pub const CONTROL_DRAIN: &str = "drain";
+/// `x-shardline-control` of a move's close marker, sent into its holding queue.
+pub const CONTROL_CLOSE: &str = "close";
 /// Quorum queues: how many times the broker delivered the message before.
 pub const DELIVERY_COUNT: &str = "x-delivery-count";
 

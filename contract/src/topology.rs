@@ -11,12 +11,14 @@
 //! count. Resharding (ARCHITECTURE.md, "Resharding: the protocol") is the one
 //! way the count changes, and each change writes the next generation.
 
+use std::collections::BTreeSet;
+
 use serde::{Deserialize, Serialize};
 
 use crate::OrderId;
 use crate::reshard::{
-    Buckets, BucketsError, Destination, Generation, Map, MapError, Phase, PlanError, Reshard,
-    ReshardState,
+    Bucket, Buckets, BucketsError, Destination, Generation, Map, MapError, MoveId, Phase,
+    PlanError, Progress, Reshard, ReshardState, View,
 };
 use crate::shard::{ShardCount, ShardError, ShardId};
 
@@ -43,6 +45,12 @@ pub struct TopologyRecord {
     /// routes follow its phase (ARCHITECTURE.md, "Resharding: the protocol").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reshard: Option<ReshardState>,
+    /// Shard queues of a count of before that the map no longer names (a
+    /// shrink's `shard.{i}` with i ≥ M): still consumed, every event forwarded
+    /// by the map, until `topology reshard` retires them (ARCHITECTURE.md,
+    /// "Legacy routing").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retired: Vec<u16>,
     /// What wrote this generation (`topology apply`, or the tool or worker
     /// that adopted a topology made before records).
     pub recorded_by: String,
@@ -98,6 +106,7 @@ impl TopologyRecord {
             buckets: Buckets::new(shards).map_or(0, |b| b.count()),
             map: None,
             reshard: None,
+            retired: Vec::new(),
             recorded_by: recorded_by.to_owned(),
             recorded_at_ms: now_ms,
         }
@@ -165,6 +174,37 @@ impl TopologyRecord {
             map,
             reshard,
         })
+    }
+
+    /// What a consumer decides by ([`verdict`](crate::reshard::verdict)):
+    /// the map, or the reshard in progress with the moves `drained` and
+    /// `closed` so far (read beside the record, `connect::reshard`).
+    pub fn view(
+        &self,
+        drained: BTreeSet<MoveId>,
+        closed: BTreeSet<MoveId>,
+    ) -> Result<(Routing, View), RecordError> {
+        let routing = self.routing()?;
+        let view = match &routing.reshard {
+            Some((reshard, phase)) => View::Resharding(Progress {
+                reshard: reshard.clone(),
+                phase: *phase,
+                drained,
+                closed,
+            }),
+            None => View::Settled(routing.map.clone()),
+        };
+        Ok((routing, view))
+    }
+
+    /// Every shard queue the fleet consumes: the map's, during a reshard the
+    /// target's too, and the retired ones (each forwards what its owner does
+    /// not process).
+    pub fn served(&self) -> BTreeSet<u16> {
+        let target = self.reshard.as_ref().map_or(0, |r| r.to);
+        (0..self.shards.max(target))
+            .chain(self.retired.iter().copied())
+            .collect()
     }
 
     /// The shard count now.
@@ -297,6 +337,19 @@ impl Routing {
             // Every move of the plan is recorded: the fallback is not met.
             Destination::Hold(id) => hold(id)
                 .unwrap_or_else(|| shard(self.map.shard_count().shard_of(order_id.as_str()))),
+        }
+    }
+
+    /// The order's bucket.
+    pub fn bucket_of(&self, order_id: &str) -> Bucket {
+        self.buckets.bucket_of(order_id)
+    }
+
+    /// The generation publishers route by now (during a reshard, its phase's).
+    pub fn generation(&self) -> Generation {
+        match &self.reshard {
+            Some((reshard, phase)) => phase.generation(reshard.from()),
+            None => self.map.generation(),
         }
     }
 

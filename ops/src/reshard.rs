@@ -4,11 +4,22 @@
 //! operator. Nothing is declared; like every reader of the record, it
 //! adopts a topology made before records (at the broker's count) first.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
+use std::time::Duration;
 
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable};
 use serde::Serialize;
-use shardline_contract::reshard::{MAX_TARGET_SHARDS, Plan};
+use shardline_connect::declare::{self, TopologyOptions};
+use shardline_connect::{publishers, record, reshard as stored};
+use shardline_contract::reshard::{
+    Barrier, Generation, Lease, MAX_TARGET_SHARDS, MarkerId, MarkerKind, MoveId, Phase, Plan,
+    Reshard, ReshardState, barrier,
+};
 use shardline_contract::topology::TopologyRecord;
+use shardline_contract::{Names, headers};
+use shardline_publisher::ConfirmChannel;
 
 use crate::error::Error;
 use crate::fleet::Fleet;
@@ -207,5 +218,557 @@ mod tests {
             shrink.text()
         );
         assert!(describe(&record, 8, &fleet()).is_err(), "the same count");
+    }
+}
+
+/// How long the reshard's lock lives without renewal: a command killed
+/// frees it after this (one on the same host frees it at once).
+const LOCK_TTL: Duration = Duration::from_secs(15);
+/// How often the reshard's steps poll Redis and the broker.
+const POLL: Duration = Duration::from_millis(200);
+/// A marker not honoured within this is sent again, with a new id (the old
+/// id stays valid: both are behind the barrier).
+const MARKER_RESEND: Duration = Duration::from_secs(60);
+/// A holding queue at most this deep is read to its end quickly: the
+/// moves' buckets switch to their new shard (generation g + 2).
+const HOLD_DEPTH_TO_CLOSE: u32 = 200;
+
+/// Takes the lock when free, or held by a process of this host that is gone
+/// (a command killed; run again, it resumes at once). KEYS: the lock. ARGV:
+/// holder, TTL ms, this host's prefix, whether the holder found is dead.
+const TAKE_LOCK: &str = r"
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] and ARGV[3] ~= '1' then return holder end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return ''
+";
+
+/// Renews the lock only while this holder has it. KEYS: the lock. ARGV:
+/// holder, TTL ms.
+const RENEW_LOCK: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+/// What `topology reshard --to M` did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunReport {
+    pub from_shards: u16,
+    pub to_shards: u16,
+    /// The generation the fleet is on now.
+    pub generation: u64,
+    pub moves: usize,
+    /// Whether it resumed a reshard an earlier run had started.
+    pub resumed: bool,
+    pub took_ms: u64,
+}
+
+impl RunReport {
+    pub fn text(&self) -> String {
+        format!(
+            "resharded {} → {} shards in {:.1} s ({} moves{}); the fleet is on generation {}\n",
+            self.from_shards,
+            self.to_shards,
+            self.took_ms as f64 / 1000.0,
+            self.moves,
+            if self.resumed { ", resumed" } else { "" },
+            self.generation
+        )
+    }
+}
+
+/// This process, as the lock and the record name it: `topology reshard on
+/// {host} pid {pid}`.
+fn holder() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".into());
+    format!("topology reshard on {host} pid {}", std::process::id())
+}
+
+/// Whether `holder` names a process of this host that is gone.
+fn holder_is_gone(holder: &str, mine: &str) -> bool {
+    let host_of = |h: &str| h.rsplit_once(" pid ").map(|(host, _)| host.to_owned());
+    let pid = holder
+        .rsplit_once(" pid ")
+        .and_then(|(_, pid)| pid.parse::<u32>().ok());
+    host_of(holder) == host_of(mine)
+        && pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+}
+
+fn redis_error<'a>(
+    fleet: &'a Fleet,
+    what: &'static str,
+) -> impl Fn(redis::RedisError) -> Error + 'a {
+    move |e| Error::RedisCommand {
+        what,
+        url: fleet.redis.to_string(),
+        cause: fleet.redis.scrub(&e.to_string()),
+    }
+}
+
+/// Runs the reshard of the recorded topology to `to` shards online (the
+/// steps of ARCHITECTURE.md, "Resharding: the protocol"), or resumes the one
+/// an earlier run left; `say` gets a line at each step and for progress.
+/// Returns when the fleet is on `to` shards. `options` are the topology's
+/// (`topology apply`'s flags): new shard and holding queues are declared
+/// with them, and a shard queue that disagrees refuses the run.
+pub async fn run(
+    fleet: &Fleet,
+    to: u32,
+    options: &TopologyOptions,
+    say: &mut (dyn FnMut(String) + Send),
+) -> Result<RunReport, Error> {
+    let started = std::time::Instant::now();
+    let mut redis = fleet.redis.connect().await?;
+    let me = holder();
+    let lock_key = format!("{}reshard:lock", fleet.keys.prefix());
+    let take = |over_a_gone_holder: bool| {
+        let mut redis = redis.clone();
+        let (key, me) = (lock_key.clone(), me.clone());
+        async move {
+            redis::Script::new(TAKE_LOCK)
+                .key(key)
+                .arg(me)
+                .arg(LOCK_TTL.as_millis() as u64)
+                .arg("")
+                .arg(if over_a_gone_holder { "1" } else { "0" })
+                .invoke_async::<String>(&mut redis)
+                .await
+                .map_err(redis_error(fleet, "taking the reshard's lock"))
+        }
+    };
+    let held = take(false).await?;
+    if !held.is_empty() {
+        if !holder_is_gone(&held, &me) {
+            return Err(Error::Refused(format!(
+                "another reshard holds the lock: {held}; it ends, or its lock lapses {} s after it stopped",
+                LOCK_TTL.as_secs()
+            )));
+        }
+        take(true).await?;
+        say(format!(
+            "took over the lock of a reshard that stopped ({held})"
+        ));
+    }
+    let stop = tokio_util::sync::CancellationToken::new();
+    let _stop_renewal = stop.clone().drop_guard();
+    tokio::spawn(renew_lock(
+        redis.clone(),
+        lock_key.clone(),
+        me.clone(),
+        stop.clone(),
+    ));
+
+    let run = Steps::new(fleet, options, redis.clone(), &me, to).await?;
+    let report = run.drive(say).await;
+    stop.cancel();
+    let _: Result<i64, _> = redis::cmd("DEL")
+        .arg(&lock_key)
+        .query_async(&mut redis)
+        .await;
+    let mut report = report?;
+    report.took_ms = started.elapsed().as_millis() as u64;
+    Ok(report)
+}
+
+async fn renew_lock(
+    mut redis: redis::aio::MultiplexedConnection,
+    key: String,
+    me: String,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(LOCK_TTL / 3) => {}
+            () = stop.cancelled() => return,
+        }
+        let renewed: Result<i64, _> = redis::Script::new(RENEW_LOCK)
+            .key(&key)
+            .arg(&me)
+            .arg(LOCK_TTL.as_millis() as u64)
+            .invoke_async(&mut redis)
+            .await;
+        if let Err(e) = renewed {
+            tracing::warn!(error = %e, "cannot renew the reshard's lock");
+        }
+    }
+}
+
+/// One reshard's steps, from the record as it stands.
+struct Steps<'a> {
+    fleet: &'a Fleet,
+    options: &'a TopologyOptions,
+    redis: redis::aio::MultiplexedConnection,
+    record: TopologyRecord,
+    resumed: bool,
+}
+
+impl<'a> Steps<'a> {
+    async fn new(
+        fleet: &'a Fleet,
+        options: &'a TopologyOptions,
+        mut redis: redis::aio::MultiplexedConnection,
+        me: &str,
+        to: u32,
+    ) -> Result<Self, Error> {
+        let mut record = crate::topology::recorded(fleet, "topology reshard")
+            .await?
+            .ok_or_else(|| {
+                Error::config(
+                    &[],
+                    "no topology to reshard: run `shardline topology apply` first",
+                )
+            })?;
+        let resumed = match &record.reshard {
+            Some(running) if u32::from(running.to) != to => {
+                return Err(Error::Refused(format!(
+                    "a reshard to {} shards is in progress (started by {}, phase {:?}): run `topology reshard --to {}` to resume it",
+                    running.to, running.started_by, running.phase, running.to
+                )));
+            }
+            Some(_) => true,
+            None => {
+                // Checks the target before anything is written.
+                describe(&record, to, fleet)?;
+                if u32::from(record.shards) == to {
+                    return Err(Error::config(
+                        &["to"],
+                        format!("the topology has {to} shards already"),
+                    ));
+                }
+                let _: () = redis::cmd("DEL")
+                    .arg(fleet.keys.reshard_markers())
+                    .arg(fleet.keys.reshard_drained())
+                    .arg(fleet.keys.reshard_closed())
+                    .query_async(&mut redis)
+                    .await
+                    .map_err(redis_error(fleet, "clearing an earlier reshard's markers"))?;
+                let to = u16::try_from(to).unwrap_or(u16::MAX);
+                record.reshard = Some(ReshardState::planned(
+                    record.generation,
+                    to,
+                    me,
+                    shardline_contract::status::unix_ms(),
+                ));
+                record::replace(&mut redis, &fleet.keys, &record)
+                    .await
+                    .map_err(crate::topology::record_error(fleet))?;
+                false
+            }
+        };
+        Ok(Self {
+            fleet,
+            options,
+            redis,
+            record,
+            resumed,
+        })
+    }
+
+    fn reshard(&self) -> Result<(Reshard, Phase), Error> {
+        let routing = self
+            .record
+            .routing()
+            .map_err(|e| Error::config(&[], e.to_string()))?;
+        routing
+            .reshard()
+            .map(|(r, p)| (r.clone(), p))
+            .ok_or_else(|| Error::config(&[], "the record holds no reshard"))
+    }
+
+    /// Writes the next phase (and its generation) into the record.
+    async fn enter(
+        &mut self,
+        phase: Phase,
+        say: &mut (dyn FnMut(String) + Send),
+    ) -> Result<(), Error> {
+        let Some(state) = self.record.reshard.as_mut() else {
+            return Ok(());
+        };
+        state.phase = phase;
+        self.record.generation = phase.generation(Generation(state.from)).0;
+        self.record.recorded_at_ms = shardline_contract::status::unix_ms();
+        record::replace(&mut self.redis, &self.fleet.keys, &self.record)
+            .await
+            .map_err(crate::topology::record_error(self.fleet))?;
+        say(format!(
+            "phase {phase:?}: generation {} recorded",
+            self.record.generation
+        ));
+        Ok(())
+    }
+
+    async fn drive(mut self, say: &mut (dyn FnMut(String) + Send)) -> Result<RunReport, Error> {
+        let (reshard, mut phase) = self.reshard()?;
+        let from_shards = reshard.old().shard_count().get();
+        let to_shards = reshard.plan().target.shard_count().get();
+        let g = reshard.from();
+        say(format!(
+            "reshard {from_shards} → {to_shards} shards from generation {}: {} moves{}",
+            g.0,
+            reshard.plan().moves.len(),
+            if self.resumed { ", resuming" } else { "" }
+        ));
+        let conn = self.fleet.connect("shardline topology reshard").await?;
+        let result = async {
+            loop {
+                match phase {
+                    Phase::Planned => {
+                        self.declare(&conn, &reshard).await?;
+                        say("new shard queues and holding queues declared".into());
+                    }
+                    Phase::Holding => self.barrier(g.next(), say).await?,
+                    Phase::Draining => {
+                        self.markers(&conn, &reshard, MarkerKind::Drain, say)
+                            .await?;
+                    }
+                    Phase::Opening => self.holds_read(&conn, &reshard, say).await?,
+                    Phase::Closing => {
+                        self.barrier(g.next().next(), say).await?;
+                        self.markers(&conn, &reshard, MarkerKind::Close, say)
+                            .await?;
+                    }
+                    Phase::Done => {
+                        self.finish(&conn, &reshard, say).await?;
+                        return Ok::<(), Error>(());
+                    }
+                }
+                phase = match phase.next() {
+                    Some(next) => next,
+                    None => return Ok(()),
+                };
+                if phase != Phase::Done {
+                    self.enter(phase, say).await?;
+                }
+            }
+        }
+        .await;
+        crate::fleet::close(&conn).await;
+        result?;
+        Ok(RunReport {
+            from_shards,
+            to_shards,
+            generation: self.record.generation,
+            moves: reshard.plan().moves.len(),
+            resumed: self.resumed,
+            took_ms: 0,
+        })
+    }
+
+    /// Step 2: the target's shard queues (`topology apply`'s declarations
+    /// at the larger count) and one holding queue per move, bound.
+    async fn declare(&self, conn: &lapin::Connection, reshard: &Reshard) -> Result<(), Error> {
+        let larger = reshard
+            .old()
+            .shard_count()
+            .get()
+            .max(reshard.plan().target.shard_count().get());
+        let options = TopologyOptions {
+            shards: shardline_contract::ShardCount::new(u32::from(larger))
+                .map_err(|e| Error::config(&["to"], e.to_string()))?,
+            ..self.options.clone()
+        };
+        declare::apply(std::slice::from_ref(conn), &self.fleet.names, &options)
+            .await
+            .map_err(Error::queue("declaring the reshard's shard queues"))?;
+        let g = reshard.from().0;
+        for m in &reshard.plan().moves {
+            declare::hold_queue(
+                conn,
+                &self.fleet.names,
+                &options,
+                &self.fleet.names.hold_queue(g, m.from, m.to),
+                &Names::hold_routing_key(g, m.from, m.to),
+            )
+            .await
+            .map_err(Error::queue("declaring a holding queue"))?;
+        }
+        Ok(())
+    }
+
+    /// Waits until every registered publisher with a live lease has
+    /// acknowledged `target` (or let its lease lapse).
+    async fn barrier(
+        &mut self,
+        target: Generation,
+        say: &mut (dyn FnMut(String) + Send),
+    ) -> Result<(), Error> {
+        let mut last = usize::MAX;
+        loop {
+            let now = shardline_contract::status::unix_ms();
+            let registered = publishers::all(&mut self.redis, &self.fleet.keys)
+                .await
+                .map_err(crate::topology::record_error(self.fleet))?;
+            let leases: Vec<Lease> = registered.iter().map(|p| p.lease).collect();
+            match barrier(&leases, target, now) {
+                Barrier::Open => {
+                    say(format!(
+                        "barrier of generation {}: every registered publisher acknowledged it",
+                        target.0
+                    ));
+                    return Ok(());
+                }
+                Barrier::Waiting(n) => {
+                    if n != last {
+                        let names: Vec<&str> = registered
+                            .iter()
+                            .filter(|p| p.lease.deadline_ms > now && p.lease.acknowledged < target)
+                            .map(|p| p.name.as_str())
+                            .collect();
+                        say(format!(
+                            "barrier of generation {}: waiting for {n} publishers ({})",
+                            target.0,
+                            names.join(", ")
+                        ));
+                        last = n;
+                    }
+                }
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Steps 4 and 6: one marker per move not yet released, into its old
+    /// shard (drain) or its holding queue (close), each recorded pending
+    /// before it is sent; returns when every move is released.
+    async fn markers(
+        &mut self,
+        conn: &lapin::Connection,
+        reshard: &Reshard,
+        kind: MarkerKind,
+        say: &mut (dyn FnMut(String) + Send),
+    ) -> Result<(), Error> {
+        let channel = ConfirmChannel::open(conn).await?;
+        let g = reshard.from().0;
+        let moves = reshard.plan().moves.len();
+        let mut sent_at: Vec<Option<std::time::Instant>> = vec![None; moves];
+        loop {
+            let (drained, closed) = stored::released(&mut self.redis, &self.fleet.keys)
+                .await
+                .map_err(crate::topology::record_error(self.fleet))?;
+            let released = match kind {
+                MarkerKind::Drain => drained,
+                MarkerKind::Close => closed,
+            };
+            if released.len() >= moves {
+                say(format!("{kind:?} markers: all {moves} moves released"));
+                return Ok(());
+            }
+            for (i, m) in reshard.plan().moves.iter().enumerate() {
+                let id = MoveId(u16::try_from(i).unwrap_or(u16::MAX));
+                if released.contains(&id)
+                    || sent_at[i].is_some_and(|at| at.elapsed() < MARKER_RESEND)
+                {
+                    continue;
+                }
+                let marker = MarkerId(rand::random::<u64>() >> 1);
+                stored::record_marker(&mut self.redis, &self.fleet.keys, marker, id, kind)
+                    .await
+                    .map_err(crate::topology::record_error(self.fleet))?;
+                let (routing_key, control) = match kind {
+                    MarkerKind::Drain => (Names::routing_key(m.from), headers::CONTROL_DRAIN),
+                    MarkerKind::Close => (
+                        Names::hold_routing_key(g, m.from, m.to),
+                        headers::CONTROL_CLOSE,
+                    ),
+                };
+                let mut table = FieldTable::default();
+                table.insert(
+                    headers::CONTROL.into(),
+                    AMQPValue::LongString(control.into()),
+                );
+                table.insert(
+                    headers::MARKER_ID.into(),
+                    AMQPValue::LongLongInt(i64::try_from(marker.0).unwrap_or(i64::MAX)),
+                );
+                table.insert(
+                    headers::MARKER_MOVE.into(),
+                    AMQPValue::LongLongInt(i64::from(id.0)),
+                );
+                let properties = BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_headers(table);
+                channel
+                    .publish(&self.fleet.names.exchange, &routing_key, b"", properties)
+                    .await
+                    .map_err(|e| {
+                        Error::Refused(format!("sending a {kind:?} marker to {routing_key}: {e}"))
+                    })?;
+                sent_at[i] = Some(std::time::Instant::now());
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Step 5's end: every holding queue read down to
+    /// [`HOLD_DEPTH_TO_CLOSE`] by its new owner.
+    async fn holds_read(
+        &mut self,
+        conn: &lapin::Connection,
+        reshard: &Reshard,
+        say: &mut (dyn FnMut(String) + Send),
+    ) -> Result<(), Error> {
+        let g = reshard.from().0;
+        for m in &reshard.plan().moves {
+            let queue = self.fleet.names.hold_queue(g, m.from, m.to);
+            loop {
+                let depth = declare::queue_status(conn, &queue)
+                    .await
+                    .map_err(Error::queue(format!("reading {queue}")))?;
+                if depth.messages <= HOLD_DEPTH_TO_CLOSE && depth.consumers > 0 {
+                    break;
+                }
+                tokio::time::sleep(POLL).await;
+            }
+        }
+        say("holding queues consumed by their new owners".into());
+        Ok(())
+    }
+
+    /// Step 7: holding queues unbound and deleted once empty, then the new
+    /// map recorded (generation g + 2) and the reshard's record cleared.
+    async fn finish(
+        &mut self,
+        conn: &lapin::Connection,
+        reshard: &Reshard,
+        say: &mut (dyn FnMut(String) + Send),
+    ) -> Result<(), Error> {
+        let g = reshard.from().0;
+        for m in &reshard.plan().moves {
+            let queue = self.fleet.names.hold_queue(g, m.from, m.to);
+            let key = Names::hold_routing_key(g, m.from, m.to);
+            loop {
+                match declare::retire_hold_queue(conn, &self.fleet.names, &queue, &key).await {
+                    Ok(true) => break,
+                    Ok(false) => tokio::time::sleep(POLL).await,
+                    Err(e) => return Err(Error::queue(format!("retiring {queue}"))(e)),
+                }
+            }
+        }
+        say("holding queues deleted".into());
+        let target = &reshard.plan().target;
+        let old = reshard.old().shard_count().get();
+        let new = target.shard_count().get();
+        let mut retired: BTreeSet<u16> = self.record.retired.iter().copied().collect();
+        retired.extend(new..old);
+        retired.retain(|&s| s >= new);
+        self.record.retired = retired.into_iter().collect();
+        self.record.shards = new;
+        self.record.map = Some(target.shard_numbers());
+        self.record.generation = Phase::Done.generation(reshard.from()).0;
+        self.record.reshard = None;
+        self.record.recorded_by = holder();
+        self.record.recorded_at_ms = shardline_contract::status::unix_ms();
+        record::replace(&mut self.redis, &self.fleet.keys, &self.record)
+            .await
+            .map_err(crate::topology::record_error(self.fleet))?;
+        say(format!(
+            "done: {new} shards, generation {}",
+            self.record.generation
+        ));
+        Ok(())
     }
 }

@@ -145,7 +145,7 @@ async fn record_for_apply(
 }
 
 /// A failure of the recorded topology, with Redis's address (redacted).
-fn record_error(fleet: &Fleet) -> impl FnOnce(record::RecordIoError) -> Error + '_ {
+pub(crate) fn record_error(fleet: &Fleet) -> impl FnOnce(record::RecordIoError) -> Error + '_ {
     move |e| Error::RedisCommand {
         what: "the recorded topology",
         url: fleet.redis.to_string(),

@@ -489,6 +489,43 @@ impl Publisher {
         self.push(outgoing).await
     }
 
+    /// Forwards a delivered message, its properties and body as they are,
+    /// to its order's route, and waits for its confirm: a worker's forward
+    /// of an event its queue does not process (resharding, legacy routing).
+    /// The route is this publisher's, by the generation it acknowledged,
+    /// which is first brought to `at_least` (the generation the worker
+    /// decided by). Returns the routing key it went to.
+    pub async fn forward(
+        &mut self,
+        order_id: &OrderId,
+        body: Vec<u8>,
+        properties: BasicProperties,
+        at_least: Generation,
+    ) -> Result<String, PublishError> {
+        if let Some(mut membership) = self.membership.take() {
+            let behind = membership.acknowledged() < at_least;
+            let followed = if behind {
+                Box::pin(self.follow_topology(&mut membership)).await
+            } else {
+                Ok(())
+            };
+            self.membership = Some(membership);
+            followed?;
+        }
+        self.keep_lease().await?;
+        let (_, routing_key) = self.route(order_id);
+        let outgoing = Outgoing {
+            routing_key: short("routing key", &routing_key)?,
+            order: Some(order_id.to_owned()),
+            body,
+            properties,
+            trace: None,
+        };
+        self.push(outgoing).await?;
+        self.flush_window().await?;
+        Ok(routing_key)
+    }
+
     async fn push(&mut self, outgoing: Outgoing) -> Result<(), PublishError> {
         self.settle_ready()?;
         while self.unconfirmed.is_full() {

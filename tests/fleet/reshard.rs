@@ -220,8 +220,7 @@ async fn a_publisher_acknowledges_a_new_generation_when_it_renews_then_routes_by
 }
 
 /// `topology reshard --to M --plan` reads the recorded topology and prints
-/// the moves without changing anything; without `--plan` it says that only
-/// the plan is available yet (exit 2).
+/// the moves without changing anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reshard_plan_is_printed_and_nothing_changes() {
     let env = TestEnv::new("reshard-plan").await;
@@ -248,13 +247,6 @@ async fn the_reshard_plan_is_printed_and_nothing_changes() {
             env.names.shard_queue_named(u32::from(n))
         )),
         "{stdout}"
-    );
-    let out = env.cli(&["topology", "reshard", "--to", &to]).await;
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(
         env.queue_depths().await.len(),
@@ -318,4 +310,163 @@ async fn a_marker_is_honoured_once_and_a_forged_one_releases_nothing() {
         .await
         .unwrap();
     assert_eq!(after, Ok(Honour::AlreadyHonoured));
+}
+
+/// Publishes `events` in order in batches of `batch`, `pause` apart, through
+/// the project's publisher (routing by the recorded map, registered in the
+/// barrier).
+async fn publish_by_the_map(
+    env: &TestEnv,
+    events: Vec<shardline_testkit::Event>,
+    batch: usize,
+    pause: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let config = shardline_publisher::Config {
+        amqp: env.amqp_target(),
+        names: env.names.clone(),
+        shards: env.shards,
+        redis: Some(env.ops_fleet().redis),
+        redis_prefix: env.redis_prefix.clone(),
+        connection_name: "reshard-test project publisher".into(),
+        ..shardline_publisher::Config::default()
+    };
+    let mut publisher = shardline_publisher::Publisher::connect(config)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        for chunk in events.chunks(batch) {
+            for event in chunk {
+                publisher.publish(event.body.clone()).await.unwrap();
+            }
+            publisher.flush().await.unwrap();
+            tokio::time::sleep(pause).await;
+        }
+        publisher.close().await.unwrap();
+    })
+}
+
+/// Publishes `events` like the pika recipe: `shard.{md5 mod N}` for the N
+/// the test started with, whatever the topology does.
+async fn publish_like_the_recipe(
+    env: &TestEnv,
+    events: Vec<shardline_testkit::Event>,
+    batch: usize,
+    pause: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let publisher = shardline_testkit::Publisher::connect(env).await;
+    tokio::spawn(async move {
+        for chunk in events.chunks(batch) {
+            publisher.publish(chunk).await;
+            tokio::time::sleep(pause).await;
+        }
+    })
+}
+
+/// 4 → 8 shards under load (ARCHITECTURE.md, "Resharding: the protocol"):
+/// two `--assign auto` workers, the project's publisher routing by the
+/// recorded map and a recipe publisher on `md5 mod 4` publish ordered events
+/// of their own orders throughout; `topology reshard --to 8` runs and one
+/// worker is killed -9 in the middle and started again. Every event is
+/// called, each order's in seq order; nothing is dead-lettered; the eight
+/// shard queues are consumed at the end, the holding queues are gone, and
+/// the recipe publisher's events of moved orders were forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_grows_from_4_to_8_shards_under_load_and_keeps_each_order_in_order() {
+    let env = TestEnv::new("reshard-grow").await.with_shards(4);
+    env.apply_topology().await;
+    let downstream = shardline_testkit::Downstream::with_latency(Duration::from_millis(1)).await;
+    let member = |name: &str| {
+        shardline_testkit::ChildWorker::start(
+            &env,
+            name,
+            &downstream.url(),
+            &["--assign", "auto", "--member-id", name],
+        )
+    };
+    let mut a = member("a");
+    let mut b = member("b");
+    env.wait_spread(&[("a", 2), ("b", 2)], Duration::from_secs(30))
+        .await;
+
+    let by_map = shardline_testkit::interleaved(
+        &shardline_testkit::order_ids("grow-map", 120),
+        24,
+        env.shards,
+    );
+    let by_recipe = shardline_testkit::interleaved(
+        &shardline_testkit::order_ids("grow-recipe", 120),
+        24,
+        env.shards,
+    );
+    // About 170 events a second together, for about 17 s.
+    let pace = Duration::from_millis(140);
+    let map_publisher = publish_by_the_map(&env, by_map.clone(), 12, pace).await;
+    let recipe_publisher = publish_like_the_recipe(&env, by_recipe.clone(), 12, pace).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let reshard = {
+        let mut command = env.shardline_command();
+        command
+            .args(["topology", "reshard", "--to", "8"])
+            .args(env.global_args());
+        command.output()
+    };
+    let kill = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        a.kill9();
+        a = member("a");
+    };
+    let (out, ()) = tokio::join!(reshard, kill);
+    let out = out.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("resharded 4 → 8 shards"), "{stdout}");
+
+    map_publisher.await.unwrap();
+    recipe_publisher.await.unwrap();
+    let events: Vec<_> = by_map.iter().chain(&by_recipe).cloned().collect();
+    let calls = shardline_testkit::wait_all_answered(&env, &downstream, &events).await;
+    shardline_testkit::assert_in_order_and_complete(&calls, &events);
+
+    let record = shardline_connect::record::read(&mut env.redis().await, &env.keys())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (record.shards, record.generation, record.reshard),
+        (8, 3, None)
+    );
+    shardline_testkit::wait::wait_until(
+        "8 shard queues consumed",
+        Duration::from_secs(30),
+        || async {
+            let all = env.shard_consumers().await;
+            let consumed = (0..8)
+                .filter(|&s| {
+                    all.get(&env.names.shard_queue_named(s))
+                        .is_some_and(|rows| rows.iter().any(|r| r.active))
+                })
+                .count();
+            shardline_testkit::wait::check(consumed == 8, || format!("{consumed} of 8"))
+        },
+    )
+    .await;
+    let depths = env.queue_depths().await;
+    assert!(
+        depths.keys().all(|q| !q.contains(".move.")),
+        "holding queues left: {depths:?}"
+    );
+    assert_eq!(env.dlq_backlog().await, 0, "nothing dead-lettered");
+    eprintln!(
+        "reshard 4 → 8 under load: {} events called in order; reshard output:\n{stdout}",
+        events.len()
+    );
+    a.sigterm();
+    b.sigterm();
+    a.wait_exit(Duration::from_secs(30)).await;
+    b.wait_exit(Duration::from_secs(30)).await;
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use lapin::BasicProperties;
 use lapin::message::Delivery;
 use shardline_contract::headers::FailReason;
+use shardline_contract::reshard::{MarkerId, MarkerKind, MoveId};
 use shardline_contract::{Envelope, OrderKey};
 use tokio::time::Instant;
 
@@ -187,10 +188,22 @@ pub(crate) struct Ready {
     pub(crate) admitted: Option<Verdict>,
     /// When the sequence gate first held it.
     pub(crate) held_since: Option<Instant>,
+    /// A resharding marker (`intake::control::marker`): honoured by the
+    /// shard's loop (`crate::reshard`), never attempted.
+    pub(crate) marker: Option<Marker>,
     /// Its first call was made already, in a group that it failed in
     /// (`intake::group`) or as the breaker's evidence (`settle`): the serial
     /// path goes on from that outcome.
     pub(crate) tried: Option<Box<Tried>>,
+}
+
+/// A resharding marker (`x-shardline-control: drain` or `close`), as its
+/// headers name it (`intake::control::marker`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Marker {
+    pub(crate) id: MarkerId,
+    pub(crate) move_id: MoveId,
+    pub(crate) kind: MarkerKind,
 }
 
 /// A first call made already: its outcome and its span.

@@ -38,7 +38,12 @@ impl Readiness {
         let redis = self.redis.is_up() && self.status_writer.redis_ok();
         let (mut consuming, mut standing_by, mut starting) = (Vec::new(), Vec::new(), Vec::new());
         // With `--assign auto`, the shards the fleet gave this worker.
-        for watch in self.metrics.watches().filter(|w| w.is_assigned()) {
+        for watch in self
+            .metrics
+            .watches()
+            .into_iter()
+            .filter(|w| w.is_assigned())
+        {
             let shard = watch.shard.get();
             match watch.state() {
                 ShardState::Consuming => consuming.push(shard),

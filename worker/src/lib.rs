@@ -111,6 +111,7 @@ pub mod metrics;
 mod progress;
 mod quarantine;
 mod rate;
+mod reshard;
 mod shard;
 mod signal;
 mod status;

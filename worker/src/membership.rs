@@ -116,6 +116,8 @@ pub(crate) struct Membership {
     worker: String,
     keys: Keys,
     shards: Vec<ShardSlot>,
+    /// Shards added while the member runs (a reshard's new queues).
+    added: tokio::sync::mpsc::UnboundedReceiver<ShardSlot>,
     metrics: FleetMetrics,
     register: Script,
     cas: Script,
@@ -136,6 +138,7 @@ impl Membership {
         worker: String,
         keys: Keys,
         shards: Vec<ShardSlot>,
+        added: tokio::sync::mpsc::UnboundedReceiver<ShardSlot>,
         metrics: FleetMetrics,
     ) -> Self {
         for slot in &shards {
@@ -147,6 +150,7 @@ impl Membership {
             worker,
             keys,
             shards,
+            added,
             metrics,
             register: Script::new(REGISTER),
             cas: Script::new(CAS),
@@ -210,6 +214,11 @@ impl Membership {
 
     /// One heartbeat: renew, read, rebalance, follow.
     async fn step(&mut self, pool: &RedisPool) -> Result<(), String> {
+        while let Ok(slot) = self.added.try_recv() {
+            slot.watch.set_assigned(false);
+            slot.wanted.send_replace(false);
+            self.shards.push(slot);
+        }
         let mut conn = pool.get().await.map_err(|e| e.to_string())?;
         let owns = serde_json::to_string(&self.owned()).map_err(|e| e.to_string())?;
         let forget = self.policy.lease * FORGET_AFTER_LEASES;

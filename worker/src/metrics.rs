@@ -9,7 +9,7 @@
 //! computed when scraped, from each shard's live state (`live.rs`).
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -65,6 +65,14 @@ pub mod names {
     pub const ABANDONED_CALLS: &str = "shardline_abandoned_calls";
     /// Counter: events committed and acked in groups (`--group-commit`).
     pub const GROUPED_EVENTS: &str = "shardline_grouped_events";
+    /// Counter: events forwarded to their order's route, confirmed, then
+    /// acked: their queue does not process their bucket (a legacy
+    /// publisher's routing, a retired queue, a move's old shard after its
+    /// drain marker).
+    pub const FORWARDED: &str = "shardline_forwarded";
+    /// Counter: resharding markers honoured (a move drained or a holding
+    /// queue closed).
+    pub const MARKERS_HONOURED: &str = "shardline_markers_honoured";
     /// Gauge `{shard}`: age of the shard's oldest unprocessed event, 0 when none.
     pub const BACKLOG_AGE_SECONDS: &str = "shardline_backlog_age_seconds";
     /// Gauge `{shard}`: 0 OK, 1 WARN, 2 PAGE (thresholds: `Config::backlog`).
@@ -149,6 +157,8 @@ struct WorkerCounters {
     fenced: Counter,
     abandoned: Counter,
     grouped: Counter,
+    forwarded: Counter,
+    markers: Counter,
     replay_markers_ignored: Counter,
     /// Failures by [`Fault`], indexed by [`Fault::index`].
     failures: [Counter; 5],
@@ -160,7 +170,11 @@ struct WorkerCounters {
 #[derive(Debug)]
 pub(crate) struct Metrics {
     registry: Registry,
-    shards: Vec<Arc<ShardMetrics>>,
+    /// Grows when the worker follows a reshard to more shard queues.
+    shards: RwLock<Vec<Arc<ShardMetrics>>>,
+    families: ShardFamilies,
+    /// The shards' live states, shared with the scrape-time collector.
+    live: Arc<RwLock<Vec<Arc<ShardWatch>>>>,
     worker: WorkerCounters,
     queue_depth: Family<ShardLabel, Gauge>,
     dlq_depth: Gauge,
@@ -168,7 +182,8 @@ pub(crate) struct Metrics {
     fleet: FleetMetrics,
 }
 
-/// The per-shard metric families, before registration.
+/// The per-shard metric families (registered once; kept to add shards).
+#[derive(Debug, Clone)]
 struct ShardFamilies {
     events: Family<OutcomeLabels, Counter>,
     dead_letters: Family<ReasonLabels, Counter>,
@@ -304,6 +319,16 @@ impl WorkerCounters {
             self.grouped.clone(),
         );
         registry.register(
+            names::FORWARDED,
+            "Events forwarded to their order's route (confirmed, then acked) because their queue does not process their bucket: a publisher routing by a shard count of before (legacy), a retired queue, or a move's old shard after its drain marker",
+            self.forwarded.clone(),
+        );
+        registry.register(
+            names::MARKERS_HONOURED,
+            "Resharding markers honoured: a move's old shard drained, or its holding queue closed",
+            self.markers.clone(),
+        );
+        registry.register(
             names::REPLAY_MARKERS_IGNORED,
             "Events whose x-shardline-replay marker was ignored: no replay record of the replay tools matched the event (forged, spent, expired or lost in a Redis failover); each was gated like a fresh event",
             self.replay_markers_ignored.clone(),
@@ -383,7 +408,7 @@ impl Metrics {
             .map(|&id| families.shard(id, &worker))
             .collect();
         let queue_depth = families.queue_depth.clone();
-        families.register(&mut registry);
+        families.clone().register(&mut registry);
         let dlq_depth = Gauge::default();
         registry.register(
             names::DLQ_DEPTH,
@@ -393,14 +418,19 @@ impl Metrics {
         worker.register(&mut registry, failures);
         let breaker = register_breaker(&mut registry);
         let fleet = register_fleet(&mut registry);
+        let live = Arc::new(RwLock::new(
+            shard_metrics.iter().map(|m| m.watch.clone()).collect(),
+        ));
         registry.register_collector(Box::new(LiveCollector {
-            shards: shard_metrics.iter().map(|m| m.watch.clone()).collect(),
+            shards: live.clone(),
             backlog,
             stuck_after,
         }));
         Self {
             registry,
-            shards: shard_metrics,
+            shards: RwLock::new(shard_metrics),
+            families,
+            live,
             worker,
             queue_depth,
             dlq_depth,
@@ -419,14 +449,36 @@ impl Metrics {
         self.breaker.clone()
     }
 
-    /// The handles of every shard, in the order given to [`Metrics::new`].
-    pub(crate) fn shards(&self) -> &[Arc<ShardMetrics>] {
-        &self.shards
+    /// The handles of every shard, in the order given to [`Metrics::new`]
+    /// and then [`Metrics::grow`].
+    pub(crate) fn shards(&self) -> Vec<Arc<ShardMetrics>> {
+        self.shards.read().map(|s| s.clone()).unwrap_or_default()
     }
 
     /// Every shard's live state.
-    pub(crate) fn watches(&self) -> impl Iterator<Item = &Arc<ShardWatch>> {
-        self.shards.iter().map(|m| &m.watch)
+    pub(crate) fn watches(&self) -> Vec<Arc<ShardWatch>> {
+        self.shards().iter().map(|m| m.watch.clone()).collect()
+    }
+
+    /// Adds the shards of `ids` it does not have yet (a reshard's new shard
+    /// queues, followed without a restart); returns their handles.
+    pub(crate) fn grow(&self, ids: impl IntoIterator<Item = ShardId>) -> Vec<Arc<ShardMetrics>> {
+        let Ok(mut shards) = self.shards.write() else {
+            return Vec::new();
+        };
+        let mut added = Vec::new();
+        for id in ids {
+            if shards.iter().any(|m| m.watch.shard == id) {
+                continue;
+            }
+            let metrics = self.families.shard(id, &self.worker);
+            shards.push(metrics.clone());
+            added.push(metrics);
+        }
+        if let Ok(mut live) = self.live.write() {
+            live.extend(added.iter().map(|m| m.watch.clone()));
+        }
+        added
     }
 
     /// The counter of Redis outages, for the Redis health that notices them.
@@ -459,7 +511,8 @@ impl Metrics {
 
     /// The totals now, summed over the shards.
     pub(crate) fn counts(&self) -> Counts {
-        let sum = |f: fn(&ShardMetrics) -> u64| self.shards.iter().map(|m| f(m)).sum::<u64>();
+        let shards = self.shards();
+        let sum = |f: fn(&ShardMetrics) -> u64| shards.iter().map(|m| f(m)).sum::<u64>();
         Counts {
             processed: sum(|m| m.processed.get()),
             duplicates: sum(|m| m.duplicate.get()),
@@ -474,12 +527,13 @@ impl Metrics {
             fenced_writes: self.worker.fenced.get(),
             abandoned_calls: self.worker.abandoned.get(),
             grouped: self.worker.grouped.get(),
+            forwarded: self.worker.forwarded.get(),
             breaker_trips: self.breaker.trips.get(),
             breaker_paused_ms: (self.breaker.paused_seconds.get() * 1000.0) as u64,
             downstream_misconfigured: self.breaker.misconfigured.get() == 1,
             failures: self.worker.failures.each_ref().map(Counter::get),
             dead_letters: std::array::from_fn(|i| {
-                self.shards.iter().map(|m| m.dead_letters[i].get()).sum()
+                shards.iter().map(|m| m.dead_letters[i].get()).sum()
             }),
         }
     }
@@ -570,12 +624,22 @@ impl ShardMetrics {
     pub(crate) fn grouped(&self, events: usize) {
         self.worker.grouped.inc_by(events as u64);
     }
+
+    /// An event was forwarded to its order's route.
+    pub(crate) fn forwarded(&self) {
+        self.worker.forwarded.inc();
+    }
+
+    /// A resharding marker was honoured.
+    pub(crate) fn marker_honoured(&self) {
+        self.worker.markers.inc();
+    }
 }
 
 /// The clock-dependent metrics, computed at scrape time.
 #[derive(Debug)]
 struct LiveCollector {
-    shards: Vec<Arc<ShardWatch>>,
+    shards: Arc<RwLock<Vec<Arc<ShardWatch>>>>,
     backlog: Thresholds,
     stuck_after: Duration,
 }
@@ -604,8 +668,8 @@ impl LiveCollector {
 impl Collector for LiveCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
         let now = unix_ms();
-        let snaps: Vec<(u16, Snapshot)> = self
-            .shards
+        let watches = self.shards.read().map(|s| s.clone()).unwrap_or_default();
+        let snaps: Vec<(u16, Snapshot)> = watches
             .iter()
             .map(|w| (w.shard.get(), w.snapshot(now)))
             .collect();
@@ -716,6 +780,8 @@ pub struct Counts {
     pub abandoned_calls: u64,
     /// Events committed and acked in groups (`--group-commit`).
     pub grouped: u64,
+    /// Events forwarded to their order's route (resharding, legacy routing).
+    pub forwarded: u64,
     /// Times the downstream breaker opened.
     pub breaker_trips: u64,
     /// Milliseconds calls were paused by the breaker, over the pauses that ended.

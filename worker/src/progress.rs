@@ -29,6 +29,7 @@ impl Progress {
     pub fn shards(&self) -> Vec<(ShardId, ShardState)> {
         self.metrics
             .watches()
+            .into_iter()
             .map(|w| (w.shard, w.state()))
             .collect()
     }
@@ -39,6 +40,7 @@ impl Progress {
     pub fn all_consuming(&self) -> bool {
         self.metrics
             .watches()
+            .into_iter()
             .filter(|w| w.is_assigned())
             .all(|w| w.state().is_consuming())
     }
@@ -47,6 +49,7 @@ impl Progress {
     pub fn all_standing_by(&self) -> bool {
         self.metrics
             .watches()
+            .into_iter()
             .all(|w| w.state() == ShardState::StandingBy)
     }
 }

@@ -20,6 +20,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
 use shardline_connect::broker::soft_error;
 use shardline_connect::declare;
+use shardline_contract::reshard::Source;
 use shardline_contract::status::HeldRef;
 use shardline_publisher::ConfirmChannel;
 use std::time::Duration;
@@ -40,6 +41,7 @@ use crate::intake::group::{self, Group, Grouped};
 use crate::intake::lookahead::Lookahead;
 use crate::intake::schedule::{Entry, Schedule};
 use crate::live::{ShardState, ShardWatch, Stamp, published_ms, unix_ms};
+use crate::reshard::{RouteError, Routed, Router};
 use crate::settle::{Settled, ack_duplicate, settle};
 
 /// How long closing a channel or a connection may take. lapin's close waits
@@ -72,6 +74,19 @@ pub(crate) enum ShardError {
     ConsumerCancelled,
     #[error("a newer consumer of the shard wrote an order's state: this one lost the shard")]
     Fenced,
+    #[error("told to stop while routing a delivery")]
+    Stopped,
+    #[error("a holding queue's consumer task crashed: {0}")]
+    Crashed(String),
+}
+
+impl From<RouteError> for ShardError {
+    fn from(e: RouteError) -> Self {
+        match e {
+            RouteError::Broker(e) => Self::Broker(e),
+            RouteError::Stopped => Self::Stopped,
+        }
+    }
 }
 
 /// Consumes one shard until `shutdown`; returns an error when the connection
@@ -80,21 +95,40 @@ pub(crate) async fn consume_shard(
     conns: Connections<'_>,
     config: &Config,
     ctx: &ShardContext,
+    router: &mut Router,
     redis: &mut RedisOrderState,
     shutdown: &CancellationToken,
     conn_lost: &CancellationToken,
 ) -> Result<(), ShardError> {
-    let tag = format!("{}/shard-{}", config.worker_name, ctx.shard);
-    let watch = &ctx.metrics.watch;
+    let tag = match router.source {
+        Source::Shard(_) => format!("{}/shard-{}", config.worker_name, ctx.shard),
+        Source::Hold(m) => format!("{}/move-{}-to-{}", config.worker_name, m.0, ctx.shard),
+    };
+    // The shard's live state is its main consumer's; a holding queue's
+    // consumer beside it leaves it alone.
+    let main = matches!(router.source, Source::Shard(_));
+    let set_state = |state| {
+        if main {
+            ctx.metrics.watch.set_state(state);
+        }
+    };
     let dead_letters = ConfirmChannel::open(conns.dead_letters).await?;
-    let taken = take_shard(conns.consume, config, ctx, &tag, shutdown, conn_lost).await;
-    let Some((channel, consumer)) = taken.inspect_err(|_| watch.set_state(ShardState::Idle))?
-    else {
-        watch.set_state(ShardState::Idle);
+    let taken = take_shard(
+        conns.consume,
+        config,
+        ctx,
+        &router.queue,
+        &tag,
+        shutdown,
+        conn_lost,
+    )
+    .await;
+    let Some((channel, consumer)) = taken.inspect_err(|_| set_state(ShardState::Idle))? else {
+        set_state(ShardState::Idle);
         return Ok(());
     };
     redis.new_consumer();
-    watch.set_state(if config.exclusive {
+    set_state(if config.exclusive {
         ShardState::Consuming
     } else {
         ShardState::Registered
@@ -104,6 +138,7 @@ pub(crate) async fn consume_shard(
     let inputs = Loop {
         config,
         ctx,
+        router,
         dead_letters: &dead_letters,
         redis,
         lookahead: &mut lookahead,
@@ -116,7 +151,12 @@ pub(crate) async fn consume_shard(
     } else {
         run_consumer(inputs).await
     };
-    watch.set_state(ShardState::Idle);
+    // Told to stop while routing: as any stop.
+    let result = match result {
+        Err(ShardError::Stopped) => Ok(()),
+        other => other,
+    };
+    set_state(ShardState::Idle);
     lookahead.release(redis).await;
     if result.is_ok() {
         close(&channel, &dead_letters).await;
@@ -141,11 +181,11 @@ async fn take_shard(
     conn: &Connection,
     config: &Config,
     ctx: &ShardContext,
+    queue: &str,
     tag: &str,
     shutdown: &CancellationToken,
     conn_lost: &CancellationToken,
 ) -> Result<Option<(Channel, Consumer)>, ShardError> {
-    let queue = ctx.names.shard_queue(ctx.shard);
     let mut standing_by = false;
     let mut home_down = false;
     let mut kept: Option<Channel> = None;
@@ -157,7 +197,7 @@ async fn take_shard(
             Some(channel) if channel.status().connected() => channel,
             _ => shard_channel(conn, config).await?,
         };
-        let retry = match try_consume(&channel, config, &queue, tag).await {
+        let retry = match try_consume(&channel, config, queue, tag).await {
             Ok(Some(consumer)) => {
                 if config.exclusive {
                     tracing::info!(shard = %ctx.shard, %queue, "shard active");
@@ -168,7 +208,9 @@ async fn take_shard(
             }
             Ok(None) => {
                 if !standing_by {
-                    ctx.metrics.watch.set_state(ShardState::StandingBy);
+                    if queue == ctx.names.shard_queue(ctx.shard) {
+                        ctx.metrics.watch.set_state(ShardState::StandingBy);
+                    }
                     tracing::info!(shard = %ctx.shard, %queue, "standing by: another consumer holds the shard");
                     standing_by = true;
                 }
@@ -243,6 +285,7 @@ async fn try_consume(
 struct Loop<'a> {
     config: &'a Config,
     ctx: &'a ShardContext,
+    router: &'a mut Router,
     dead_letters: &'a ConfirmChannel,
     redis: &'a mut RedisOrderState,
     lookahead: &'a mut Lookahead,
@@ -258,6 +301,7 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
     let Loop {
         config,
         ctx,
+        router,
         dead_letters,
         redis,
         lookahead,
@@ -287,9 +331,13 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
                     }
                     next = lookahead.next(&ctx.processor), if intake => next,
                 };
-                match next? {
+                let Some(ready) = next? else {
+                    return Err(ShardError::ConsumerCancelled);
+                };
+                let routed = route_serial(ctx, router, redis, gate, ready, shutdown, conn_lost);
+                match Box::pin(routed).await? {
                     Some(ready) => (ready, Directive::Normal, false),
-                    None => return Err(ShardError::ConsumerCancelled),
+                    None => continue,
                 }
             }
         };
@@ -348,6 +396,181 @@ async fn run_consumer(inputs: Loop<'_>) -> Result<(), ShardError> {
             Some(Err(e)) => return Err(e.into()),
             None => return abandoned(ctx, redis, in_flight, shutdown).await,
         }
+    }
+}
+
+/// Routes a delivery of a serial shard (`crate::reshard`): the event to
+/// process here, or `None` when it was forwarded or was a marker honoured.
+/// Nothing else is in flight, so a marker's earlier deliveries are settled
+/// but for the gate's; those of the marker's move go ahead of it.
+async fn route_serial(
+    ctx: &ShardContext,
+    router: &mut Router,
+    redis: &mut RedisOrderState,
+    gate: &mut Gate<Ready>,
+    mut ready: Ready,
+    shutdown: &CancellationToken,
+    conn_lost: &CancellationToken,
+) -> Result<Option<Ready>, ShardError> {
+    loop {
+        match router.route(ready) {
+            Routed::Process(ready) => return Ok(Some(ready)),
+            Routed::ProcessRenewed(ready) => {
+                redis.new_consumer();
+                return Ok(Some(ready));
+            }
+            Routed::Forward(ready, generation) => {
+                release_early_claim(ctx, redis, &ready).await;
+                router.forward(ctx, &ready, generation, shutdown).await?;
+                return Ok(None);
+            }
+            Routed::Marker(marker_ready, marker) => {
+                return honour_marker(ctx, router, gate, marker_ready, marker, shutdown, conn_lost)
+                    .await;
+            }
+            Routed::Wait(waiting) => {
+                tokio::select! {
+                    () = router.changed() => {}
+                    _ = shutdown.cancelled() => return Err(ShardError::Stopped),
+                    _ = conn_lost.cancelled() => return Err(ShardError::ConnectionLost),
+                }
+                ready = waiting;
+            }
+        }
+    }
+}
+
+/// A marker whose earlier deliveries are settled: the gate's held events of
+/// its move are forwarded ahead of it, then it is honoured and acked. A
+/// marker the reshard's record does not hold comes back, to be
+/// dead-lettered `control` like any unknown control message.
+async fn honour_marker(
+    ctx: &ShardContext,
+    router: &mut Router,
+    gate: &mut Gate<Ready>,
+    mut ready: Ready,
+    marker: crate::delivery::Marker,
+    shutdown: &CancellationToken,
+    conn_lost: &CancellationToken,
+) -> Result<Option<Ready>, ShardError> {
+    let held = gate.take_orders(|held| router.moves(held, marker.move_id));
+    let honoured = async {
+        router.forward_moved(ctx, held, shutdown).await?;
+        router.honour(ctx, &ready.delivery, marker, shutdown).await
+    };
+    let answer = tokio::select! {
+        answer = honoured => answer.map_err(ShardError::from)?,
+        _ = conn_lost.cancelled() => return Err(ShardError::ConnectionLost),
+    };
+    match answer {
+        Ok(()) => Ok(None),
+        Err(why) => {
+            tracing::warn!(shard = %ctx.shard, queue = %router.queue, error = %why, "a marker the reshard's record does not hold: dead-lettered control");
+            ready.marker = None;
+            Ok(Some(ready))
+        }
+    }
+}
+
+/// What a concurrent shard passes on a delivery routing held back with
+/// (`Routed`).
+struct Held<'a, 'b> {
+    ctx: &'a ShardContext,
+    router: &'b mut Router,
+    redis: &'b mut RedisOrderState,
+    gate: &'b mut Gate<Ready>,
+    shutdown: &'a CancellationToken,
+    conn_lost: &'a CancellationToken,
+}
+
+impl<'a, 'b> Held<'a, 'b> {
+    fn of(
+        ctx: &'a ShardContext,
+        router: &'b mut Router,
+        redis: &'b mut RedisOrderState,
+        gate: &'b mut Gate<Ready>,
+        shutdown: &'a CancellationToken,
+        conn_lost: &'a CancellationToken,
+    ) -> Self {
+        Self {
+            ctx,
+            router,
+            redis,
+            gate,
+            shutdown,
+            conn_lost,
+        }
+    }
+
+    /// A routed delivery: scheduled when processed here, forwarded (its
+    /// early claim given up first); a marker or a wait stays pending.
+    async fn place(
+        self,
+        schedule: &mut Schedule<Job>,
+        pending: &mut Option<Routed>,
+    ) -> Result<(), ShardError> {
+        match pending.take() {
+            Some(Routed::Process(ready)) => {
+                schedule.push(waits(self.gate, job_entry(ready, Directive::Normal)));
+            }
+            Some(Routed::Forward(ready, generation)) => {
+                release_early_claim(self.ctx, self.redis, &ready).await;
+                self.router
+                    .forward(self.ctx, &ready, generation, self.shutdown)
+                    .await?;
+            }
+            other => *pending = other,
+        }
+        Ok(())
+    }
+
+    /// Passes on a delivery that waited until nothing ran (a shard with
+    /// nothing running): a marker
+    /// honoured (or, unknown, scheduled to be dead-lettered), or an event
+    /// scheduled with a new epoch. Whether there was one.
+    async fn pass_on(
+        self,
+        schedule: &mut Schedule<Job>,
+        pending: &mut Option<Routed>,
+    ) -> Result<bool, ShardError> {
+        let Some(held) = pending.take_if(|p| p.needs_quiet()) else {
+            return Ok(false);
+        };
+        let Self {
+            ctx,
+            router,
+            redis,
+            gate,
+            shutdown,
+            conn_lost,
+        } = self;
+        let ready = match held {
+            Routed::Marker(ready, marker) => {
+                honour_marker(ctx, router, gate, ready, marker, shutdown, conn_lost).await?
+            }
+            Routed::ProcessRenewed(ready) => {
+                redis.new_consumer();
+                Some(ready)
+            }
+            Routed::Process(ready) | Routed::Wait(ready) => Some(ready),
+            Routed::Forward(..) => None,
+        };
+        if let Some(ready) = ready {
+            schedule.push(waits(gate, job_entry(ready, Directive::Normal)));
+        }
+        Ok(true)
+    }
+}
+
+/// A forwarded event's claim, taken early with the previous commit, is
+/// given up: its order is processed elsewhere now.
+async fn release_early_claim(ctx: &ShardContext, redis: &mut RedisOrderState, ready: &Ready) {
+    if let Some(claim) = ready.held_claim()
+        && tokio::time::timeout(Duration::from_secs(1), redis.release(&claim))
+            .await
+            .is_err()
+    {
+        tracing::debug!(shard = %ctx.shard, "could not release a forwarded event's claim; it expires with its lease");
     }
 }
 
@@ -468,6 +691,19 @@ where
     }
 }
 
+impl Started {
+    fn of(job: &Job, order: Option<String>, alone: bool, extra: bool) -> Self {
+        Self {
+            claim: job.claim(),
+            order,
+            alone,
+            extra,
+            since_ns: ShardWatch::now_ns(),
+            published: job.published,
+        }
+    }
+}
+
 /// A started job, for the watch and for releasing its claim if abandoned.
 struct Started {
     /// The claim the job may hold.
@@ -487,6 +723,7 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
     let Loop {
         config,
         ctx,
+        router,
         dead_letters,
         redis,
         lookahead,
@@ -508,19 +745,20 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
     // runs beyond the slots (`extra`) to give it.
     let mut evidence_wanted = false;
     let mut extra_running = false;
+    let mut pending: Option<Routed> = None; // held back by routing: `place`
     loop {
         while let Some((ready, directive)) = gate.pop_runnable() {
             schedule.push_released(waits(gate, job_entry(ready, directive)));
         }
-        loop {
-            let (entry, extra) = match schedule.next() {
-                Some(entry) => (entry, false),
-                None if evidence_wanted && !extra_running => match schedule.next_extra() {
-                    Some(entry) => (entry, true),
-                    None => break,
-                },
-                None => break,
-            };
+        if running.is_empty() && schedule.waiting() == 0 {
+            let held = Held::of(ctx, router, redis, gate, shutdown, conn_lost);
+            if Box::pin(held.pass_on(&mut schedule, &mut pending)).await? {
+                continue;
+            }
+        }
+        while let Some((entry, extra)) =
+            next_entry(&mut schedule, evidence_wanted && !extra_running)
+        {
             if extra {
                 evidence_wanted = false;
                 extra_running = true;
@@ -529,17 +767,7 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
             let Entry { order, alone, item } = entry;
             let id = next_id;
             next_id += 1;
-            started.insert(
-                id,
-                Started {
-                    claim: item.claim(),
-                    order,
-                    alone,
-                    extra,
-                    since_ns: ShardWatch::now_ns(),
-                    published: item.published,
-                },
-            );
+            started.insert(id, Started::of(&item, order, alone, extra));
             let slot = spare.pop().unwrap_or_else(|| redis.fork());
             // Boxed once here: a job's future holds the whole settle path
             // (about 20 KB), which the set would otherwise move three times
@@ -551,7 +779,10 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
         sync_running(watch, &started, &schedule);
         let (deadline, room) = clock.gate_wait(gate);
         // At the byte bound no new delivery, but the breaker's evidence.
-        let intake = ((schedule.accepts() && !gate.is_full_of_bytes()) || evidence_wanted) && room;
+        let intake = ((schedule.accepts() && !gate.is_full_of_bytes()) || evidence_wanted)
+            && room
+            && pending.is_none();
+        let waiting_for_topology = matches!(pending, Some(Routed::Wait(_)));
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => {
@@ -583,11 +814,24 @@ async fn run_concurrent(inputs: Loop<'_>) -> Result<(), ShardError> {
             () = ctx.evidence.notified() => evidence_wanted = true,
             () = clock.changed() => {}
             _ = sleep_until(deadline), if deadline.is_some() => clock.expire(ctx, gate),
-            next = lookahead.next(&ctx.processor), if intake => match next? {
-                Some(ready) => schedule.push(waits(gate, job_entry(ready, Directive::Normal))),
-                None => return Err(ShardError::ConsumerCancelled),
-            },
+            () = router.changed(), if waiting_for_topology => router.route_again(&mut pending),
+            next = lookahead.next(&ctx.processor), if intake => {
+                let ready = next?.ok_or(ShardError::ConsumerCancelled)?;
+                pending = Some(router.route(ready));
+            }
         }
+        let held = Held::of(ctx, router, redis, gate, shutdown, conn_lost);
+        Box::pin(held.place(&mut schedule, &mut pending)).await?;
+    }
+}
+
+/// The next job to start: the schedule's, or beyond the slots one for the
+/// breaker's `evidence` (`true` with it).
+fn next_entry(schedule: &mut Schedule<Job>, evidence: bool) -> Option<(Entry<Job>, bool)> {
+    match schedule.next() {
+        Some(entry) => Some((entry, false)),
+        None if evidence => schedule.next_extra().map(|entry| (entry, true)),
+        None => None,
     }
 }
 

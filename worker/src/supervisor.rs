@@ -16,7 +16,9 @@ use futures_util::StreamExt;
 use lapin::Connection;
 use shardline_connect::broker::{self, BrokerError};
 use shardline_connect::{RedisPool, declare, probe, record, stamps};
-use shardline_contract::{Keys, ShardId};
+use shardline_contract::reshard::{MoveId, Source};
+use shardline_contract::shard::MAX_SHARDS;
+use shardline_contract::{Keys, ShardCount, ShardId};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -37,6 +39,7 @@ use crate::membership::{self, Membership};
 use crate::metrics::Metrics;
 use crate::progress::Progress;
 use crate::rate::RateLimiter;
+use crate::reshard;
 use crate::shard::{CLOSE_TIMEOUT, Connections, ShardError, consume_shard};
 use crate::status::{self, WriterHealth};
 use crate::store::{Lanes, RedisHealth, RedisSlot};
@@ -158,30 +161,232 @@ struct Shared {
     era: Arc<RedisEra>,
 }
 
-/// One context per shard of `metrics`, each with its processor.
-fn shard_contexts(config: &Config, metrics: &Metrics, shared: &Shared) -> Vec<Arc<ShardContext>> {
-    metrics
+/// A shard's context, with its processor.
+fn shard_context(
+    config: &Config,
+    shard_metrics: &Arc<crate::metrics::ShardMetrics>,
+    shared: &Shared,
+) -> Arc<ShardContext> {
+    let shard = shard_metrics.watch.shard;
+    Arc::new(ShardContext {
+        processor: Processor::new(
+            config,
+            shard,
+            shared.handler.clone(),
+            shard_metrics.clone(),
+            shared.rate.clone(),
+            shared.breaker.clone(),
+        ),
+        dedup: Dedup::new(config, shard, shared.era.clone()),
+        names: config.names.clone(),
+        shard,
+        metrics: shard_metrics.clone(),
+        evidence: Notify::new(),
+    })
+}
+
+/// One shard task's inputs: the shard's context and whether this worker
+/// should own it.
+type ShardEntry = (Arc<ShardContext>, watch::Receiver<bool>);
+
+/// The shards this worker runs: those of its start, and those a reshard
+/// adds while it runs ([`grow_with_topology`]).
+struct Shards {
+    entries: std::sync::Mutex<Vec<ShardEntry>>,
+    /// Signalled when entries were added.
+    added: Notify,
+}
+
+impl Shards {
+    fn new(entries: Vec<ShardEntry>) -> Self {
+        Self {
+            entries: std::sync::Mutex::new(entries),
+            added: Notify::new(),
+        }
+    }
+
+    /// The entries from `from` on.
+    fn since(&self, from: usize) -> Vec<ShardEntry> {
+        self.entries
+            .lock()
+            .map(|e| e.iter().skip(from).cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn push(&self, entry: ShardEntry) {
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.push(entry);
+        }
+        self.added.notify_waiters();
+    }
+}
+
+/// The shard tasks' inputs, the membership of an elastic member, the
+/// topology's follower, the growth of the shard set with it and the
+/// forwarder: what the consumers route by. Returns the senders that keep a
+/// fixed assignment's shards wanted.
+async fn start_shards(
+    config: &Arc<Config>,
+    metrics: &Arc<Metrics>,
+    shared: Arc<Shared>,
+    pool: &RedisPool,
+    shutdown: &CancellationToken,
+    background: &CancellationToken,
+) -> (Arc<Shards>, Routing, Vec<membership::ShardSlot>) {
+    let contexts: Vec<Arc<ShardContext>> = metrics
         .shards()
         .iter()
-        .map(|shard_metrics| {
-            let shard = shard_metrics.watch.shard;
-            Arc::new(ShardContext {
-                processor: Processor::new(
-                    config,
-                    shard,
-                    shared.handler.clone(),
-                    shard_metrics.clone(),
-                    shared.rate.clone(),
-                    shared.breaker.clone(),
-                ),
-                dedup: Dedup::new(config, shard, shared.era.clone()),
-                names: config.names.clone(),
-                shard,
-                metrics: shard_metrics.clone(),
-                evidence: Notify::new(),
-            })
-        })
-        .collect()
+        .map(|m| shard_context(config, m, &shared))
+        .collect();
+
+    let (slots, mut wanted) = membership::slots(metrics.watches().into_iter());
+    // Each shard's context with what its consumer follows: whether this
+    // worker should own the shard.
+    let shards = Arc::new(Shards::new(
+        contexts
+            .iter()
+            .filter_map(|ctx| Some((ctx.clone(), wanted.remove(&ctx.shard)?)))
+            .collect(),
+    ));
+    let (add_members, added) = tokio::sync::mpsc::unbounded_channel();
+    // With a fixed `--assign` every shard stays wanted (the senders live here).
+    let fixed = match &config.fleet {
+        Some(policy) => {
+            let member = Membership::new(
+                policy.clone(),
+                config.worker_name.clone(),
+                config.keys(),
+                slots,
+                added,
+                metrics.fleet(),
+            );
+            tokio::spawn(member.run(pool.clone(), background.clone()));
+            Vec::new()
+        }
+        None => slots,
+    };
+    let followed = first_read(pool, &config.keys(), shutdown).await;
+    let (follow, topology) = watch::channel(Arc::new(followed));
+    tokio::spawn(reshard::follow(
+        pool.clone(),
+        config.keys(),
+        follow,
+        background.clone(),
+    ));
+    if follows_new_shards(config) {
+        let growth = Growth {
+            config: config.clone(),
+            metrics: metrics.clone(),
+            shared: shared.clone(),
+            shards: shards.clone(),
+            members: config.fleet.is_some().then_some(add_members),
+        };
+        tokio::spawn(grow_with_topology(
+            growth,
+            topology.clone(),
+            background.clone(),
+        ));
+    }
+    let forwarder = Arc::new(reshard::Forwarder::new(config));
+    tokio::spawn(forwarder.clone().keep_registered(background.clone()));
+    let routing = Routing {
+        topology,
+        forwarder,
+        pool: pool.clone(),
+    };
+    (shards, routing, fixed)
+}
+
+/// Whether a worker consumes the shard queues a reshard adds: an elastic
+/// member (`--assign auto`), or a worker of every shard (`--assign all`). A
+/// fixed part keeps its shards (a reshard refuses to start unless the fixed
+/// assignments cover its target).
+fn follows_new_shards(config: &Config) -> bool {
+    config.fleet.is_some() || config.assign.len() == usize::from(config.shards.get())
+}
+
+/// Adds a shard task for every shard queue the recorded topology serves and
+/// this worker does not run yet, as the topology changes, until `stop`.
+async fn grow_with_topology(
+    growth: Growth,
+    mut topology: watch::Receiver<Arc<reshard::Followed>>,
+    stop: CancellationToken,
+) {
+    // The senders of a worker without membership: every shard stays wanted.
+    let mut fixed = Vec::new();
+    loop {
+        let served = topology.borrow_and_update().served.clone();
+        let ids = served.iter().filter_map(|&i| {
+            ShardId::new(u32::from(i), ShardCount::new(u32::from(MAX_SHARDS)).ok()?).ok()
+        });
+        for shard_metrics in growth.metrics.grow(ids) {
+            let ctx = shard_context(&growth.config, &shard_metrics, &growth.shared);
+            // An elastic member consumes it once its membership assigns it.
+            let (wanted, receiver) = watch::channel(growth.members.is_none());
+            tracing::info!(shard = %ctx.shard, "the topology serves a new shard queue: consuming it");
+            let slot = membership::ShardSlot {
+                watch: shard_metrics.watch.clone(),
+                wanted,
+            };
+            match &growth.members {
+                Some(members) => {
+                    let _ = members.send(slot);
+                }
+                None => {
+                    slot.watch.set_assigned(true);
+                    fixed.push(slot);
+                }
+            }
+            growth.shards.push((ctx, receiver));
+        }
+        tokio::select! {
+            changed = topology.changed() => if changed.is_err() { return },
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+/// What [`grow_with_topology`] makes new shard tasks from.
+struct Growth {
+    config: Arc<Config>,
+    metrics: Arc<Metrics>,
+    shared: Arc<Shared>,
+    shards: Arc<Shards>,
+    /// An elastic member's membership, which assigns the new shards.
+    members: Option<tokio::sync::mpsc::UnboundedSender<membership::ShardSlot>>,
+}
+
+/// The recorded topology as the worker starts by, read until it answers:
+/// no delivery is routed before the worker knows whether a reshard runs.
+async fn first_read(
+    pool: &RedisPool,
+    keys: &Keys,
+    shutdown: &CancellationToken,
+) -> reshard::Followed {
+    let mut backoff = Backoff::new();
+    loop {
+        let read = async {
+            let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+            shardline_connect::reshard::standing(&mut conn, keys)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match read.await {
+            Ok((Some(record), drained, closed)) => {
+                match reshard::Followed::of(&record, drained, closed) {
+                    Ok(followed) => return followed,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the recorded topology cannot be followed: retrying")
+                    }
+                }
+            }
+            Ok((None, ..)) => return reshard::Followed::default(),
+            Err(e) => tracing::warn!(error = %e, "cannot read the recorded topology: retrying"),
+        }
+        if !backoff.wait(shutdown).await {
+            return reshard::Followed::default();
+        }
+    }
 }
 
 /// Runs the worker until `shutdown` is cancelled: one consumer per assigned
@@ -256,33 +461,17 @@ impl Worker {
             breaker: breaker.clone(),
             era,
         };
-        let contexts = shard_contexts(&config, &metrics, &shared);
-
-        // Endpoint, status writer and membership live as long as this function.
         let background = shutdown.child_token();
         let _stop_background = background.clone().drop_guard();
-        let (slots, mut wanted) = membership::slots(metrics.watches().cloned());
-        // Each shard's context with what its consumer follows: whether this
-        // worker should own the shard.
-        let shards: Vec<(Arc<ShardContext>, watch::Receiver<bool>)> = contexts
-            .iter()
-            .filter_map(|ctx| Some((ctx.clone(), wanted.remove(&ctx.shard)?)))
-            .collect();
-        // With a fixed `--assign` every shard stays wanted (the senders live here).
-        let _fixed = match &config.fleet {
-            Some(policy) => {
-                let member = Membership::new(
-                    policy.clone(),
-                    config.worker_name.clone(),
-                    config.keys(),
-                    slots,
-                    metrics.fleet(),
-                );
-                tokio::spawn(member.run(pool.clone(), background.clone()));
-                Vec::new()
-            }
-            None => slots,
-        };
+        let (shards, routing, _fixed) = start_shards(
+            &config,
+            &metrics,
+            Arc::new(shared),
+            &pool,
+            &shutdown,
+            &background,
+        )
+        .await;
         let readiness = Arc::new(Readiness {
             metrics: metrics.clone(),
             broker: false.into(),
@@ -314,6 +503,7 @@ impl Worker {
                 &shards,
                 &lanes,
                 &health,
+                &routing,
                 &shutdown,
             )
             .await;
@@ -512,16 +702,76 @@ async fn read_depths(
     }
 }
 
+/// What every consumer routes by (`crate::reshard`): the followed
+/// topology, the worker's forwarder, and Redis for the markers.
+#[derive(Clone)]
+struct Routing {
+    topology: watch::Receiver<Arc<reshard::Followed>>,
+    forwarder: Arc<reshard::Forwarder>,
+    pool: RedisPool,
+}
+
+impl Routing {
+    fn router(&self, config: &Config, source: Source, queue: String) -> reshard::Router {
+        reshard::Router::new(
+            source,
+            queue,
+            self.topology.clone(),
+            self.forwarder.clone(),
+            self.pool.clone(),
+            config.keys(),
+        )
+    }
+}
+
+/// What one shard task runs with, owned (a holding queue's consumer is a
+/// task of its own).
+#[derive(Clone)]
+struct TaskEnv {
+    consume: Arc<Connection>,
+    dead_letters: Arc<Connection>,
+    config: Arc<Config>,
+    lanes: Arc<Lanes>,
+    health: Arc<RedisHealth>,
+    routing: Routing,
+}
+
+impl TaskEnv {
+    fn order_state(&self, dedup: Dedup) -> RedisOrderState {
+        let slot = RedisSlot::new(&self.lanes, dedup.scripts(), self.health.clone());
+        RedisOrderState::new(dedup, slot)
+    }
+
+    /// Consumes `router`'s queue for `ctx`'s shard until `stop`.
+    async fn consume(
+        &self,
+        ctx: &ShardContext,
+        router: &mut reshard::Router,
+        redis: &mut RedisOrderState,
+        stop: &CancellationToken,
+        conn_lost: &CancellationToken,
+    ) -> Result<(), ShardError> {
+        let conns = Connections {
+            consume: &self.consume,
+            dead_letters: &self.dead_letters,
+        };
+        consume_shard(conns, &self.config, ctx, router, redis, stop, conn_lost).await
+    }
+}
+
 /// Runs every shard task on the two connections until either fails or the
 /// worker is told to stop, then closes both; returns whether a connection was
-/// lost (rather than the worker told to stop).
+/// lost (rather than the worker told to stop). Shards added meanwhile
+/// (`Shards::push`) get their task at once.
+#[expect(clippy::too_many_arguments, reason = "the supervisor's one call")]
 async fn run_shards(
     consume: &Arc<Connection>,
     dead_letters: &Arc<Connection>,
     config: &Arc<Config>,
-    shards: &[(Arc<ShardContext>, watch::Receiver<bool>)],
+    shards: &Shards,
     lanes: &Arc<Lanes>,
     health: &Arc<RedisHealth>,
+    routing: &Routing,
     shutdown: &CancellationToken,
 ) -> bool {
     let conn_lost = CancellationToken::new();
@@ -529,53 +779,36 @@ async fn run_shards(
         watch_connection(consume, "broker connection failed", &conn_lost),
         watch_connection(dead_letters, "dead-letter connection failed", &conn_lost),
     ];
+    let env = TaskEnv {
+        consume: consume.clone(),
+        dead_letters: dead_letters.clone(),
+        config: config.clone(),
+        lanes: lanes.clone(),
+        health: health.clone(),
+        routing: routing.clone(),
+    };
     let mut tasks = JoinSet::new();
-    for (ctx, wanted) in shards {
-        let mut wanted = wanted.clone();
-        let (consume, dead_letters) = (consume.clone(), dead_letters.clone());
-        let (config, ctx) = (config.clone(), ctx.clone());
-        let (shutdown, conn_lost) = (shutdown.clone(), conn_lost.clone());
-        let dedup = ctx.dedup.clone();
-        let slot = RedisSlot::new(lanes, dedup.scripts(), health.clone());
-        let mut redis = RedisOrderState::new(dedup, slot);
-        tasks.spawn(async move {
-            let conns = Connections {
-                consume: &consume,
-                dead_letters: &dead_letters,
-            };
-            // Consumes while this worker should own the shard; hands it over
-            // (drain, close) when the fleet's assignment moves it away.
-            loop {
-                match until_wanted(&mut wanted, &shutdown, &conn_lost).await {
-                    Wanted::Yes => {}
-                    Wanted::Stop => return (ctx.shard, Ok(())),
-                    // Idle (handed over, or never assigned): nothing to
-                    // clean up, but the connections must be made again.
-                    Wanted::ConnectionLost => return (ctx.shard, Err(ShardError::ConnectionLost)),
-                }
-                let stop = shutdown.child_token();
-                let handover = async {
-                    while *wanted.borrow_and_update() {
-                        if wanted.changed().await.is_err() {
-                            std::future::pending::<()>().await;
-                        }
-                    }
-                    stop.cancel();
-                    std::future::pending::<()>().await
-                };
-                let result = tokio::select! {
-                    result = consume_shard(conns, &config, &ctx, &mut redis, &stop, &conn_lost) => result,
-                    () = handover => Ok(()),
-                };
-                if shutdown.is_cancelled() || result.is_err() {
-                    return (ctx.shard, result);
-                }
-                tracing::info!(shard = %ctx.shard, "shard handed over");
-            }
-        });
-    }
+    let mut started = 0;
     let mut lost = false;
-    while let Some(joined) = tasks.join_next().await {
+    loop {
+        let added = shards.added.notified();
+        tokio::pin!(added);
+        added.as_mut().enable();
+        for (ctx, wanted) in shards.since(started) {
+            started += 1;
+            tasks.spawn(shard_task(
+                env.clone(),
+                ctx,
+                wanted,
+                shutdown.clone(),
+                conn_lost.clone(),
+            ));
+        }
+        let joined = tokio::select! {
+            joined = tasks.join_next() => joined,
+            () = &mut added => continue,
+        };
+        let Some(joined) = joined else { break };
         match joined {
             Ok((_, Ok(()))) => {}
             Ok((shard, Err(e))) => {
@@ -591,6 +824,9 @@ async fn run_shards(
                 conn_lost.cancel();
             }
         }
+        if tasks.is_empty() {
+            break;
+        }
     }
     for watcher in watchers {
         watcher.abort();
@@ -599,6 +835,147 @@ async fn run_shards(
     close_connection(consume).await;
     close_connection(dead_letters).await;
     lost
+}
+
+/// One shard's task: consumes the shard (and the holding queues of moves
+/// into it) while this worker should own it; hands it over (drain, close)
+/// when the fleet's assignment moves it away.
+async fn shard_task(
+    env: TaskEnv,
+    ctx: Arc<ShardContext>,
+    mut wanted: watch::Receiver<bool>,
+    shutdown: CancellationToken,
+    conn_lost: CancellationToken,
+) -> (ShardId, Result<(), ShardError>) {
+    let mut redis = env.order_state(ctx.dedup.clone());
+    let queue = env.config.names.shard_queue(ctx.shard);
+    let mut router = env
+        .routing
+        .router(&env.config, Source::Shard(ctx.shard.get()), queue);
+    loop {
+        match until_wanted(&mut wanted, &shutdown, &conn_lost).await {
+            Wanted::Yes => {}
+            Wanted::Stop => return (ctx.shard, Ok(())),
+            // Idle (handed over, or never assigned): nothing to
+            // clean up, but the connections must be made again.
+            Wanted::ConnectionLost => return (ctx.shard, Err(ShardError::ConnectionLost)),
+        }
+        let stop = shutdown.child_token();
+        let handover = async {
+            while *wanted.borrow_and_update() {
+                if wanted.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            stop.cancel();
+            std::future::pending::<()>().await
+        };
+        let holds_stop = stop.child_token();
+        let main = async {
+            let consumed = env
+                .consume(&ctx, &mut router, &mut redis, &stop, &conn_lost)
+                .await;
+            holds_stop.cancel();
+            consumed
+        };
+        let both = async {
+            let (main, holds) =
+                tokio::join!(main, consume_holds(&env, &ctx, &holds_stop, &conn_lost));
+            main.and(holds)
+        };
+        let result = tokio::select! {
+            result = both => result,
+            () = handover => Ok(()),
+        };
+        if shutdown.is_cancelled() || result.is_err() {
+            return (ctx.shard, result);
+        }
+        tracing::info!(shard = %ctx.shard, "shard handed over");
+    }
+}
+
+/// Consumes the holding queue of every move into `ctx`'s shard once the
+/// move is drained (ARCHITECTURE.md, "Resharding: the protocol", step 5),
+/// each with a fence of its own taken at its start, until `stop`. A holding
+/// queue the reshard deleted ends its consumer; one the topology no longer
+/// names (the reshard done) is stopped.
+async fn consume_holds(
+    env: &TaskEnv,
+    ctx: &Arc<ShardContext>,
+    stop: &CancellationToken,
+    conn_lost: &CancellationToken,
+) -> Result<(), ShardError> {
+    let mut topology = env.routing.topology.clone();
+    let mut running: std::collections::BTreeMap<MoveId, CancellationToken> = Default::default();
+    let mut ended = std::collections::BTreeSet::new();
+    let mut tasks: JoinSet<(MoveId, Result<(), ShardError>)> = JoinSet::new();
+    let mut failed = None;
+    loop {
+        let wanted = topology
+            .borrow_and_update()
+            .holds_into(ctx.shard.get(), &env.config);
+        for (id, queue) in &wanted {
+            if running.contains_key(id) || ended.contains(id) {
+                continue;
+            }
+            let token = stop.child_token();
+            running.insert(*id, token.clone());
+            let (env, ctx, queue, conn_lost) =
+                (env.clone(), ctx.clone(), queue.clone(), conn_lost.clone());
+            let id = *id;
+            tracing::info!(shard = %ctx.shard, %queue, "move drained: consuming its holding queue");
+            tasks.spawn(async move {
+                let mut router = env.routing.router(&env.config, Source::Hold(id), queue);
+                let mut redis = env.order_state(ctx.dedup.with_own_fence());
+                let consumed = env
+                    .consume(&ctx, &mut router, &mut redis, &token, &conn_lost)
+                    .await;
+                match consumed {
+                    // The reshard deleted it, empty.
+                    Err(ShardError::ConsumerCancelled) => (id, Ok(())),
+                    other => (id, other),
+                }
+            });
+        }
+        for (id, token) in &running {
+            if !wanted.iter().any(|(w, _)| w == id) {
+                token.cancel();
+            }
+        }
+        tokio::select! {
+            changed = topology.changed(), if failed.is_none() => {
+                // The follower ends with the worker: only the stop is left.
+                if changed.is_err() {
+                    stop.cancelled().await;
+                    break;
+                }
+            }
+            Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
+                let (id, result) = joined.unwrap_or_else(|e| (MoveId(u16::MAX), Err(ShardError::Crashed(e.to_string()))));
+                running.remove(&id);
+                ended.insert(id);
+                if let Err(e) = result {
+                    failed.get_or_insert(e);
+                    for token in running.values() {
+                        token.cancel();
+                    }
+                }
+            }
+            () = stop.cancelled() => break,
+        }
+        if failed.is_some() && tasks.is_empty() {
+            break;
+        }
+    }
+    for token in running.values() {
+        token.cancel();
+    }
+    while let Some(joined) = tasks.join_next().await {
+        if let Ok((_, Err(e))) = joined {
+            failed.get_or_insert(e);
+        }
+    }
+    failed.map_or(Ok(()), Err)
 }
 
 /// What an idle shard task waited for.
@@ -934,11 +1311,12 @@ async fn check_each_queue(conn: &Connection, config: &Config) -> Result<(), Work
 
 fn redis_pool(config: &Config) -> Result<RedisPool, WorkerError> {
     // A ceiling, not what is held: the shards share `redis_connections`
-    // (store.rs); the status writer, membership, breaker and start-up checks
-    // take one for a moment.
+    // (store.rs), which grow with the queues a reshard adds (its shards and
+    // holding queues); the status writer, membership, the topology's
+    // follower, markers, breaker and start-up checks take one for a moment.
     config
         .redis
-        .pool(config.assign.len() + 1)
+        .pool(crate::store::redis_connections(usize::MAX) + 4)
         .map_err(WorkerError::Redis)
 }
 

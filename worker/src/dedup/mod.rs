@@ -386,6 +386,20 @@ impl Dedup {
         self.fence.token.store(0, Ordering::Relaxed);
     }
 
+    /// The same layout for a second consumer of the shard's keys (a move's
+    /// holding queue, read by the shard's owner beside the shard): a fence
+    /// token of its own, taken with its first write.
+    pub(crate) fn with_own_fence(&self) -> Self {
+        Self {
+            fence: Arc::new(Fence {
+                scope: self.fence.scope,
+                token: AtomicU64::new(0),
+                taking: tokio::sync::Mutex::new(()),
+            }),
+            ..self.clone()
+        }
+    }
+
     /// The consumer's fence token, taken (`take_epoch.lua`) on first use.
     async fn fence_token(&self, redis: &mut RedisSlot) -> FenceToken {
         let token = self.fence.token.load(Ordering::Relaxed);

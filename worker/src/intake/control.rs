@@ -1,16 +1,21 @@
 //! Control messages: messages on a shard queue that are instructions to the
-//! worker rather than events (resharding's drain markers will be the first),
-//! recognised by their `x-shardline-control` header before any decoding, so
-//! that no control message is ever processed as an event.
+//! worker rather than events, recognised by their `x-shardline-control`
+//! header before any decoding, so that no control message is ever processed
+//! as an event.
 //!
-//! This worker knows no kind of control message yet: each one is
-//! dead-lettered with the reason `control` (and counted in
+//! The one kind this worker knows is resharding's marker (`drain` in a
+//! move's old shard queue, `close` in its holding queue), with its id and
+//! move ([`marker`]); the shard's loop honours it (`crate::reshard`) only
+//! when the reshard's record holds its id as pending, so a forged one moves
+//! nothing. Every other control message, and a marker without its id or
+//! move, is dead-lettered with the reason `control` (and counted in
 //! `shardline_dead_letters_total{reason="control"}`), its kind in `x-error`.
-//! A kind added later gets its own verdict here, after verifying the message
-//! (a control message anyone could publish must not move anything).
 
 use lapin::BasicProperties;
 use shardline_contract::headers::{self, FailReason};
+use shardline_contract::reshard::{MarkerId, MarkerKind, MoveId};
+
+use crate::delivery::Marker;
 
 /// A control message, as its header names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +39,24 @@ pub(crate) fn recognise(properties: &BasicProperties) -> Option<ControlMessage> 
     Some(ControlMessage { kind })
 }
 
-/// What to do with `message`.
+/// The marker `message` is: its kind is `drain` or `close` and it names its
+/// id and move. `None` for any other control message.
+pub(crate) fn marker(message: &ControlMessage, properties: &BasicProperties) -> Option<Marker> {
+    let kind = match message.kind.as_deref()? {
+        headers::CONTROL_DRAIN => MarkerKind::Drain,
+        headers::CONTROL_CLOSE => MarkerKind::Close,
+        _ => return None,
+    };
+    let id = headers::header_i64(properties, headers::MARKER_ID)?;
+    let move_id = headers::header_i64(properties, headers::MARKER_MOVE)?;
+    Some(Marker {
+        id: MarkerId(u64::try_from(id).ok()?),
+        move_id: MoveId(u16::try_from(move_id).ok()?),
+        kind,
+    })
+}
+
+/// What to do with `message` when it is no marker the loop honours.
 pub(crate) fn handle(message: &ControlMessage) -> Verdict {
     let error = match &message.kind {
         Some(kind) => format!(

@@ -198,6 +198,28 @@ impl<T: Holdable> Gate<T> {
         }
     }
 
+    /// Takes out every held event of the orders whose first held event
+    /// `leaves` (a marker moved their bucket away): in each order's seq
+    /// order, for the caller to forward.
+    pub(crate) fn take_orders(&mut self, leaves: impl Fn(&T) -> bool) -> Vec<T> {
+        let leaving: Vec<OrderKey> = self
+            .orders
+            .iter()
+            .filter(|(_, held)| held.values().next().is_some_and(|h| leaves(&h.item)))
+            .map(|(order, _)| order.clone())
+            .collect();
+        let mut taken = Vec::new();
+        for order in leaving {
+            for (_, held) in self.orders.remove(&order).unwrap_or_default() {
+                self.held -= 1;
+                self.bytes.sub(held.item.size());
+                taken.push(*held.item);
+            }
+            self.version += 1;
+        }
+        taken
+    }
+
     /// The next delivery the gate released, before any new one is taken.
     pub(crate) fn pop_runnable(&mut self) -> Option<(T, Directive)> {
         let next = self.runnable.pop_front();

@@ -24,8 +24,8 @@ use crate::attempt::Processor;
 use crate::dedup::OrderState;
 use crate::delivery::{Message, Ready};
 use crate::intake::bytes::HeldBytes;
-use crate::intake::decode;
 use crate::intake::gate::Holdable;
+use crate::intake::{control, decode};
 use crate::settle::Upcoming;
 
 impl Holdable for Ready {
@@ -42,12 +42,24 @@ impl Holdable for Ready {
     }
 }
 
-/// A new delivery, decoded (`decode`), as intake hands it on.
-pub(crate) fn ready(delivery: Delivery, processor: &Processor) -> Ready {
+/// A new delivery, decoded (`decode`), as intake hands it on. A forwarded
+/// copy of a redelivery counts as one (`headers::REDELIVERED`).
+pub(crate) fn ready(mut delivery: Delivery, processor: &Processor) -> Ready {
+    if shardline_contract::headers::header(
+        &delivery.properties,
+        shardline_contract::headers::REDELIVERED,
+    )
+    .is_some()
+    {
+        delivery.redelivered = true;
+    }
     let decoded = decode(&Message::of(&delivery), processor.max_body_bytes());
+    let marker = control::recognise(&delivery.properties)
+        .and_then(|message| control::marker(&message, &delivery.properties));
     Ready {
         delivery,
         decoded,
+        marker,
         admitted: None,
         held_since: None,
         tried: None,

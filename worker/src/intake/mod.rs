@@ -23,7 +23,19 @@ use crate::delivery::{Decoded, Message, Outcome, ReplayMarker};
 /// decoded as an event (`intake::control`).
 pub(crate) fn decode(msg: &Message<'_>, max_body_bytes: usize) -> Result<Decoded, Outcome> {
     if let Some(message) = control::recognise(msg.properties) {
-        let control::Verdict::DeadLetter { reason, error } = control::handle(&message);
+        let control::Verdict::DeadLetter { reason, error } =
+            match control::marker(&message, msg.properties) {
+                // Honoured by the shard's loop before it reaches an attempt
+                // (`crate::reshard`); one that gets here was not.
+                Some(marker) => control::Verdict::DeadLetter {
+                    reason: FailReason::Control,
+                    error: format!(
+                        "marker {} of move {} is not in the reshard's record: it releases nothing",
+                        marker.id.0, marker.move_id.0
+                    ),
+                },
+                None => control::handle(&message),
+            };
         return Err(Outcome::DeadLetter {
             reason,
             error,
