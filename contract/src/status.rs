@@ -198,6 +198,14 @@ pub struct WorkerReport {
     /// Its downstream breaker.
     #[serde(default)]
     pub breaker: BreakerReport,
+    /// It honours resharding's markers (a worker of before dead-letters
+    /// them `control`: a reshard refuses to start while one runs).
+    #[serde(default)]
+    pub knows_markers: bool,
+    /// It consumes the shard queues a reshard adds (`--assign auto` or
+    /// `all`); a fixed part keeps its `assigned`.
+    #[serde(default)]
+    pub takes_new_shards: bool,
 }
 
 /// Whether a worker's handler calls flow (closed) or are paused because the

@@ -17,8 +17,9 @@ use shardline_contract::reshard::{
     Barrier, Generation, Lease, MAX_TARGET_SHARDS, MarkerId, MarkerKind, MoveId, Phase, Plan,
     Reshard, ReshardState, barrier,
 };
+use shardline_contract::status::{BreakerState, Thresholds, WorkerReport};
 use shardline_contract::topology::TopologyRecord;
-use shardline_contract::{Names, headers};
+use shardline_contract::{Names, ShardId, headers};
 use shardline_publisher::ConfirmChannel;
 
 use crate::error::Error;
@@ -397,6 +398,92 @@ async fn renew_lock(
     }
 }
 
+/// Step 0: the fleet can follow a reshard to `to` shards now. Every worker
+/// that reports (a fresh status document) knows markers; none is paused
+/// (its downstream breaker open or half-open); the target's shards will be
+/// consumed (a worker that takes new shards, or fixed assignments that
+/// cover them); no shard's backlog is at WARN (a moved key pauses for about
+/// its old shard's backlog age). One line says what is not so.
+async fn ready_to_start(
+    fleet: &Fleet,
+    redis: &mut redis::aio::MultiplexedConnection,
+    record: &TopologyRecord,
+    to: u32,
+) -> Result<(), Error> {
+    let read = redis_error(fleet, "reading the workers' status documents");
+    let workers = crate::topology::worker_reports(redis, &fleet.keys)
+        .await
+        .map_err(&read)?;
+    let names = |filter: &dyn Fn(&WorkerReport) -> bool| -> Vec<&str> {
+        workers
+            .iter()
+            .filter(|w| filter(w))
+            .map(|w| w.worker.as_str())
+            .collect()
+    };
+    let refuse = |why: String| Err(Error::Refused(format!("topology reshard refused: {why}")));
+    if workers.is_empty() {
+        return refuse(
+            "no worker reports its status: the fleet's workers must run to follow a reshard".into(),
+        );
+    }
+    let older = names(&|w| !w.knows_markers);
+    if !older.is_empty() {
+        return refuse(format!(
+            "workers of a version before resharding run ({}): they would dead-letter its markers; upgrade them first",
+            older.join(", ")
+        ));
+    }
+    let paused = names(&|w| w.breaker.state != BreakerState::Closed);
+    if !paused.is_empty() {
+        return refuse(format!(
+            "workers are paused by their downstream breaker ({}): a move would wait on them",
+            paused.join(", ")
+        ));
+    }
+    if !workers.iter().any(|w| w.takes_new_shards) {
+        let covered: BTreeSet<u32> = workers
+            .iter()
+            .flat_map(|w| w.assigned.iter().map(|&s| u32::from(s)))
+            .collect();
+        let missing: Vec<String> = (0..to)
+            .filter(|s| !covered.contains(s))
+            .map(|s| s.to_string())
+            .collect();
+        if !missing.is_empty() {
+            return refuse(format!(
+                "no worker would consume shards {} of the target (fixed --assign only): run a worker with --assign auto or all, or assign them",
+                missing.join(", ")
+            ));
+        }
+    }
+    let shards: Vec<ShardId> = record
+        .shard_count()
+        .map_err(|e| Error::config(&[], e.to_string()))?
+        .ids()
+        .collect();
+    let reports = crate::topology::shard_reports(redis, &fleet.keys, &shards)
+        .await
+        .map_err(&read)?;
+    let now = shardline_contract::status::unix_ms();
+    let warn = Thresholds::default().warn;
+    if let Some((shard, age)) = reports
+        .iter()
+        .flatten()
+        .filter(|r| r.owner().is_some())
+        .map(|r| (r.shard, r.backlog_age_at(now)))
+        .max_by_key(|(_, age)| *age)
+        .filter(|(_, age)| *age >= warn)
+    {
+        return refuse(format!(
+            "shard {shard}'s backlog is {:.0} s old, at WARN ({} s): a moved order would pause about that long; start when backlogs are below it",
+            age.as_secs_f64(),
+            warn.as_secs()
+        ));
+    }
+    Ok(())
+}
+
 /// One reshard's steps, from the record as it stands.
 struct Steps<'a> {
     fleet: &'a Fleet,
@@ -431,8 +518,9 @@ impl<'a> Steps<'a> {
             }
             Some(_) => true,
             None => {
-                // Checks the target before anything is written.
+                // Checks the target and the fleet before anything is written.
                 describe(&record, to, fleet)?;
+                ready_to_start(fleet, &mut redis, &record, to).await?;
                 if u32::from(record.shards) == to {
                     return Err(Error::config(
                         &["to"],

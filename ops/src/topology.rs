@@ -593,7 +593,7 @@ async fn fleet_view(
 }
 
 /// Every fresh worker document, by worker name.
-async fn worker_reports(
+pub(crate) async fn worker_reports(
     conn: &mut impl redis::aio::ConnectionLike,
     keys: &Keys,
 ) -> Result<Vec<WorkerReport>, redis::RedisError> {
@@ -776,6 +776,29 @@ impl StatusReport {
                 record.describe(),
                 record.outside_routing()
             );
+            if let Some(reshard) = &record.reshard {
+                let _ = writeln!(
+                    out,
+                    "reshard to {} shards in progress: phase {:?} ({}, started {} s ago); run `topology reshard --to {}` again to resume it if it stopped",
+                    reshard.to,
+                    reshard.phase,
+                    reshard.started_by,
+                    self.read_at_ms.saturating_sub(reshard.started_at_ms) / 1000,
+                    reshard.to
+                );
+            }
+            if !record.retired.is_empty() {
+                let queues: Vec<String> = record
+                    .retired
+                    .iter()
+                    .map(|s| format!("shard.{s}"))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "retired shard queues (consumed, every event forwarded to its order's shard): {}",
+                    queues.join(", ")
+                );
+            }
             let live: Vec<&Registered> = self
                 .publishers
                 .iter()
@@ -1045,6 +1068,8 @@ mod tests {
             consuming: vec![0],
             updated_at_ms: now,
             breaker: BreakerReport::default(),
+            knows_markers: true,
+            takes_new_shards: false,
         });
         assert_eq!(
             status.table(),
@@ -1205,6 +1230,8 @@ mod tests {
                 trips: 1,
                 cause,
             },
+            knows_markers: true,
+            takes_new_shards: false,
         }
     }
 

@@ -470,3 +470,198 @@ async fn a_fleet_grows_from_4_to_8_shards_under_load_and_keeps_each_order_in_ord
     a.wait_exit(Duration::from_secs(30)).await;
     b.wait_exit(Duration::from_secs(30)).await;
 }
+
+/// Two `--assign auto` workers calling `downstream`.
+fn two_members(
+    env: &TestEnv,
+    downstream: &shardline_testkit::Downstream,
+) -> [shardline_testkit::ChildWorker; 2] {
+    ["a", "b"].map(|name| {
+        shardline_testkit::ChildWorker::start(
+            env,
+            name,
+            &downstream.url(),
+            &["--assign", "auto", "--member-id", name],
+        )
+    })
+}
+
+/// `topology reshard --to M`, to its end: its output.
+async fn reshard(env: &TestEnv, to: u16) -> String {
+    let out = env
+        .shardline_command()
+        .args(["topology", "reshard", "--to", &to.to_string()])
+        .args(env.global_args())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// `topology reshard --to M`, killed -9 once it printed a line containing
+/// `at`: what it printed.
+async fn reshard_killed_at(env: &TestEnv, to: u16, at: &str) -> String {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut child = env
+        .shardline_command()
+        .args(["topology", "reshard", "--to", &to.to_string()])
+        .args(env.global_args())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut printed = String::new();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        printed.push_str(&line);
+        printed.push('\n');
+        if line.contains(at) {
+            child.start_kill().unwrap();
+            child.wait().await.unwrap();
+            return printed;
+        }
+    }
+    panic!("the reshard ended without printing {at:?}:\n{printed}");
+}
+
+/// The recorded topology.
+async fn record_of(env: &TestEnv) -> shardline_contract::topology::TopologyRecord {
+    shardline_connect::record::read(&mut env.redis().await, &env.keys())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// 8 → 6 shards (a shrink, not a divisor) under the project's publisher and
+/// a recipe publisher on `md5 mod 8` that starts again half-way (declaring
+/// and binding all eight queues again, as the recipe does at every start):
+/// every event called, each order in seq order, nothing dead-lettered;
+/// queues 6 and 7 are retired (recorded as such), still consumed, and what
+/// the recipe publisher still sends them is forwarded to the orders' shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_shrinks_from_8_to_6_shards_and_serves_the_retired_queues() {
+    let env = TestEnv::new("reshard-shrink").await.with_shards(8);
+    env.apply_topology().await;
+    let downstream = shardline_testkit::Downstream::with_latency(Duration::from_millis(1)).await;
+    let mut members = two_members(&env, &downstream);
+    env.wait_spread(&[("a", 4), ("b", 4)], Duration::from_secs(30))
+        .await;
+    let orders = |prefix| shardline_testkit::order_ids(prefix, 100);
+    let by_map = shardline_testkit::interleaved(&orders("shrink-map"), 20, env.shards);
+    let by_recipe = shardline_testkit::interleaved(&orders("shrink-recipe"), 20, env.shards);
+    let (first, second) = by_recipe.split_at(by_recipe.len() / 2);
+    let pace = Duration::from_millis(100);
+    let map_publisher = publish_by_the_map(&env, by_map.clone(), 10, pace).await;
+    let recipe_publisher = publish_like_the_recipe(&env, first.to_vec(), 10, pace).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let (stdout, ()) = tokio::join!(reshard(&env, 6), async {
+        recipe_publisher.await.unwrap();
+        // The recipe starts again: declares and binds its eight queues.
+        let conn = shardline_connect::connect(&env.amqp_target(), "recipe restart")
+            .await
+            .unwrap();
+        let channel = conn.create_channel().await.unwrap();
+        for i in 0..8 {
+            let queue = env.names.shard_queue_named(i);
+            channel
+                .queue_declare(
+                    queue.as_str().into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            channel
+                .queue_bind(
+                    queue.as_str().into(),
+                    env.names.exchange.as_str().into(),
+                    format!("shard.{i}").as_str().into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        }
+    });
+    assert!(stdout.contains("resharded 8 → 6 shards"), "{stdout}");
+    publish_like_the_recipe(&env, second.to_vec(), 10, pace)
+        .await
+        .await
+        .unwrap();
+    map_publisher.await.unwrap();
+
+    let events: Vec<_> = by_map.iter().chain(&by_recipe).cloned().collect();
+    let calls = shardline_testkit::wait_all_answered(&env, &downstream, &events).await;
+    shardline_testkit::assert_in_order_and_complete(&calls, &events);
+    let record = record_of(&env).await;
+    assert_eq!(
+        (record.shards, record.retired.clone(), record.reshard),
+        (6, vec![6, 7], None)
+    );
+    let consumers = env.shard_consumers().await;
+    for retired in [6, 7] {
+        let queue = env.names.shard_queue_named(retired);
+        assert!(
+            consumers
+                .get(&queue)
+                .is_some_and(|rows| rows.iter().any(|r| r.active)),
+            "retired {queue} is consumed"
+        );
+    }
+    assert_eq!(env.dlq_backlog().await, 0, "nothing dead-lettered");
+    for member in &mut members {
+        member.sigterm();
+        member.wait_exit(Duration::from_secs(30)).await;
+    }
+}
+
+/// The reshard command killed -9 in the middle, twice (after its first
+/// barrier, after the drain markers), and run again: each run resumes at
+/// the recorded step, taking over the lock of the run that died, and the
+/// last one finishes; a publish throughout is called in order, complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reshard_killed_mid_way_resumes_when_run_again() {
+    let env = TestEnv::new("reshard-resume").await.with_shards(4);
+    env.apply_topology().await;
+    let downstream = shardline_testkit::Downstream::with_latency(Duration::from_millis(1)).await;
+    let mut members = two_members(&env, &downstream);
+    env.wait_spread(&[("a", 2), ("b", 2)], Duration::from_secs(30))
+        .await;
+    let events =
+        shardline_testkit::interleaved(&shardline_testkit::order_ids("resume", 80), 20, env.shards);
+    let publisher = publish_by_the_map(&env, events.clone(), 8, Duration::from_millis(80)).await;
+
+    let first = reshard_killed_at(&env, 6, "phase Draining").await;
+    assert_eq!(
+        record_of(&env).await.reshard.map(|r| r.phase),
+        Some(Phase::Draining),
+        "{first}"
+    );
+    let second = reshard_killed_at(&env, 6, "phase Closing").await;
+    assert!(second.contains("took over the lock"), "{second}");
+    assert!(second.contains("resuming"), "{second}");
+    let last = reshard(&env, 6).await;
+    assert!(last.contains("resharded 4 → 6 shards"), "{last}");
+    assert!(last.contains("resumed"), "{last}");
+
+    publisher.await.unwrap();
+    let calls = shardline_testkit::wait_all_answered(&env, &downstream, &events).await;
+    shardline_testkit::assert_in_order_and_complete(&calls, &events);
+    let record = record_of(&env).await;
+    assert_eq!((record.shards, record.reshard), (6, None));
+    assert_eq!(env.dlq_backlog().await, 0, "nothing dead-lettered");
+    for member in &mut members {
+        member.sigterm();
+        member.wait_exit(Duration::from_secs(30)).await;
+    }
+}

@@ -28,6 +28,7 @@ fn reports(
     metrics: &Metrics,
     owner: &str,
     breaker: Option<&Breaker>,
+    takes_new_shards: bool,
 ) -> (Vec<Document>, WorkerReport) {
     let now = unix_ms();
     let mut assigned = Vec::new();
@@ -67,6 +68,8 @@ fn reports(
         consuming,
         updated_at_ms: now,
         breaker: breaker.map(Breaker::report).unwrap_or_default(),
+        knows_markers: true,
+        takes_new_shards,
     };
     (shards, worker)
 }
@@ -100,6 +103,8 @@ pub(crate) struct Writer {
     pub(crate) breaker: Option<Arc<Breaker>>,
     /// A fixed `--assign` (not a member of an elastic fleet).
     pub(crate) fixed: bool,
+    /// It consumes the shard queues a reshard adds.
+    pub(crate) takes_new_shards: bool,
     pub(crate) health: Arc<WriterHealth>,
 }
 
@@ -120,7 +125,12 @@ impl Writer {
                 _ = tick.tick() => {}
                 _ = stopping.cancelled() => break,
             }
-            let (shards, worker) = reports(&self.metrics, &self.owner, self.breaker.as_deref());
+            let (shards, worker) = reports(
+                &self.metrics,
+                &self.owner,
+                self.breaker.as_deref(),
+                self.takes_new_shards,
+            );
             let written = write(&self.pool, &self.keys, &shards, &worker, self.fixed);
             let result = tokio::time::timeout(WRITE_EVERY, written).await;
             self.health(result.unwrap_or_else(|_| Err("timed out".into())));
@@ -128,7 +138,7 @@ impl Writer {
         }
         // Those and the shards consumed when the stop began (the shards' tasks
         // see the signal too, and may have let go already).
-        let (mut consumed, _) = reports(&self.metrics, &self.owner, None);
+        let (mut consumed, _) = reports(&self.metrics, &self.owner, None, self.takes_new_shards);
         for earlier in written_shards {
             if !consumed.iter().any(|now| now.shard == earlier.shard) {
                 consumed.push(earlier);
@@ -295,7 +305,7 @@ mod tests {
             source: StampSource::Publisher,
         });
         metrics.shards()[2].watch.set_state(ShardState::StandingBy);
-        let (docs, worker) = reports(&metrics, "w1", None);
+        let (docs, worker) = reports(&metrics, "w1", None, false);
         assert_eq!(docs.len(), 1);
         assert_eq!((docs[0].shard, docs[0].owner.as_str()), (1, "w1"));
         assert_eq!(docs[0].inflight_events, 1);
@@ -356,7 +366,7 @@ mod tests {
             shard.watch.set_state(ShardState::Consuming);
         }
         let keys = Keys::new("p:");
-        let (docs, worker) = reports(&metrics, "w1", None);
+        let (docs, worker) = reports(&metrics, "w1", None, false);
         let mut conn = Counted::default();
         send(&mut conn, &pipeline(&keys, &docs, &worker, true).unwrap())
             .await

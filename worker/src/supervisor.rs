@@ -126,6 +126,7 @@ fn start_status_writer(
         owner: config.worker_name.clone(),
         breaker,
         fixed: config.fleet.is_none(),
+        takes_new_shards: follows_new_shards(config),
         health: readiness.status_writer.clone(),
     };
     let stopped = CancellationToken::new();
