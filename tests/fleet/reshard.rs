@@ -665,3 +665,48 @@ async fn a_reshard_killed_mid_way_resumes_when_run_again() {
         member.wait_exit(Duration::from_secs(30)).await;
     }
 }
+
+/// Step 0 refuses, in one line and before writing anything, a reshard the
+/// fleet could not follow: with no worker running, and with a fixed worker
+/// (`--assign 0-2`: a part, which keeps its shards) whose shards do not
+/// cover the target's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reshard_the_fleet_cannot_follow_is_refused() {
+    let env = TestEnv::new("reshard-refused").await.with_shards(4);
+    env.apply_topology().await;
+    let refused = |out: std::process::Output| {
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        stderr
+    };
+    let alone = refused(env.cli(&["topology", "reshard", "--to", "6"]).await);
+    assert!(alone.contains("no worker reports its status"), "{alone}");
+
+    let mut fixed = shardline_testkit::ChildWorker::start(
+        &env,
+        "fixed",
+        "http://127.0.0.1:1/unused",
+        &["--assign", "0-2"],
+    );
+    env.wait_spread(&[("fixed", 3)], Duration::from_secs(30))
+        .await;
+    shardline_testkit::wait::wait_until(
+        "the worker's status document",
+        Duration::from_secs(10),
+        || async {
+            let out = env.cli(&["topology", "reshard", "--to", "6"]).await;
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            shardline_testkit::wait::check(!stderr.contains("no worker reports"), || stderr.clone())
+        },
+    )
+    .await;
+    let uncovered = refused(env.cli(&["topology", "reshard", "--to", "6"]).await);
+    assert!(
+        uncovered.contains("no worker would consume shards 3, 4, 5 of the target"),
+        "{uncovered}"
+    );
+    assert_eq!(record_of(&env).await.reshard, None, "nothing recorded");
+    fixed.sigterm();
+    fixed.wait_exit(Duration::from_secs(30)).await;
+}
