@@ -30,8 +30,13 @@ pub(crate) enum TopologyCommand {
 #[derive(Debug, Args)]
 pub(crate) struct ReshardArgs {
     /// The target shard count M (1 to 1,024).
-    #[arg(long)]
-    pub to: u32,
+    #[arg(long, required_unless_present = "abort")]
+    pub to: Option<u32>,
+    /// Give up the reshard in progress and stay on the current count:
+    /// possible while it is at its first step (phase Planned, before any
+    /// event routes by the new map).
+    #[arg(long, conflicts_with_all = ["to", "plan"])]
+    pub abort: bool,
     /// Print the plan (the moves, their share of orders, the queues) and
     /// change nothing.
     #[arg(long)]
@@ -116,15 +121,26 @@ pub(crate) async fn run(global: &GlobalArgs, cmd: TopologyCommand) -> anyhow::Re
             Ok(ExitCode::SUCCESS)
         }
         TopologyCommand::Reshard(args) => {
-            if args.plan {
-                let report = shardline_ops::reshard::plan(&fleet, args.to)
+            let mut say = |line: String| println!("{line}");
+            if args.abort {
+                let report = shardline_ops::reshard::abort(&fleet, &mut say)
                     .await
                     .flags()?;
                 print_report(args.json, &report, report.text())?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let Some(to) = args.to else {
+                return Err(shardline_ops::Usage(
+                    "topology reshard needs --to M (or --abort)".into(),
+                )
+                .into());
+            };
+            if args.plan {
+                let report = shardline_ops::reshard::plan(&fleet, to).await.flags()?;
+                print_report(args.json, &report, report.text())?;
             } else {
                 let options = options(global, &args.topology);
-                let mut say = |line: String| println!("{line}");
-                let report = shardline_ops::reshard::run(&fleet, args.to, &options, &mut say)
+                let report = shardline_ops::reshard::run(&fleet, to, &options, &mut say)
                     .await
                     .flags()?;
                 print_report(args.json, &report, report.text())?;

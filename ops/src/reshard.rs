@@ -323,56 +323,176 @@ pub async fn run(
     say: &mut (dyn FnMut(String) + Send),
 ) -> Result<RunReport, Error> {
     let started = std::time::Instant::now();
-    let mut redis = fleet.redis.connect().await?;
-    let me = holder();
-    let lock_key = format!("{}reshard:lock", fleet.keys.prefix());
-    let take = |over_a_gone_holder: bool| {
-        let mut redis = redis.clone();
-        let (key, me) = (lock_key.clone(), me.clone());
-        async move {
-            redis::Script::new(TAKE_LOCK)
-                .key(key)
-                .arg(me)
-                .arg(LOCK_TTL.as_millis() as u64)
-                .arg("")
-                .arg(if over_a_gone_holder { "1" } else { "0" })
-                .invoke_async::<String>(&mut redis)
-                .await
-                .map_err(redis_error(fleet, "taking the reshard's lock"))
-        }
-    };
-    let held = take(false).await?;
-    if !held.is_empty() {
-        if !holder_is_gone(&held, &me) {
-            return Err(Error::Refused(format!(
-                "another reshard holds the lock: {held}; it ends, or its lock lapses {} s after it stopped",
-                LOCK_TTL.as_secs()
-            )));
-        }
-        take(true).await?;
-        say(format!(
-            "took over the lock of a reshard that stopped ({held})"
-        ));
+    let lock = Lock::take(fleet, say).await?;
+    let report = async {
+        let run = Steps::new(fleet, options, lock.redis.clone(), &lock.me, to).await?;
+        run.drive(say).await
     }
-    let stop = tokio_util::sync::CancellationToken::new();
-    let _stop_renewal = stop.clone().drop_guard();
-    tokio::spawn(renew_lock(
-        redis.clone(),
-        lock_key.clone(),
-        me.clone(),
-        stop.clone(),
-    ));
-
-    let run = Steps::new(fleet, options, redis.clone(), &me, to).await?;
-    let report = run.drive(say).await;
-    stop.cancel();
-    let _: Result<i64, _> = redis::cmd("DEL")
-        .arg(&lock_key)
-        .query_async(&mut redis)
-        .await;
+    .await;
+    lock.release().await;
     let mut report = report?;
     report.took_ms = started.elapsed().as_millis() as u64;
     Ok(report)
+}
+
+/// What `topology reshard --abort` did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AbortReport {
+    pub shards: u16,
+    /// The reshard's target it gave up.
+    pub abandoned_target: u16,
+    pub generation: u64,
+}
+
+impl AbortReport {
+    pub fn text(&self) -> String {
+        format!(
+            "the reshard to {} shards was abandoned; the fleet stays on {} shards (generation {})\n",
+            self.abandoned_target, self.shards, self.generation
+        )
+    }
+}
+
+/// Gives up the reshard in progress while it can go back: at its first
+/// step (phase `Planned`: queues declared, nothing routed by the new map
+/// yet). Its holding queues are deleted (empty); a grown reshard's new
+/// shard queues stay, empty, recorded as retired (workers may consume them
+/// already). From the first barrier on (phase `Holding`) events route by
+/// the new map and it refuses: run the reshard to its end, then back.
+pub async fn abort(
+    fleet: &Fleet,
+    say: &mut (dyn FnMut(String) + Send),
+) -> Result<AbortReport, Error> {
+    let lock = Lock::take(fleet, say).await?;
+    let aborted = abort_locked(fleet, lock.redis.clone(), say).await;
+    lock.release().await;
+    aborted
+}
+
+async fn abort_locked(
+    fleet: &Fleet,
+    mut redis: redis::aio::MultiplexedConnection,
+    say: &mut (dyn FnMut(String) + Send),
+) -> Result<AbortReport, Error> {
+    let mut record = crate::topology::recorded(fleet, "topology reshard")
+        .await?
+        .ok_or_else(|| Error::config(&[], "no topology: nothing to abort"))?;
+    let Some(state) = record.reshard.clone() else {
+        return Err(Error::Refused(
+            "no reshard is in progress: nothing to abort".into(),
+        ));
+    };
+    if state.phase != Phase::Planned {
+        return Err(Error::Refused(format!(
+            "the reshard to {} shards is at phase {:?}: events already route by its map, so it can \
+             no longer go back (only at phase Planned); run `topology reshard --to {}` to finish it, \
+             then `--to {}` to return",
+            state.to, state.phase, state.to, record.shards
+        )));
+    }
+    let routing = record
+        .routing()
+        .map_err(|e| Error::config(&[], e.to_string()))?;
+    let Some((reshard, _)) = routing.reshard() else {
+        return Err(Error::Refused(
+            "no reshard is in progress: nothing to abort".into(),
+        ));
+    };
+    let conn = fleet.connect("shardline topology reshard").await?;
+    let g = reshard.from().0;
+    for m in &reshard.plan().moves {
+        let queue = fleet.names.hold_queue(g, m.from, m.to);
+        let key = Names::hold_routing_key(g, m.from, m.to);
+        declare::retire_hold_queue(&conn, &fleet.names, &queue, &key)
+            .await
+            .map_err(Error::queue(format!("deleting {queue}")))?;
+    }
+    crate::fleet::close(&conn).await;
+    let mut retired: BTreeSet<u16> = record.retired.iter().copied().collect();
+    retired.extend(record.shards..state.to);
+    record.retired = retired.into_iter().collect();
+    record.reshard = None;
+    record.recorded_by = holder();
+    record.recorded_at_ms = shardline_contract::status::unix_ms();
+    record::replace(&mut redis, &fleet.keys, &record)
+        .await
+        .map_err(crate::topology::record_error(fleet))?;
+    say(format!(
+        "holding queues deleted; the record is back on {} shards",
+        record.shards
+    ));
+    Ok(AbortReport {
+        shards: record.shards,
+        abandoned_target: state.to,
+        generation: record.generation,
+    })
+}
+
+/// The reshard's lock, held (and renewed) until released.
+struct Lock {
+    redis: redis::aio::MultiplexedConnection,
+    key: String,
+    me: String,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Lock {
+    /// Takes the lock, or the lock of a run that died on this host; refuses
+    /// naming the holder otherwise.
+    async fn take(fleet: &Fleet, say: &mut (dyn FnMut(String) + Send)) -> Result<Self, Error> {
+        let redis = fleet.redis.connect().await?;
+        let me = holder();
+        let key = format!("{}reshard:lock", fleet.keys.prefix());
+        let take = |over_a_gone_holder: bool| {
+            let mut redis = redis.clone();
+            let (key, me) = (key.clone(), me.clone());
+            async move {
+                redis::Script::new(TAKE_LOCK)
+                    .key(key)
+                    .arg(me)
+                    .arg(LOCK_TTL.as_millis() as u64)
+                    .arg("")
+                    .arg(if over_a_gone_holder { "1" } else { "0" })
+                    .invoke_async::<String>(&mut redis)
+                    .await
+                    .map_err(redis_error(fleet, "taking the reshard's lock"))
+            }
+        };
+        let held = take(false).await?;
+        if !held.is_empty() {
+            if !holder_is_gone(&held, &me) {
+                return Err(Error::Refused(format!(
+                    "another reshard holds the lock: {held}; it ends, or its lock lapses {} s after it stopped",
+                    LOCK_TTL.as_secs()
+                )));
+            }
+            take(true).await?;
+            say(format!(
+                "took over the lock of a reshard that stopped ({held})"
+            ));
+        }
+        let stop = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(renew_lock(
+            redis.clone(),
+            key.clone(),
+            me.clone(),
+            stop.clone(),
+        ));
+        Ok(Self {
+            redis,
+            key,
+            me,
+            stop,
+        })
+    }
+
+    async fn release(mut self) {
+        self.stop.cancel();
+        let _: Result<i64, _> = redis::cmd("DEL")
+            .arg(&self.key)
+            .query_async(&mut self.redis)
+            .await;
+    }
 }
 
 async fn renew_lock(

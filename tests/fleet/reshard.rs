@@ -320,7 +320,7 @@ async fn publish_by_the_map(
     events: Vec<shardline_testkit::Event>,
     batch: usize,
     pause: Duration,
-) -> tokio::task::JoinHandle<()> {
+) -> tokio::task::JoinHandle<Sent> {
     let config = shardline_publisher::Config {
         amqp: env.amqp_target(),
         names: env.names.clone(),
@@ -334,15 +334,42 @@ async fn publish_by_the_map(
         .await
         .unwrap();
     tokio::spawn(async move {
+        let mut sent = Sent::new();
         for chunk in events.chunks(batch) {
             for event in chunk {
+                sent.insert((event.order_id.clone(), event.seq), Instant::now());
                 publisher.publish(event.body.clone()).await.unwrap();
             }
             publisher.flush().await.unwrap();
             tokio::time::sleep(pause).await;
         }
         publisher.close().await.unwrap();
+        sent
     })
+}
+
+/// When each event (order, seq) was published.
+type Sent = BTreeMap<(String, u64), Instant>;
+
+/// The longest wait from publish to first call over `events`, and its
+/// 99th percentile.
+fn waits(sent: &Sent, calls: &[shardline_testkit::Call]) -> (Duration, Duration) {
+    let mut first: BTreeMap<(String, u64), Instant> = BTreeMap::new();
+    for call in calls {
+        if let (Some(order), Some(seq)) = (&call.order_id, call.seq) {
+            first.entry((order.clone(), seq)).or_insert(call.started);
+        }
+    }
+    let mut waits: Vec<Duration> = sent
+        .iter()
+        .filter_map(|(key, at)| Some(first.get(key)?.saturating_duration_since(*at)))
+        .collect();
+    waits.sort();
+    let p99 = waits
+        .get(waits.len() * 99 / 100)
+        .copied()
+        .unwrap_or_default();
+    (waits.last().copied().unwrap_or_default(), p99)
 }
 
 /// Publishes `events` like the pika recipe: `shard.{md5 mod N}` for the N
@@ -352,13 +379,17 @@ async fn publish_like_the_recipe(
     events: Vec<shardline_testkit::Event>,
     batch: usize,
     pause: Duration,
-) -> tokio::task::JoinHandle<()> {
+) -> tokio::task::JoinHandle<Sent> {
     let publisher = shardline_testkit::Publisher::connect(env).await;
     tokio::spawn(async move {
+        let mut sent = Sent::new();
         for chunk in events.chunks(batch) {
+            let now = Instant::now();
+            sent.extend(chunk.iter().map(|e| ((e.order_id.clone(), e.seq), now)));
             publisher.publish(chunk).await;
             tokio::time::sleep(pause).await;
         }
+        sent
     })
 }
 
@@ -426,11 +457,16 @@ async fn a_fleet_grows_from_4_to_8_shards_under_load_and_keeps_each_order_in_ord
     );
     assert!(stdout.contains("resharded 4 → 8 shards"), "{stdout}");
 
-    map_publisher.await.unwrap();
-    recipe_publisher.await.unwrap();
+    let mut sent = map_publisher.await.unwrap();
+    sent.extend(recipe_publisher.await.unwrap());
     let events: Vec<_> = by_map.iter().chain(&by_recipe).cloned().collect();
     let calls = shardline_testkit::wait_all_answered(&env, &downstream, &events).await;
     shardline_testkit::assert_in_order_and_complete(&calls, &events);
+    let (longest, p99) = waits(&sent, &calls);
+    assert!(
+        longest < Duration::from_secs(30),
+        "an event waited {longest:?} from publish to its first call (WARN: 30 s)"
+    );
 
     let record = shardline_connect::record::read(&mut env.redis().await, &env.keys())
         .await
@@ -462,7 +498,8 @@ async fn a_fleet_grows_from_4_to_8_shards_under_load_and_keeps_each_order_in_ord
     );
     assert_eq!(env.dlq_backlog().await, 0, "nothing dead-lettered");
     eprintln!(
-        "reshard 4 → 8 under load: {} events called in order; reshard output:\n{stdout}",
+        "reshard 4 → 8 under load: {} events called in order, publish → first call \
+         longest {longest:?}, p99 {p99:?}; reshard output:\n{stdout}",
         events.len()
     );
     a.sigterm();
@@ -709,4 +746,76 @@ async fn a_reshard_the_fleet_cannot_follow_is_refused() {
     assert_eq!(record_of(&env).await.reshard, None, "nothing recorded");
     fixed.sigterm();
     fixed.wait_exit(Duration::from_secs(30)).await;
+}
+
+/// `--abort` gives a reshard up while it is at its first step (stopped there
+/// by declarations the broker refuses: flags the topology was not applied
+/// with): the record is back on N, its holding queues are gone, a publish
+/// throughout is called in order; once a reshard passed its first barrier,
+/// `--abort` refuses in one line saying how to go back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reshard_is_aborted_at_its_first_step_and_refused_later() {
+    let env = TestEnv::new("reshard-abort").await.with_shards(4);
+    env.apply_topology().await;
+    let downstream = shardline_testkit::Downstream::with_latency(Duration::from_millis(1)).await;
+    let mut members = two_members(&env, &downstream);
+    env.wait_spread(&[("a", 2), ("b", 2)], Duration::from_secs(30))
+        .await;
+    let events =
+        shardline_testkit::interleaved(&shardline_testkit::order_ids("abort", 60), 16, env.shards);
+    let publisher = publish_by_the_map(&env, events.clone(), 8, Duration::from_millis(60)).await;
+
+    // Given flags the topology was not applied with, the reshard stops at its
+    // first step: the broker refuses its declarations.
+    let wrong = env
+        .cli(&["topology", "reshard", "--to", "6", "--queue-type", "quorum"])
+        .await;
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert_eq!(wrong.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("already exists with"), "{stderr}");
+    assert_eq!(
+        record_of(&env).await.reshard.map(|r| r.phase),
+        Some(Phase::Planned)
+    );
+    let out = env.cli(&["topology", "reshard", "--abort"]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("the reshard to 6 shards was abandoned"),
+        "{stdout}"
+    );
+    let record = record_of(&env).await;
+    assert_eq!(
+        (record.shards, record.reshard, record.retired),
+        (4, None, vec![4, 5])
+    );
+    let depths = env.queue_depths().await;
+    assert!(
+        depths.keys().all(|q| !q.contains(".move.")),
+        "holding queues left: {depths:?}"
+    );
+
+    reshard_killed_at(&env, 6, "phase Draining").await;
+    let out = env.cli(&["topology", "reshard", "--abort"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("can no longer go back") && stderr.contains("--to 6"),
+        "{stderr}"
+    );
+    let last = reshard(&env, 6).await;
+    assert!(last.contains("resharded 4 → 6 shards"), "{last}");
+
+    publisher.await.unwrap();
+    let calls = shardline_testkit::wait_all_answered(&env, &downstream, &events).await;
+    shardline_testkit::assert_in_order_and_complete(&calls, &events);
+    assert_eq!(env.dlq_backlog().await, 0, "nothing dead-lettered");
+    for member in &mut members {
+        member.sigterm();
+        member.wait_exit(Duration::from_secs(30)).await;
+    }
 }
