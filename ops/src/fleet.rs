@@ -106,3 +106,58 @@ pub(crate) async fn scan(
         cursor = next;
     }
 }
+
+/// Which shard processes an order's events now, by the recorded topology:
+/// its bucket's in the map; during a reshard, a moving bucket's old shard
+/// until its move is drained, then its new one (the holding queue's and
+/// then the shard's consumer write it with that shard's epochs). Without a
+/// record, `md5 mod N`.
+#[derive(Debug, Clone)]
+pub(crate) struct OrderShards {
+    routing: Option<shardline_contract::topology::Routing>,
+    drained: std::collections::BTreeSet<shardline_contract::reshard::MoveId>,
+    fallback: shardline_contract::ShardCount,
+}
+
+impl OrderShards {
+    /// Reads the record and the drained moves.
+    pub(crate) async fn read(fleet: &Fleet) -> Result<Self, Error> {
+        let mut redis = fleet.redis.connect().await?;
+        let (record, drained, _) = shardline_connect::reshard::standing(&mut redis, &fleet.keys)
+            .await
+            .map_err(|e| Error::RedisCommand {
+                what: "reading the recorded topology",
+                url: fleet.redis.to_string(),
+                cause: fleet.redis.scrub(&e.to_string()),
+            })?;
+        let routing = match record {
+            Some(record) => Some(
+                record
+                    .routing()
+                    .map_err(|e| Error::config(&[], e.to_string()))?,
+            ),
+            None => None,
+        };
+        Ok(Self {
+            routing,
+            drained,
+            fallback: fleet.shards,
+        })
+    }
+
+    /// The shard whose consumers write `order_id` now.
+    pub(crate) fn of(&self, order_id: &str) -> shardline_contract::ShardId {
+        let Some(routing) = &self.routing else {
+            return self.fallback.shard_of(order_id);
+        };
+        let bucket = routing.bucket_of(order_id);
+        let shard = match routing.reshard() {
+            Some((reshard, _)) => match reshard.plan().move_of(bucket) {
+                Some(id) if self.drained.contains(&id) => reshard.plan().target.shard_of(bucket),
+                _ => reshard.old().shard_of(bucket),
+            },
+            None => routing.map().shard_of(bucket),
+        };
+        shard.unwrap_or_else(|| self.fallback.shard_of(order_id))
+    }
+}

@@ -513,13 +513,19 @@ fn two_members(
     env: &TestEnv,
     downstream: &shardline_testkit::Downstream,
 ) -> [shardline_testkit::ChildWorker; 2] {
+    two_members_with(env, downstream, &[])
+}
+
+/// [`two_members`] with more flags.
+fn two_members_with(
+    env: &TestEnv,
+    downstream: &shardline_testkit::Downstream,
+    more: &[&str],
+) -> [shardline_testkit::ChildWorker; 2] {
     ["a", "b"].map(|name| {
-        shardline_testkit::ChildWorker::start(
-            env,
-            name,
-            &downstream.url(),
-            &["--assign", "auto", "--member-id", name],
-        )
+        let mut args = vec!["--assign", "auto", "--member-id", name];
+        args.extend_from_slice(more);
+        shardline_testkit::ChildWorker::start(env, name, &downstream.url(), &args)
     })
 }
 
@@ -811,6 +817,114 @@ async fn a_reshard_is_aborted_at_its_first_step_and_refused_later() {
     assert!(last.contains("resharded 4 → 6 shards"), "{last}");
 
     publisher.await.unwrap();
+    let calls = shardline_testkit::wait_all_answered(&env, &downstream, &events).await;
+    shardline_testkit::assert_in_order_and_complete(&calls, &events);
+    assert_eq!(env.dlq_backlog().await, 0, "nothing dead-lettered");
+    for member in &mut members {
+        member.sigterm();
+        member.wait_exit(Duration::from_secs(30)).await;
+    }
+}
+
+/// An order quarantined before a reshard moves it (its seq 2 dead-lettered,
+/// 3..5 quarantined behind it), with a worker of every shard in quarantine
+/// mode: after 4 → 8 and the fix, `dlq replay` delivers 2..5 in order on the
+/// order's new shard and lifts the quarantine; a later event, published by
+/// the old routing (md5 mod 4), is forwarded and flows on the new shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quarantined_order_moved_by_a_reshard_is_replayed_on_its_new_shard() {
+    use shardline_contract::reshard::{Buckets, Map};
+    use shardline_testkit::dlq::{text, wait_depth, wait_indexed};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let env = TestEnv::new("reshard-quarantine").await.with_shards(4);
+    env.apply_topology().await;
+    let buckets = Buckets::new(env.shards).unwrap();
+    let plan = Map::initial(&buckets).plan(8).unwrap();
+    let x = (0..)
+        .map(|i| format!("rq-{i}"))
+        .find(|id| plan.move_of(buckets.bucket_of(id)).is_some())
+        .unwrap();
+    let new_shard = plan.target.shard_of(buckets.bucket_of(&x)).unwrap().get();
+    let xs: Vec<_> = (1..=6)
+        .map(|s| shardline_testkit::Event::new(&x, s, env.shards))
+        .collect();
+    let fixed = Arc::new(AtomicBool::new(false));
+    let downstream =
+        shardline_testkit::Downstream::failing_until_fixed(xs[1].key(), Arc::clone(&fixed)).await;
+    let mut worker = env
+        .start_worker("w1", &downstream, |c| {
+            c.on_dead_letter = shardline_worker::OnDeadLetter::Quarantine;
+        })
+        .await;
+    let publisher = shardline_testkit::Publisher::connect(&env).await;
+    publisher.publish(&xs[..5]).await;
+    let conn = env.connect().await;
+    wait_depth(&env, &conn, 4, shardline_testkit::PROCESSING).await;
+    wait_indexed(&env, 4, shardline_testkit::PROCESSING).await;
+
+    let stdout = reshard(&env, 8).await;
+    assert!(stdout.contains("resharded 4 → 8 shards"), "{stdout}");
+    fixed.store(true, Ordering::SeqCst);
+    let replay = env.cli(&["dlq", "replay", "--order-id", &x]).await;
+    assert!(replay.status.success(), "{}", text(&replay));
+    assert!(
+        String::from_utf8_lossy(&replay.stdout).contains("quarantine lifted"),
+        "{}",
+        text(&replay)
+    );
+    publisher.publish(&xs[5..]).await;
+    let calls = downstream
+        .wait_for(
+            "X 1..6 answered 2xx",
+            shardline_testkit::PROCESSING,
+            |calls| shardline_testkit::all_ok(calls, &xs),
+        )
+        .await;
+    let ok: Vec<(u64, Option<String>)> = calls
+        .iter()
+        .filter(|c| c.ok() && c.order_id.as_deref() == Some(x.as_str()))
+        .map(|c| (c.seq.unwrap_or(0), c.header("x-shard").map(str::to_owned)))
+        .collect();
+    assert_eq!(
+        ok.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        [1, 2, 3, 4, 5, 6],
+        "{ok:?}"
+    );
+    assert!(
+        ok[1..]
+            .iter()
+            .all(|(_, shard)| shard.as_deref() == Some(&*new_shard.to_string())),
+        "replayed and later events on shard {new_shard}: {ok:?}"
+    );
+    assert_eq!(env.dlq_backlog().await, 0, "the DLQ is empty");
+    worker.assert_running().await;
+}
+
+/// A reshard of workers with `--concurrency 4` (markers wait until nothing
+/// of their shard runs): 4 → 6 under the project's and a recipe publisher,
+/// every event called, each order in seq order, nothing dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrent_fleet_reshards_and_keeps_each_order_in_order() {
+    let env = TestEnv::new("reshard-concurrent").await.with_shards(4);
+    env.apply_topology().await;
+    let downstream = shardline_testkit::Downstream::with_latency(Duration::from_millis(2)).await;
+    let mut members = two_members_with(&env, &downstream, &["--concurrency", "4"]);
+    env.wait_spread(&[("a", 2), ("b", 2)], Duration::from_secs(30))
+        .await;
+    let orders = |prefix| shardline_testkit::order_ids(prefix, 80);
+    let by_map = shardline_testkit::interleaved(&orders("conc-map"), 16, env.shards);
+    let by_recipe = shardline_testkit::interleaved(&orders("conc-recipe"), 16, env.shards);
+    let pace = Duration::from_millis(80);
+    let map_publisher = publish_by_the_map(&env, by_map.clone(), 10, pace).await;
+    let recipe_publisher = publish_like_the_recipe(&env, by_recipe.clone(), 10, pace).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stdout = reshard(&env, 6).await;
+    assert!(stdout.contains("resharded 4 → 6 shards"), "{stdout}");
+    map_publisher.await.unwrap();
+    recipe_publisher.await.unwrap();
+    let events: Vec<_> = by_map.iter().chain(&by_recipe).cloned().collect();
     let calls = shardline_testkit::wait_all_answered(&env, &downstream, &events).await;
     shardline_testkit::assert_in_order_and_complete(&calls, &events);
     assert_eq!(env.dlq_backlog().await, 0, "nothing dead-lettered");

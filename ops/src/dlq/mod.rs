@@ -285,10 +285,15 @@ pub async fn release(fleet: &Fleet, order_id: &OrderId) -> Result<ReleaseReport,
             .map_err(redis_error(fleet, "reading a quarantine"))?;
         // A consumer of the shard older than its current one (a stale owner)
         // must not put the order back in quarantine: its writes are fenced.
+        // The shard is the one writing the order now (after a reshard, or
+        // during its move, by the recorded topology).
+        let shard = crate::fleet::OrderShards::read(fleet)
+            .await?
+            .of(order_id.as_str());
         redis::Script::new(LIFT)
             .key(&key)
             .key(fleet.keys.order(&order_key))
-            .key(fleet.keys.fence(fleet.shards.shard_of(order_id).get()))
+            .key(fleet.keys.fence(shard.get()))
             .invoke_async::<i64>(&mut redis)
             .await
             .map_err(redis_error(fleet, "lifting a quarantine"))?;

@@ -158,11 +158,12 @@ pub async fn replay(
     }
     if config.dry_run {
         report.read = entries.len();
+        let shards = crate::fleet::OrderShards::read(fleet).await?;
         report.planned = plan
             .in_order()
             .into_iter()
             .map(|l| {
-                let shard = fleet.shards.shard_of(l.order_id.as_deref().unwrap_or(""));
+                let shard = shards.of(l.order_id.as_deref().unwrap_or(""));
                 (l, shard.get())
             })
             .collect();

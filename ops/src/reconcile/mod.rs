@@ -402,6 +402,9 @@ impl Run<'_> {
         let mut rows = std::pin::pin!(rows);
         let mut candidates = Vec::new();
         let mut missing = Vec::new();
+        // An order's events are on its shard by the recorded topology (a
+        // reshard moves orders).
+        let shards = crate::fleet::OrderShards::read(&r.fleet).await?;
         while let Some(row) = rows.try_next().await.map_err(db)? {
             report.scanned += 1;
             let Some(snapshot) = columns.read(&row).map_err(db)? else {
@@ -427,7 +430,7 @@ impl Run<'_> {
                 continue;
             }
             let order_key = order_key_of(&snapshot.order_id);
-            let shard = r.fleet.shards.shard_of(&snapshot.order_id);
+            let shard = shards.of(&snapshot.order_id);
             for kind in kinds {
                 candidates.push(Expected {
                     order_id: snapshot.order_id.clone(),
