@@ -32,9 +32,9 @@ pub(crate) struct ReshardArgs {
     /// The target shard count M (1 to 1,024).
     #[arg(long, required_unless_present = "abort")]
     pub to: Option<u32>,
-    /// Give up the reshard in progress and stay on the current count:
-    /// possible while it is at its first step (phase Planned, before any
-    /// event routes by the new map).
+    /// Give up the reshard in progress and return to the current count:
+    /// possible until its second barrier (phase Closing); its moves go back
+    /// to their old shards through the same steps.
     #[arg(long, conflicts_with_all = ["to", "plan"])]
     pub abort: bool,
     /// Print the plan (the moves, their share of orders, the queues) and
@@ -123,7 +123,8 @@ pub(crate) async fn run(global: &GlobalArgs, cmd: TopologyCommand) -> anyhow::Re
         TopologyCommand::Reshard(args) => {
             let mut say = |line: String| println!("{line}");
             if args.abort {
-                let report = shardline_ops::reshard::abort(&fleet, &mut say)
+                let options = options(global, &args.topology);
+                let report = shardline_ops::reshard::abort(&fleet, &options, &mut say)
                     .await
                     .flags()?;
                 print_report(args.json, &report, report.text())?;

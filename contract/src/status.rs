@@ -139,6 +139,13 @@ pub struct ShardReport {
     pub held: Vec<HeldRef>,
     /// Unix milliseconds when written.
     pub updated_at_ms: u64,
+    /// Events a second its owner forwarded from the shard's queue to
+    /// other shards over the last status interval: events still routed by
+    /// a shard count of before (a publisher outside the project, or one
+    /// without the recorded topology), or a reshard's moves. Absent in
+    /// documents of workers that predate it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub forwarded_per_second: f64,
     /// Unix milliseconds when the owner stopped consuming the shard on a
     /// graceful stop; absent while it consumes. A stopped report names no
     /// owner ([`Self::owner`]) and lives [`STOPPED_TTL`], unless a new owner
@@ -172,6 +179,10 @@ impl ShardReport {
             reported + Duration::from_millis(now_ms.saturating_sub(self.updated_at_ms))
         }
     }
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// An event held by the sequence gate: its order (as in Redis keys) and kind.
@@ -320,6 +331,7 @@ mod tests {
     #[test]
     fn report_json_round_trips_and_names_its_fields() {
         let report = ShardReport {
+            forwarded_per_second: 0.0,
             shard: 3,
             owner: "worker-a".into(),
             backlog_age_seconds: 12.5,
@@ -412,6 +424,7 @@ mod tests {
     #[test]
     fn a_backlog_keeps_ageing_after_its_report() {
         let report = ShardReport {
+            forwarded_per_second: 0.0,
             shard: 0,
             owner: "w".into(),
             backlog_age_seconds: 10.0,

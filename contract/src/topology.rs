@@ -327,7 +327,7 @@ impl Routing {
             let (r, _) = self.reshard.as_ref()?;
             let m = r.plan().get(id)?;
             Some((
-                m.to,
+                r.final_shard(id)?,
                 crate::Names::hold_routing_key(r.from().0, m.from, m.to),
             ))
         };

@@ -153,7 +153,7 @@ impl OrderShards {
         let bucket = routing.bucket_of(order_id);
         let shard = match routing.reshard() {
             Some((reshard, _)) => match reshard.plan().move_of(bucket) {
-                Some(id) if self.drained.contains(&id) => reshard.plan().target.shard_of(bucket),
+                Some(id) if self.drained.contains(&id) => reshard.target().shard_of(bucket),
                 _ => reshard.old().shard_of(bucket),
             },
             None => routing.map().shard_of(bucket),

@@ -353,24 +353,28 @@ impl AbortReport {
     }
 }
 
-/// Gives up the reshard in progress while it can go back: at its first
-/// step (phase `Planned`: queues declared, nothing routed by the new map
-/// yet). Its holding queues are deleted (empty); a grown reshard's new
-/// shard queues stay, empty, recorded as retired (workers may consume them
-/// already). From the first barrier on (phase `Holding`) events route by
-/// the new map and it refuses: run the reshard to its end, then back.
+/// Gives up the reshard in progress while it can go back: before its
+/// second barrier (phase `Closing`, when publishers start routing moved
+/// orders to their new shards). At its first step (phase `Planned`) its
+/// holding queues are deleted at once (nothing routed there); from the
+/// first barrier on it runs its steps on with each move's events handed
+/// back to its old shard (the holding queues drain into them). A grown
+/// reshard's new shard queues stay, empty, recorded as retired. From phase
+/// `Closing` on it refuses: run the reshard to its end, then back.
 pub async fn abort(
     fleet: &Fleet,
+    options: &TopologyOptions,
     say: &mut (dyn FnMut(String) + Send),
 ) -> Result<AbortReport, Error> {
     let lock = Lock::take(fleet, say).await?;
-    let aborted = abort_locked(fleet, lock.redis.clone(), say).await;
+    let aborted = abort_locked(fleet, options, lock.redis.clone(), say).await;
     lock.release().await;
     aborted
 }
 
 async fn abort_locked(
     fleet: &Fleet,
+    options: &TopologyOptions,
     mut redis: redis::aio::MultiplexedConnection,
     say: &mut (dyn FnMut(String) + Send),
 ) -> Result<AbortReport, Error> {
@@ -382,50 +386,72 @@ async fn abort_locked(
             "no reshard is in progress: nothing to abort".into(),
         ));
     };
-    if state.phase != Phase::Planned {
-        return Err(Error::Refused(format!(
-            "the reshard to {} shards is at phase {:?}: events already route by its map, so it can \
-             no longer go back (only at phase Planned); run `topology reshard --to {}` to finish it, \
-             then `--to {}` to return",
-            state.to, state.phase, state.to, record.shards
-        )));
-    }
-    let routing = record
-        .routing()
-        .map_err(|e| Error::config(&[], e.to_string()))?;
-    let Some((reshard, _)) = routing.reshard() else {
-        return Err(Error::Refused(
-            "no reshard is in progress: nothing to abort".into(),
-        ));
-    };
-    let conn = fleet.connect("shardline topology reshard").await?;
-    let g = reshard.from().0;
-    for m in &reshard.plan().moves {
-        let queue = fleet.names.hold_queue(g, m.from, m.to);
-        let key = Names::hold_routing_key(g, m.from, m.to);
-        declare::retire_hold_queue(&conn, &fleet.names, &queue, &key)
-            .await
-            .map_err(Error::queue(format!("deleting {queue}")))?;
-    }
-    crate::fleet::close(&conn).await;
-    let mut retired: BTreeSet<u16> = record.retired.iter().copied().collect();
-    retired.extend(record.shards..state.to);
-    record.retired = retired.into_iter().collect();
-    record.reshard = None;
-    record.recorded_by = holder();
-    record.recorded_at_ms = shardline_contract::status::unix_ms();
-    record::replace(&mut redis, &fleet.keys, &record)
-        .await
-        .map_err(crate::topology::record_error(fleet))?;
-    say(format!(
-        "holding queues deleted; the record is back on {} shards",
-        record.shards
-    ));
-    Ok(AbortReport {
+    let report = |record: &TopologyRecord| AbortReport {
         shards: record.shards,
         abandoned_target: state.to,
         generation: record.generation,
-    })
+    };
+    match state.phase {
+        Phase::Planned => {
+            let reshard = planned(&record)?;
+            let conn = fleet.connect("shardline topology reshard").await?;
+            let g = reshard.from().0;
+            for m in &reshard.plan().moves {
+                let queue = fleet.names.hold_queue(g, m.from, m.to);
+                let key = Names::hold_routing_key(g, m.from, m.to);
+                declare::retire_hold_queue(&conn, &fleet.names, &queue, &key)
+                    .await
+                    .map_err(Error::queue(format!("deleting {queue}")))?;
+            }
+            crate::fleet::close(&conn).await;
+            let mut retired: BTreeSet<u16> = record.retired.iter().copied().collect();
+            retired.extend(record.shards..state.to);
+            record.retired = retired.into_iter().collect();
+            record.reshard = None;
+            record.recorded_by = holder();
+            record.recorded_at_ms = shardline_contract::status::unix_ms();
+            record::replace(&mut redis, &fleet.keys, &record)
+                .await
+                .map_err(crate::topology::record_error(fleet))?;
+            say(format!(
+                "holding queues deleted; the record is back on {} shards",
+                record.shards
+            ));
+            Ok(report(&record))
+        }
+        Phase::Holding | Phase::Draining | Phase::Opening => {
+            // The steps run on, handing each move's events back to its old
+            // shard: generation g + 2 routes by the old map.
+            if let Some(running) = record.reshard.as_mut() {
+                running.aborted = true;
+            }
+            record::replace(&mut redis, &fleet.keys, &record)
+                .await
+                .map_err(crate::topology::record_error(fleet))?;
+            say(format!(
+                "the reshard to {} shards is given up at phase {:?}: its moves go back to their old shards",
+                state.to, state.phase
+            ));
+            let steps = Steps {
+                fleet,
+                options,
+                redis,
+                record,
+                resumed: true,
+            };
+            let done = steps.drive(say).await?;
+            Ok(AbortReport {
+                shards: done.to_shards,
+                abandoned_target: state.to,
+                generation: done.generation,
+            })
+        }
+        Phase::Closing | Phase::Done => Err(Error::Refused(format!(
+            "the reshard to {} shards is at phase {:?}: publishers route by its new map already, so it \
+             can no longer go back; run `topology reshard --to {}` to finish it, then `--to {}` to return",
+            state.to, state.phase, state.to, record.shards
+        ))),
+    }
 }
 
 /// The reshard's lock, held (and renewed) until released.
@@ -604,6 +630,53 @@ async fn ready_to_start(
     Ok(())
 }
 
+/// The reshard a record holds.
+fn planned(record: &TopologyRecord) -> Result<Reshard, Error> {
+    let routing = record
+        .routing()
+        .map_err(|e| Error::config(&[], e.to_string()))?;
+    routing
+        .reshard()
+        .map(|(r, _)| r.clone())
+        .ok_or_else(|| Error::config(&[], "the record holds no reshard"))
+}
+
+/// Step 2: the target's shard queues (`topology apply`'s declarations at
+/// the larger count) and one holding queue per move, bound. Idempotent.
+async fn declare_queues(
+    fleet: &Fleet,
+    options: &TopologyOptions,
+    conn: &lapin::Connection,
+    reshard: &Reshard,
+) -> Result<(), Error> {
+    let larger = reshard
+        .old()
+        .shard_count()
+        .get()
+        .max(reshard.plan().target.shard_count().get());
+    let options = TopologyOptions {
+        shards: shardline_contract::ShardCount::new(u32::from(larger))
+            .map_err(|e| Error::config(&["to"], e.to_string()))?,
+        ..options.clone()
+    };
+    declare::apply(std::slice::from_ref(conn), &fleet.names, &options)
+        .await
+        .map_err(Error::queue("declaring the reshard's shard queues"))?;
+    let g = reshard.from().0;
+    for m in &reshard.plan().moves {
+        declare::hold_queue(
+            conn,
+            &fleet.names,
+            &options,
+            &fleet.names.hold_queue(g, m.from, m.to),
+            &Names::hold_routing_key(g, m.from, m.to),
+        )
+        .await
+        .map_err(Error::queue("declaring a holding queue"))?;
+    }
+    Ok(())
+}
+
 /// One reshard's steps, from the record as it stands.
 struct Steps<'a> {
     fleet: &'a Fleet,
@@ -661,6 +734,13 @@ impl<'a> Steps<'a> {
                     me,
                     shardline_contract::status::unix_ms(),
                 ));
+                // Declared before the record names them: a worker that
+                // follows the record consumes them at once.
+                let reshard = planned(&record)?;
+                let conn = fleet.connect("shardline topology reshard").await?;
+                let declared = declare_queues(fleet, options, &conn, &reshard).await;
+                crate::fleet::close(&conn).await;
+                declared?;
                 record::replace(&mut redis, &fleet.keys, &record)
                     .await
                     .map_err(crate::topology::record_error(fleet))?;
@@ -677,14 +757,8 @@ impl<'a> Steps<'a> {
     }
 
     fn reshard(&self) -> Result<(Reshard, Phase), Error> {
-        let routing = self
-            .record
-            .routing()
-            .map_err(|e| Error::config(&[], e.to_string()))?;
-        routing
-            .reshard()
-            .map(|(r, p)| (r.clone(), p))
-            .ok_or_else(|| Error::config(&[], "the record holds no reshard"))
+        let phase = self.record.reshard.as_ref().map(|r| r.phase);
+        Ok((planned(&self.record)?, phase.unwrap_or(Phase::Planned)))
     }
 
     /// Writes the next phase (and its generation) into the record.
@@ -712,7 +786,7 @@ impl<'a> Steps<'a> {
     async fn drive(mut self, say: &mut (dyn FnMut(String) + Send)) -> Result<RunReport, Error> {
         let (reshard, mut phase) = self.reshard()?;
         let from_shards = reshard.old().shard_count().get();
-        let to_shards = reshard.plan().target.shard_count().get();
+        let to_shards = reshard.target().shard_count().get();
         let g = reshard.from();
         say(format!(
             "reshard {from_shards} → {to_shards} shards from generation {}: {} moves{}",
@@ -725,7 +799,7 @@ impl<'a> Steps<'a> {
             loop {
                 match phase {
                     Phase::Planned => {
-                        self.declare(&conn, &reshard).await?;
+                        declare_queues(self.fleet, self.options, &conn, &reshard).await?;
                         say("new shard queues and holding queues declared".into());
                     }
                     Phase::Holding => self.barrier(g.next(), say).await?,
@@ -764,37 +838,6 @@ impl<'a> Steps<'a> {
             resumed: self.resumed,
             took_ms: 0,
         })
-    }
-
-    /// Step 2: the target's shard queues (`topology apply`'s declarations
-    /// at the larger count) and one holding queue per move, bound.
-    async fn declare(&self, conn: &lapin::Connection, reshard: &Reshard) -> Result<(), Error> {
-        let larger = reshard
-            .old()
-            .shard_count()
-            .get()
-            .max(reshard.plan().target.shard_count().get());
-        let options = TopologyOptions {
-            shards: shardline_contract::ShardCount::new(u32::from(larger))
-                .map_err(|e| Error::config(&["to"], e.to_string()))?,
-            ..self.options.clone()
-        };
-        declare::apply(std::slice::from_ref(conn), &self.fleet.names, &options)
-            .await
-            .map_err(Error::queue("declaring the reshard's shard queues"))?;
-        let g = reshard.from().0;
-        for m in &reshard.plan().moves {
-            declare::hold_queue(
-                conn,
-                &self.fleet.names,
-                &options,
-                &self.fleet.names.hold_queue(g, m.from, m.to),
-                &Names::hold_routing_key(g, m.from, m.to),
-            )
-            .await
-            .map_err(Error::queue("declaring a holding queue"))?;
-        }
-        Ok(())
     }
 
     /// Waits until every registered publisher with a live lease has
@@ -957,11 +1000,12 @@ impl<'a> Steps<'a> {
             }
         }
         say("holding queues deleted".into());
-        let target = &reshard.plan().target;
+        let target = reshard.target();
         let old = reshard.old().shard_count().get();
         let new = target.shard_count().get();
+        let declared = old.max(reshard.plan().target.shard_count().get());
         let mut retired: BTreeSet<u16> = self.record.retired.iter().copied().collect();
-        retired.extend(new..old);
+        retired.extend(new..declared);
         retired.retain(|&s| s >= new);
         self.record.retired = retired.into_iter().collect();
         self.record.shards = new;

@@ -799,6 +799,22 @@ impl StatusReport {
                     queues.join(", ")
                 );
             }
+            let forwarding: Vec<String> = self
+                .shards
+                .iter()
+                .filter_map(|line| {
+                    let rate = line.report.as_ref()?.forwarded_per_second;
+                    (rate > 0.0).then(|| format!("shard.{} {rate}/s", line.shard))
+                })
+                .collect();
+            if !forwarding.is_empty() && record.reshard.is_none() {
+                let _ = writeln!(
+                    out,
+                    "events still arrive by an old routing and are forwarded: {}; their publishers route by a shard count of before (keep {}, or use the project's publisher)",
+                    forwarding.join(", "),
+                    record.outside_routing()
+                );
+            }
             let live: Vec<&Registered> = self
                 .publishers
                 .iter()
@@ -1000,6 +1016,7 @@ mod tests {
 
     fn report(shard: u16, backlog: f64, at: u64) -> ShardReport {
         ShardReport {
+            forwarded_per_second: 0.0,
             shard,
             owner: "worker-a".into(),
             backlog_age_seconds: backlog,

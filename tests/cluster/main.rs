@@ -26,6 +26,8 @@
 //!   DLQ still there; the node rejoins.
 //! - [`rolling`]: under load, `stop_app` and `start_app` of each node in turn,
 //!   the next only once no node is quorum-critical: the same guarantees.
+//! - [`reshard`]: 8 → 12 quorum shards under load, a node killed -9 and
+//!   restarted during it: the command run again resumes; nothing lost.
 //! - [`partition`]: under load, the active worker's node separated while a
 //!   standby waits on another — frozen (SIGSTOP) for twice the net tick time,
 //!   or cut off at the network level (nftables) for 30 s and healed: the
@@ -45,6 +47,7 @@ mod failover;
 mod home_node;
 mod load;
 mod partition;
+mod reshard;
 mod rolling;
 mod smoke;
 mod spread;

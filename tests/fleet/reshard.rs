@@ -439,7 +439,8 @@ async fn a_fleet_grows_from_4_to_8_shards_under_load_and_keeps_each_order_in_ord
         let mut command = env.shardline_command();
         command
             .args(["topology", "reshard", "--to", "8"])
-            .args(env.global_args());
+            .args(env.global_args())
+            .kill_on_drop(true);
         command.output()
     };
     let kill = async {
@@ -535,6 +536,7 @@ async fn reshard(env: &TestEnv, to: u16) -> String {
         .shardline_command()
         .args(["topology", "reshard", "--to", &to.to_string()])
         .args(env.global_args())
+        .kill_on_drop(true)
         .output()
         .await
         .unwrap();
@@ -754,35 +756,37 @@ async fn a_reshard_the_fleet_cannot_follow_is_refused() {
     fixed.wait_exit(Duration::from_secs(30)).await;
 }
 
-/// `--abort` gives a reshard up while it is at its first step (stopped there
-/// by declarations the broker refuses: flags the topology was not applied
-/// with): the record is back on N, its holding queues are gone, a publish
-/// throughout is called in order; once a reshard passed its first barrier,
-/// `--abort` refuses in one line saying how to go back.
+/// `--abort` gives a reshard up in its middle (killed after its drain
+/// markers): the same steps run on with each move handed back to its old
+/// shard, and the fleet is on N again (the grown reshard's new queues
+/// retired, empty), a publish throughout called in order; a reshard past
+/// its second barrier refuses `--abort` in one line saying how to go back.
+/// A reshard given flags the topology was not applied with is refused by
+/// the broker before anything is recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reshard_is_aborted_at_its_first_step_and_refused_later() {
+async fn a_reshard_is_aborted_in_its_middle_and_refused_after_its_second_barrier() {
     let env = TestEnv::new("reshard-abort").await.with_shards(4);
     env.apply_topology().await;
     let downstream = shardline_testkit::Downstream::with_latency(Duration::from_millis(1)).await;
     let mut members = two_members(&env, &downstream);
     env.wait_spread(&[("a", 2), ("b", 2)], Duration::from_secs(30))
         .await;
-    let events =
-        shardline_testkit::interleaved(&shardline_testkit::order_ids("abort", 60), 16, env.shards);
-    let publisher = publish_by_the_map(&env, events.clone(), 8, Duration::from_millis(60)).await;
+    let orders = |prefix| shardline_testkit::order_ids(prefix, 60);
+    let by_map = shardline_testkit::interleaved(&orders("abort-map"), 20, env.shards);
+    let by_recipe = shardline_testkit::interleaved(&orders("abort-recipe"), 20, env.shards);
+    let pace = Duration::from_millis(60);
+    let map_publisher = publish_by_the_map(&env, by_map.clone(), 8, pace).await;
+    let recipe_publisher = publish_like_the_recipe(&env, by_recipe.clone(), 8, pace).await;
 
-    // Given flags the topology was not applied with, the reshard stops at its
-    // first step: the broker refuses its declarations.
     let wrong = env
         .cli(&["topology", "reshard", "--to", "6", "--queue-type", "quorum"])
         .await;
     let stderr = String::from_utf8_lossy(&wrong.stderr);
     assert_eq!(wrong.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("already exists with"), "{stderr}");
-    assert_eq!(
-        record_of(&env).await.reshard.map(|r| r.phase),
-        Some(Phase::Planned)
-    );
+    assert_eq!(record_of(&env).await.reshard, None, "nothing recorded");
+
+    reshard_killed_at(&env, 6, "phase Opening").await;
     let out = env.cli(&["topology", "reshard", "--abort"]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -796,8 +800,13 @@ async fn a_reshard_is_aborted_at_its_first_step_and_refused_later() {
     );
     let record = record_of(&env).await;
     assert_eq!(
-        (record.shards, record.reshard, record.retired),
-        (4, None, vec![4, 5])
+        (
+            record.shards,
+            record.generation,
+            record.reshard,
+            record.retired
+        ),
+        (4, 3, None, vec![4, 5])
     );
     let depths = env.queue_depths().await;
     assert!(
@@ -805,7 +814,7 @@ async fn a_reshard_is_aborted_at_its_first_step_and_refused_later() {
         "holding queues left: {depths:?}"
     );
 
-    reshard_killed_at(&env, 6, "phase Draining").await;
+    reshard_killed_at(&env, 6, "phase Closing").await;
     let out = env.cli(&["topology", "reshard", "--abort"]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -816,7 +825,9 @@ async fn a_reshard_is_aborted_at_its_first_step_and_refused_later() {
     let last = reshard(&env, 6).await;
     assert!(last.contains("resharded 4 → 6 shards"), "{last}");
 
-    publisher.await.unwrap();
+    map_publisher.await.unwrap();
+    recipe_publisher.await.unwrap();
+    let events: Vec<_> = by_map.iter().chain(&by_recipe).cloned().collect();
     let calls = shardline_testkit::wait_all_answered(&env, &downstream, &events).await;
     shardline_testkit::assert_in_order_and_complete(&calls, &events);
     assert_eq!(env.dlq_backlog().await, 0, "nothing dead-lettered");

@@ -65,6 +65,8 @@ pub(crate) struct ShardWatch {
     held_oldest: AtomicStamp,
     /// Which events the gate holds (for the status in Redis).
     held_refs: Mutex<Vec<HeldRef>>,
+    /// Events forwarded from the shard's queues (resharding, old routing).
+    forwarded: AtomicU64,
 }
 
 impl ShardWatch {
@@ -82,7 +84,18 @@ impl ShardWatch {
             held_bytes: AtomicU64::new(0),
             held_oldest: AtomicStamp::default(),
             held_refs: Mutex::default(),
+            forwarded: AtomicU64::new(0),
         })
+    }
+
+    /// An event of the shard's queues was forwarded.
+    pub(crate) fn count_forward(&self) {
+        self.forwarded.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Events forwarded from the shard's queues so far.
+    pub(crate) fn forwarded(&self) -> u64 {
+        self.forwarded.load(Ordering::Relaxed)
     }
 
     pub(crate) fn set_state(&self, state: ShardState) {

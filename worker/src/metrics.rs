@@ -628,6 +628,7 @@ impl ShardMetrics {
     /// An event was forwarded to its order's route.
     pub(crate) fn forwarded(&self) {
         self.worker.forwarded.inc();
+        self.watch.count_forward();
     }
 
     /// A resharding marker was honoured.

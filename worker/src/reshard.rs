@@ -124,9 +124,8 @@ impl Followed {
             .filter(|id| {
                 progress
                     .reshard
-                    .plan()
-                    .get(*id)
-                    .is_some_and(|m| m.to.get() == j)
+                    .final_shard(*id)
+                    .is_some_and(|s| s.get() == j)
             })
             .collect()
     }

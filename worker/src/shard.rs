@@ -188,6 +188,7 @@ async fn take_shard(
 ) -> Result<Option<(Channel, Consumer)>, ShardError> {
     let mut standing_by = false;
     let mut home_down = false;
+    let mut missing = false;
     let mut kept: Option<Channel> = None;
     loop {
         if shutdown.is_cancelled() {
@@ -229,6 +230,16 @@ async fn take_shard(
                 if !home_down {
                     tracing::warn!(shard = %ctx.shard, %queue, error = %e, "the shard queue's broker node is down (classic queue on a cluster): retrying until it is back");
                     home_down = true;
+                }
+                config.standby_retry
+            }
+            // A queue the recorded topology serves but the broker does not
+            // have yet (a reshard declares it a moment after recording it),
+            // or any more: looked for again, the worker's other shards go on.
+            Err(e) if soft_error(&e, AMQPSoftError::NOTFOUND).is_some() => {
+                if !missing {
+                    tracing::warn!(shard = %ctx.shard, %queue, "the queue does not exist (yet): looking again until it does");
+                    missing = true;
                 }
                 config.standby_retry
             }

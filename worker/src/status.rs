@@ -45,6 +45,7 @@ fn reports(
         consuming.push(shard);
         let snap = watch.snapshot(now);
         shards.push(Document {
+            forwarded_per_second: 0.0,
             shard,
             owner: owner.to_owned(),
             backlog_age_seconds: round_ms(snap.backlog_age),
@@ -72,6 +73,35 @@ fn reports(
         takes_new_shards,
     };
     (shards, worker)
+}
+
+/// Each shard's forwarded events at the last write, for their rate.
+#[derive(Default)]
+struct Forwards {
+    last: std::collections::HashMap<u16, (u64, std::time::Instant)>,
+}
+
+impl Forwards {
+    /// Sets each document's forwarded events a second since the last write.
+    fn rates(&mut self, metrics: &Metrics, docs: &mut [Document]) {
+        let now = std::time::Instant::now();
+        let totals: std::collections::HashMap<u16, u64> = metrics
+            .watches()
+            .iter()
+            .map(|w| (w.shard.get(), w.forwarded()))
+            .collect();
+        for doc in docs.iter_mut() {
+            let total = totals.get(&doc.shard).copied().unwrap_or(0);
+            if let Some((before, at)) = self.last.get(&doc.shard) {
+                let secs = now.duration_since(*at).as_secs_f64();
+                if secs > 0.0 {
+                    let rate = total.saturating_sub(*before) as f64 / secs;
+                    doc.forwarded_per_second = (rate * 100.0).round() / 100.0;
+                }
+            }
+        }
+        self.last = totals.into_iter().map(|(s, t)| (s, (t, now))).collect();
+    }
 }
 
 fn round_ms(d: Duration) -> f64 {
@@ -120,17 +150,19 @@ impl Writer {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The shards of the last write: those whose documents name this worker.
         let mut written_shards = Vec::new();
+        let mut forwards = Forwards::default();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = stopping.cancelled() => break,
             }
-            let (shards, worker) = reports(
+            let (mut shards, worker) = reports(
                 &self.metrics,
                 &self.owner,
                 self.breaker.as_deref(),
                 self.takes_new_shards,
             );
+            forwards.rates(&self.metrics, &mut shards);
             let written = write(&self.pool, &self.keys, &shards, &worker, self.fixed);
             let result = tokio::time::timeout(WRITE_EVERY, written).await;
             self.health(result.unwrap_or_else(|_| Err("timed out".into())));

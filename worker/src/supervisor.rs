@@ -16,7 +16,7 @@ use futures_util::StreamExt;
 use lapin::Connection;
 use shardline_connect::broker::{self, BrokerError};
 use shardline_connect::{RedisPool, declare, probe, record, stamps};
-use shardline_contract::reshard::{MoveId, Source};
+use shardline_contract::reshard::Source;
 use shardline_contract::shard::MAX_SHARDS;
 use shardline_contract::{Keys, ShardCount, ShardId};
 use tokio::sync::{Notify, watch};
@@ -879,9 +879,17 @@ async fn shard_task(
             holds_stop.cancel();
             consumed
         };
+        let holds = async {
+            let held = consume_holds(&env, &ctx, &holds_stop, &conn_lost).await;
+            // A holding queue's consumer failed: the shard's stops too, and
+            // the task ends with the failure (the worker reconnects).
+            if held.is_err() {
+                stop.cancel();
+            }
+            held
+        };
         let both = async {
-            let (main, holds) =
-                tokio::join!(main, consume_holds(&env, &ctx, &holds_stop, &conn_lost));
+            let (main, holds) = tokio::join!(main, holds);
             main.and(holds)
         };
         let result = tokio::select! {
@@ -907,22 +915,25 @@ async fn consume_holds(
     conn_lost: &CancellationToken,
 ) -> Result<(), ShardError> {
     let mut topology = env.routing.topology.clone();
-    let mut running: std::collections::BTreeMap<MoveId, CancellationToken> = Default::default();
+    // By queue name: a move's number repeats in the next reshard, its
+    // queue's name (with the reshard's generation) does not.
+    let mut running: std::collections::BTreeMap<String, CancellationToken> = Default::default();
     let mut ended = std::collections::BTreeSet::new();
-    let mut tasks: JoinSet<(MoveId, Result<(), ShardError>)> = JoinSet::new();
+    let mut tasks: JoinSet<(String, Result<(), ShardError>)> = JoinSet::new();
     let mut failed = None;
     loop {
         let wanted = topology
             .borrow_and_update()
             .holds_into(ctx.shard.get(), &env.config);
         for (id, queue) in &wanted {
-            if running.contains_key(id) || ended.contains(id) {
+            if running.contains_key(queue) || ended.contains(queue) {
                 continue;
             }
             let token = stop.child_token();
-            running.insert(*id, token.clone());
+            running.insert(queue.clone(), token.clone());
             let (env, ctx, queue, conn_lost) =
                 (env.clone(), ctx.clone(), queue.clone(), conn_lost.clone());
+            let name = queue.clone();
             let id = *id;
             tracing::info!(shard = %ctx.shard, %queue, "move drained: consuming its holding queue");
             tasks.spawn(async move {
@@ -933,13 +944,13 @@ async fn consume_holds(
                     .await;
                 match consumed {
                     // The reshard deleted it, empty.
-                    Err(ShardError::ConsumerCancelled) => (id, Ok(())),
-                    other => (id, other),
+                    Err(ShardError::ConsumerCancelled) => (name, Ok(())),
+                    other => (name, other),
                 }
             });
         }
-        for (id, token) in &running {
-            if !wanted.iter().any(|(w, _)| w == id) {
+        for (queue, token) in &running {
+            if !wanted.iter().any(|(_, w)| w == queue) {
                 token.cancel();
             }
         }
@@ -952,9 +963,9 @@ async fn consume_holds(
                 }
             }
             Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
-                let (id, result) = joined.unwrap_or_else(|e| (MoveId(u16::MAX), Err(ShardError::Crashed(e.to_string()))));
-                running.remove(&id);
-                ended.insert(id);
+                let (queue, result) = joined.unwrap_or_else(|e| (String::new(), Err(ShardError::Crashed(e.to_string()))));
+                running.remove(&queue);
+                ended.insert(queue);
                 if let Err(e) = result {
                     failed.get_or_insert(e);
                     for token in running.values() {

@@ -65,13 +65,49 @@ pub enum Destination {
 pub struct Reshard {
     old: Map,
     plan: Plan,
+    /// Given up after its first barrier (`topology reshard --abort`): the
+    /// same steps run on, each move's events handed back to its old shard,
+    /// and generation g + 2 routes by the old map.
+    aborted: bool,
 }
 
 impl Reshard {
     /// A reshard of `old` to `m` shards.
     pub fn new(old: Map, m: u32) -> Result<Self, PlanError> {
         let plan = old.plan(m)?;
-        Ok(Self { old, plan })
+        Ok(Self {
+            old,
+            plan,
+            aborted: false,
+        })
+    }
+
+    /// The same reshard, given up: it ends on the old map.
+    pub fn aborted(mut self) -> Self {
+        self.aborted = true;
+        self
+    }
+
+    /// Whether it was given up.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted
+    }
+
+    /// The map it ends on (generation g + 2): the plan's target, or the old
+    /// map when given up.
+    pub fn target(&self) -> &Map {
+        if self.aborted {
+            &self.old
+        } else {
+            &self.plan.target
+        }
+    }
+
+    /// The shard a move's buckets end on: its new shard, or its old one when
+    /// the reshard was given up.
+    pub fn final_shard(&self, id: MoveId) -> Option<ShardId> {
+        let m = self.plan.get(id)?;
+        Some(if self.aborted { m.from } else { m.to })
     }
 
     /// The map before the reshard (generation g).
@@ -100,7 +136,7 @@ impl Reshard {
             }
             &self.old
         } else if generation == g.next().next() {
-            &self.plan.target
+            self.target()
         } else {
             return Err(RouteError::Generation {
                 generation,

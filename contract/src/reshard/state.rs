@@ -28,6 +28,10 @@ pub struct ReshardState {
     pub started_by: String,
     /// When it started, in Unix milliseconds.
     pub started_at_ms: u64,
+    /// Given up (`topology reshard --abort`) after its first barrier: it
+    /// runs on to the old map.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub aborted: bool,
 }
 
 impl ReshardState {
@@ -39,12 +43,18 @@ impl ReshardState {
             phase: Phase::Planned,
             started_by: started_by.to_owned(),
             started_at_ms: now_ms,
+            aborted: false,
         }
     }
 
     /// The reshard of `old` (the map it started from) this state is at.
     pub fn reshard(&self, old: &Map) -> Result<Reshard, PlanError> {
-        Reshard::new(old.clone(), u32::from(self.to))
+        let reshard = Reshard::new(old.clone(), u32::from(self.to))?;
+        Ok(if self.aborted {
+            reshard.aborted()
+        } else {
+            reshard
+        })
     }
 
     /// What a consumer decides by ([`super::verdict`]), with the moves

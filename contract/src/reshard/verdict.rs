@@ -67,7 +67,7 @@ impl View {
         {
             let moved = p.reshard.plan().get(id)?;
             return Some(if p.closed.contains(&id) {
-                Source::Shard(moved.to.get())
+                Source::Shard(p.reshard.final_shard(id)?.get())
             } else if p.drained.contains(&id) {
                 Source::Hold(id)
             } else {

@@ -131,6 +131,7 @@ fn compensation_is_a_seqless_envelope_with_a_stable_id() {
 fn pending_reasons_in_their_order() {
     let e = expected("A1", "payment.captured");
     let report = |backlog: f64, held: Vec<HeldRef>| ShardReport {
+        forwarded_per_second: 0.0,
         shard: e.shard.get(),
         owner: "w".into(),
         backlog_age_seconds: backlog,
