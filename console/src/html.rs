@@ -210,6 +210,9 @@ impl HtmlSafe for Fleet<'_> {}
 
 struct Report<'a> {
     report: &'a StatusReport,
+    /// The recorded topology, a reshard in progress, retired queues, old
+    /// routing still in use, the registered publishers (`topology status`'s lines).
+    topology: Vec<String>,
     read_at: String,
     indexed: String,
     shards: Vec<ShardRow<'a>>,
@@ -324,6 +327,7 @@ fn report(report: &StatusReport) -> Report<'_> {
             .collect(),
     });
     Report {
+        topology: report.topology_lines(),
         report,
         read_at: rfc3339(report.read_at_ms).unwrap_or_default(),
         indexed: report.dlq.indexed.map_or("?".to_owned(), |n| n.to_string()),

@@ -615,6 +615,74 @@ fn secs(d: Duration) -> f64 {
 }
 
 impl StatusReport {
+    /// The lines about the recorded topology: its count and the routing of
+    /// outside publishers, a reshard in progress, retired queues, events
+    /// still arriving by an old routing, the registered publishers. None
+    /// without a record.
+    pub fn topology_lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        let Some(record) = &self.topology else {
+            return lines;
+        };
+        lines.push(format!(
+            "topology: {}; publishers outside shardline route by {}",
+            record.describe(),
+            record.outside_routing()
+        ));
+        if let Some(reshard) = &record.reshard {
+            lines.push(format!(
+                "reshard to {} shards in progress: phase {:?} ({}, started {} s ago); run `topology reshard --to {}` again to resume it if it stopped",
+                reshard.to,
+                reshard.phase,
+                reshard.started_by,
+                self.read_at_ms.saturating_sub(reshard.started_at_ms) / 1000,
+                reshard.to
+            ));
+        }
+        if !record.retired.is_empty() {
+            let queues: Vec<String> = record
+                .retired
+                .iter()
+                .map(|s| format!("shard.{s}"))
+                .collect();
+            lines.push(format!(
+                "retired shard queues (consumed, every event forwarded to its order's shard): {}",
+                queues.join(", ")
+            ));
+        }
+        let forwarding: Vec<String> = self
+            .shards
+            .iter()
+            .filter_map(|line| {
+                let rate = line.report.as_ref()?.forwarded_per_second;
+                (rate > 0.0).then(|| format!("shard.{} {rate}/s", line.shard))
+            })
+            .collect();
+        if !forwarding.is_empty() && record.reshard.is_none() {
+            lines.push(format!(
+                "events still arrive by an old routing and are forwarded: {}; their publishers route by a shard count of before (keep {}, or use the project's publisher)",
+                forwarding.join(", "),
+                record.outside_routing()
+            ));
+        }
+        let live: Vec<&Registered> = self
+            .publishers
+            .iter()
+            .filter(|p| p.lease.deadline_ms > self.read_at_ms)
+            .collect();
+        let behind = live
+            .iter()
+            .filter(|p| p.lease.acknowledged.0 < record.generation)
+            .count();
+        lines.push(format!(
+            "registered publishers: {} live ({} on an older generation), {} lapsed",
+            live.len(),
+            behind,
+            self.publishers.len() - live.len()
+        ));
+        lines
+    }
+
     /// A shard at PAGE, events waiting with nobody consuming them, a
     /// worker's downstream breaker open for the PAGE threshold or longer, or
     /// a worker paused for the downstream's configuration (at once: only an
@@ -769,68 +837,8 @@ impl StatusReport {
             humantime::format_duration(t.warn),
             humantime::format_duration(t.page)
         );
-        if let Some(record) = &self.topology {
-            let _ = writeln!(
-                out,
-                "topology: {}; publishers outside shardline route by {}",
-                record.describe(),
-                record.outside_routing()
-            );
-            if let Some(reshard) = &record.reshard {
-                let _ = writeln!(
-                    out,
-                    "reshard to {} shards in progress: phase {:?} ({}, started {} s ago); run `topology reshard --to {}` again to resume it if it stopped",
-                    reshard.to,
-                    reshard.phase,
-                    reshard.started_by,
-                    self.read_at_ms.saturating_sub(reshard.started_at_ms) / 1000,
-                    reshard.to
-                );
-            }
-            if !record.retired.is_empty() {
-                let queues: Vec<String> = record
-                    .retired
-                    .iter()
-                    .map(|s| format!("shard.{s}"))
-                    .collect();
-                let _ = writeln!(
-                    out,
-                    "retired shard queues (consumed, every event forwarded to its order's shard): {}",
-                    queues.join(", ")
-                );
-            }
-            let forwarding: Vec<String> = self
-                .shards
-                .iter()
-                .filter_map(|line| {
-                    let rate = line.report.as_ref()?.forwarded_per_second;
-                    (rate > 0.0).then(|| format!("shard.{} {rate}/s", line.shard))
-                })
-                .collect();
-            if !forwarding.is_empty() && record.reshard.is_none() {
-                let _ = writeln!(
-                    out,
-                    "events still arrive by an old routing and are forwarded: {}; their publishers route by a shard count of before (keep {}, or use the project's publisher)",
-                    forwarding.join(", "),
-                    record.outside_routing()
-                );
-            }
-            let live: Vec<&Registered> = self
-                .publishers
-                .iter()
-                .filter(|p| p.lease.deadline_ms > self.read_at_ms)
-                .collect();
-            let behind = live
-                .iter()
-                .filter(|p| p.lease.acknowledged.0 < record.generation)
-                .count();
-            let _ = writeln!(
-                out,
-                "registered publishers: {} live ({} on an older generation), {} lapsed",
-                live.len(),
-                behind,
-                self.publishers.len() - live.len()
-            );
+        for line in self.topology_lines() {
+            let _ = writeln!(out, "{line}");
         }
         let _ = writeln!(
             out,

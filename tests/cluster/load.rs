@@ -186,7 +186,8 @@ pub(crate) async fn assert_guarantees_grouped(
 
 /// Every order's state (`{prefix}order:{order}`): the gate `l` at the order's
 /// last published seq, no seq marked never-processed (`u`), no claim left
-/// (`c`), and its epoch `f` not above its shard's fence counter.
+/// (`c`), and its epoch `f` not above the fleet's epoch counter (an order a
+/// reshard moved is written by its new shard's consumers).
 pub(crate) async fn assert_order_state(env: &TestEnv, events: &[Event]) {
     let mut last: BTreeMap<&str, u64> = BTreeMap::new();
     for e in events {
@@ -201,7 +202,7 @@ pub(crate) async fn assert_order_state(env: &TestEnv, events: &[Event]) {
             .await
             .unwrap();
         let fence: Option<u64> = redis::cmd("GET")
-            .arg(env.keys().fence(env.shard_of(order)))
+            .arg(env.keys().epochs())
             .query_async(&mut conn)
             .await
             .unwrap();
