@@ -1115,6 +1115,60 @@ mod tests {
         assert_eq!(json["needs_attention"], true);
     }
 
+    /// The topology's lines: a reshard in progress, retired queues, and the
+    /// shards where events still arrive by an old routing, with their rate
+    /// (only once no reshard runs: during one, forwards are its moves').
+    #[test]
+    fn the_topology_lines_show_a_reshard_retired_queues_and_old_routing() {
+        let t = Thresholds::default();
+        let mut forwarding = report(0, 0.0, 1_000_000);
+        forwarding.forwarded_per_second = 3.5;
+        let shards = vec![
+            ShardLine::new(
+                0,
+                st("order.events.shard.0", 0, 1),
+                Some(forwarding),
+                1_000_000,
+                &t,
+            ),
+            ShardLine::new(
+                1,
+                st("order.events.shard.1", 0, 1),
+                Some(report(1, 0.0, 1_000_000)),
+                1_000_000,
+                &t,
+            ),
+        ];
+        let mut status = status_of(shards, t);
+        let mut record = TopologyRecord::first(
+            shardline_contract::ShardCount::new(4).unwrap(),
+            "topology apply",
+            0,
+        );
+        record.retired = vec![6, 7];
+        status.topology = Some(record.clone());
+        let lines = status.topology_lines().join("\n");
+        assert!(lines.contains("shard.6, shard.7"), "{lines}");
+        assert!(
+            lines.contains(
+                "events still arrive by an old routing and are forwarded: shard.0 3.5/s;"
+            ),
+            "{lines}"
+        );
+        assert!(!lines.contains("shard.1 "), "{lines}");
+        record.reshard = Some(shardline_contract::reshard::ReshardState::planned(
+            1, 6, "a test", 0,
+        ));
+        status.topology = Some(record);
+        let lines = status.topology_lines().join("\n");
+        assert!(
+            lines.contains("reshard to 6 shards in progress: phase Planned (a test"),
+            "{lines}"
+        );
+        assert!(!lines.contains("old routing"), "{lines}");
+        assert!(status.table().contains("reshard to 6 shards in progress"));
+    }
+
     #[test]
     fn a_stopped_owner_is_gone_at_once_and_its_waiting_events_age_from_the_stop() {
         let t = Thresholds::default();

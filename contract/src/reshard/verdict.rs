@@ -174,6 +174,31 @@ mod tests {
     }
 
     #[test]
+    fn an_aborted_reshard_hands_each_move_back_to_its_old_shard() {
+        let (mut p, moving, _, from, to) = setup();
+        p.reshard = p.reshard.aborted();
+        let m = MoveId(0);
+        let at = |p: &Progress, s| verdict(&View::Resharding(p.clone()), s, moving).unwrap();
+        // Until its holding queue closes, the steps are those of a reshard.
+        p.phase = Phase::Draining;
+        p.drained.insert(m);
+        assert_eq!(at(&p, Source::Hold(m)), Verdict::Process);
+        // Generation g + 2 routes by the old map: the old shard waits for the
+        // holding queue's close, then processes; the new shard never does.
+        p.phase = Phase::Closing;
+        assert_eq!(at(&p, Source::Shard(from)), Verdict::Wait);
+        p.closed.insert(m);
+        assert_eq!(at(&p, Source::Shard(from)), Verdict::Process);
+        assert!(
+            matches!(at(&p, Source::Hold(m)), Verdict::Forward(Destination::Shard(s)) if s.get() == from)
+        );
+        assert!(
+            matches!(at(&p, Source::Shard(to)), Verdict::Forward(Destination::Shard(s)) if s.get() == from)
+        );
+        assert_eq!(p.reshard.target(), p.reshard.old());
+    }
+
+    #[test]
     fn a_retired_queue_forwards_everything() {
         let buckets = Buckets::new(ShardCount::new(4).unwrap()).unwrap();
         let map = Map::initial(&buckets).plan(2).unwrap().target;
