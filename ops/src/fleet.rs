@@ -125,11 +125,7 @@ impl OrderShards {
         let mut redis = fleet.redis.connect().await?;
         let (record, drained, _) = shardline_connect::reshard::standing(&mut redis, &fleet.keys)
             .await
-            .map_err(|e| Error::RedisCommand {
-                what: "reading the recorded topology",
-                url: fleet.redis.to_string(),
-                cause: fleet.redis.scrub(&e.to_string()),
-            })?;
+            .map_err(crate::topology::record_error(fleet))?;
         let routing = match record {
             Some(record) => Some(
                 record

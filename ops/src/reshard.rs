@@ -299,17 +299,6 @@ fn holder_is_gone(holder: &str, mine: &str) -> bool {
         && pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
 }
 
-fn redis_error<'a>(
-    fleet: &'a Fleet,
-    what: &'static str,
-) -> impl Fn(redis::RedisError) -> Error + 'a {
-    move |e| Error::RedisCommand {
-        what,
-        url: fleet.redis.to_string(),
-        cause: fleet.redis.scrub(&e.to_string()),
-    }
-}
-
 /// Runs the reshard of the recorded topology to `to` shards online (the
 /// steps of ARCHITECTURE.md, "Resharding: the protocol"), or resumes the one
 /// an earlier run left; `say` gets a line at each step and for progress.
@@ -409,10 +398,7 @@ async fn abort_locked(
             record.retired = retired.into_iter().collect();
             record.reshard = None;
             record.recorded_by = holder();
-            record.recorded_at_ms = shardline_contract::status::unix_ms();
-            record::replace(&mut redis, &fleet.keys, &record)
-                .await
-                .map_err(crate::topology::record_error(fleet))?;
+            write_record(&mut redis, fleet, &mut record).await?;
             say(format!(
                 "holding queues deleted; the record is back on {} shards",
                 record.shards
@@ -425,9 +411,7 @@ async fn abort_locked(
             if let Some(running) = record.reshard.as_mut() {
                 running.aborted = true;
             }
-            record::replace(&mut redis, &fleet.keys, &record)
-                .await
-                .map_err(crate::topology::record_error(fleet))?;
+            write_record(&mut redis, fleet, &mut record).await?;
             say(format!(
                 "the reshard to {} shards is given up at phase {:?}: its moves go back to their old shards",
                 state.to, state.phase
@@ -481,7 +465,10 @@ impl Lock {
                     .arg(if over_a_gone_holder { "1" } else { "0" })
                     .invoke_async::<String>(&mut redis)
                     .await
-                    .map_err(redis_error(fleet, "taking the reshard's lock"))
+                    .map_err(crate::fleet::redis_error(
+                        fleet,
+                        "taking the reshard's lock",
+                    ))
             }
         };
         let held = take(false).await?;
@@ -556,10 +543,10 @@ async fn ready_to_start(
     record: &TopologyRecord,
     to: u32,
 ) -> Result<(), Error> {
-    let read = redis_error(fleet, "reading the workers' status documents");
+    let read = "reading the workers' status documents";
     let workers = crate::topology::worker_reports(redis, &fleet.keys)
         .await
-        .map_err(&read)?;
+        .map_err(crate::fleet::redis_error(fleet, read))?;
     let names = |filter: &dyn Fn(&WorkerReport) -> bool| -> Vec<&str> {
         workers
             .iter()
@@ -610,7 +597,7 @@ async fn ready_to_start(
         .collect();
     let reports = crate::topology::shard_reports(redis, &fleet.keys, &shards)
         .await
-        .map_err(&read)?;
+        .map_err(crate::fleet::redis_error(fleet, read))?;
     let now = shardline_contract::status::unix_ms();
     let warn = Thresholds::default().warn;
     if let Some((shard, age)) = reports
@@ -628,6 +615,19 @@ async fn ready_to_start(
         ));
     }
     Ok(())
+}
+
+/// Writes `record` over the one that stands, stamped now (the command holds
+/// the lock: it is the record's one writer while a reshard runs).
+async fn write_record(
+    redis: &mut redis::aio::MultiplexedConnection,
+    fleet: &Fleet,
+    record: &mut TopologyRecord,
+) -> Result<(), Error> {
+    record.recorded_at_ms = shardline_contract::status::unix_ms();
+    record::replace(redis, &fleet.keys, record)
+        .await
+        .map_err(crate::topology::record_error(fleet))
 }
 
 /// The reshard a record holds.
@@ -726,7 +726,10 @@ impl<'a> Steps<'a> {
                     .arg(fleet.keys.reshard_closed())
                     .query_async(&mut redis)
                     .await
-                    .map_err(redis_error(fleet, "clearing an earlier reshard's markers"))?;
+                    .map_err(crate::fleet::redis_error(
+                        fleet,
+                        "clearing an earlier reshard's markers",
+                    ))?;
                 let to = u16::try_from(to).unwrap_or(u16::MAX);
                 record.reshard = Some(ReshardState::planned(
                     record.generation,
@@ -741,9 +744,7 @@ impl<'a> Steps<'a> {
                 let declared = declare_queues(fleet, options, &conn, &reshard).await;
                 crate::fleet::close(&conn).await;
                 declared?;
-                record::replace(&mut redis, &fleet.keys, &record)
-                    .await
-                    .map_err(crate::topology::record_error(fleet))?;
+                write_record(&mut redis, fleet, &mut record).await?;
                 false
             }
         };
@@ -772,10 +773,7 @@ impl<'a> Steps<'a> {
         };
         state.phase = phase;
         self.record.generation = phase.generation(Generation(state.from)).0;
-        self.record.recorded_at_ms = shardline_contract::status::unix_ms();
-        record::replace(&mut self.redis, &self.fleet.keys, &self.record)
-            .await
-            .map_err(crate::topology::record_error(self.fleet))?;
+        write_record(&mut self.redis, self.fleet, &mut self.record).await?;
         say(format!(
             "phase {phase:?}: generation {} recorded",
             self.record.generation
@@ -1013,10 +1011,7 @@ impl<'a> Steps<'a> {
         self.record.generation = Phase::Done.generation(reshard.from()).0;
         self.record.reshard = None;
         self.record.recorded_by = holder();
-        self.record.recorded_at_ms = shardline_contract::status::unix_ms();
-        record::replace(&mut self.redis, &self.fleet.keys, &self.record)
-            .await
-            .map_err(crate::topology::record_error(self.fleet))?;
+        write_record(&mut self.redis, self.fleet, &mut self.record).await?;
         say(format!(
             "done: {new} shards, generation {}",
             self.record.generation

@@ -433,7 +433,7 @@ async fn a_fleet_grows_from_4_to_8_shards_under_load_and_keeps_each_order_in_ord
     let pace = Duration::from_millis(140);
     let map_publisher = publish_by_the_map(&env, by_map.clone(), 12, pace).await;
     let recipe_publisher = publish_like_the_recipe(&env, by_recipe.clone(), 12, pace).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    processing(&downstream, 300).await;
 
     let reshard = {
         let mut command = env.shardline_command();
@@ -444,7 +444,16 @@ async fn a_fleet_grows_from_4_to_8_shards_under_load_and_keeps_each_order_in_ord
         command.output()
     };
     let kill = async {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // In the middle: once the reshard is recorded.
+        shardline_testkit::wait::wait_until(
+            "the reshard to start",
+            Duration::from_secs(30),
+            || async {
+                let running = record_of(&env).await.reshard.is_some();
+                shardline_testkit::wait::check(running, || "not yet".into())
+            },
+        )
+        .await;
         a.kill9();
         a = member("a");
     };
@@ -461,8 +470,7 @@ async fn a_fleet_grows_from_4_to_8_shards_under_load_and_keeps_each_order_in_ord
     let mut sent = map_publisher.await.unwrap();
     sent.extend(recipe_publisher.await.unwrap());
     let events: Vec<_> = by_map.iter().chain(&by_recipe).cloned().collect();
-    let calls = shardline_testkit::wait_all_answered(&env, &downstream, &events).await;
-    shardline_testkit::assert_in_order_and_complete(&calls, &events);
+    let calls = called_in_order(&env, &downstream, &events).await;
     let (longest, p99) = waits(&sent, &calls);
     assert!(
         longest < Duration::from_secs(30),
@@ -497,7 +505,6 @@ async fn a_fleet_grows_from_4_to_8_shards_under_load_and_keeps_each_order_in_ord
         depths.keys().all(|q| !q.contains(".move.")),
         "holding queues left: {depths:?}"
     );
-    assert_eq!(env.dlq_backlog().await, 0, "nothing dead-lettered");
     eprintln!(
         "reshard 4 → 8 under load: {} events called in order, publish → first call \
          longest {longest:?}, p99 {p99:?}; reshard output:\n{stdout}",
@@ -507,6 +514,38 @@ async fn a_fleet_grows_from_4_to_8_shards_under_load_and_keeps_each_order_in_ord
     b.sigterm();
     a.wait_exit(Duration::from_secs(30)).await;
     b.wait_exit(Duration::from_secs(30)).await;
+}
+
+/// Waits until `downstream` was called `calls` times: the load runs.
+async fn processing(downstream: &shardline_testkit::Downstream, calls: usize) {
+    downstream
+        .wait_for(
+            "the load to be processed",
+            shardline_testkit::PROCESSING,
+            |seen| seen.len() >= calls,
+        )
+        .await;
+}
+
+/// Every event called, each order's in seq order, and nothing
+/// dead-lettered.
+async fn called_in_order(
+    env: &TestEnv,
+    downstream: &shardline_testkit::Downstream,
+    events: &[shardline_testkit::Event],
+) -> Vec<shardline_testkit::Call> {
+    let calls = shardline_testkit::wait_all_answered(env, downstream, events).await;
+    shardline_testkit::assert_in_order_and_complete(&calls, events);
+    assert_eq!(env.dlq_backlog().await, 0, "nothing dead-lettered");
+    calls
+}
+
+/// Stops the workers (SIGTERM), each within 30 s.
+async fn stop(members: &mut [shardline_testkit::ChildWorker]) {
+    for member in members {
+        member.sigterm();
+        member.wait_exit(Duration::from_secs(30)).await;
+    }
 }
 
 /// Two `--assign auto` workers calling `downstream`.
@@ -604,7 +643,7 @@ async fn a_fleet_shrinks_from_8_to_6_shards_and_serves_the_retired_queues() {
     let pace = Duration::from_millis(100);
     let map_publisher = publish_by_the_map(&env, by_map.clone(), 10, pace).await;
     let recipe_publisher = publish_like_the_recipe(&env, first.to_vec(), 10, pace).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    processing(&downstream, 200).await;
 
     let (stdout, ()) = tokio::join!(reshard(&env, 6), async {
         recipe_publisher.await.unwrap();
@@ -646,8 +685,7 @@ async fn a_fleet_shrinks_from_8_to_6_shards_and_serves_the_retired_queues() {
     map_publisher.await.unwrap();
 
     let events: Vec<_> = by_map.iter().chain(&by_recipe).cloned().collect();
-    let calls = shardline_testkit::wait_all_answered(&env, &downstream, &events).await;
-    shardline_testkit::assert_in_order_and_complete(&calls, &events);
+    called_in_order(&env, &downstream, &events).await;
     let record = record_of(&env).await;
     assert_eq!(
         (record.shards, record.retired.clone(), record.reshard),
@@ -663,11 +701,7 @@ async fn a_fleet_shrinks_from_8_to_6_shards_and_serves_the_retired_queues() {
             "retired {queue} is consumed"
         );
     }
-    assert_eq!(env.dlq_backlog().await, 0, "nothing dead-lettered");
-    for member in &mut members {
-        member.sigterm();
-        member.wait_exit(Duration::from_secs(30)).await;
-    }
+    stop(&mut members).await;
 }
 
 /// The reshard command killed -9 in the middle, twice (after its first
@@ -700,15 +734,10 @@ async fn a_reshard_killed_mid_way_resumes_when_run_again() {
     assert!(last.contains("resumed"), "{last}");
 
     publisher.await.unwrap();
-    let calls = shardline_testkit::wait_all_answered(&env, &downstream, &events).await;
-    shardline_testkit::assert_in_order_and_complete(&calls, &events);
+    called_in_order(&env, &downstream, &events).await;
     let record = record_of(&env).await;
     assert_eq!((record.shards, record.reshard), (6, None));
-    assert_eq!(env.dlq_backlog().await, 0, "nothing dead-lettered");
-    for member in &mut members {
-        member.sigterm();
-        member.wait_exit(Duration::from_secs(30)).await;
-    }
+    stop(&mut members).await;
 }
 
 /// Step 0 refuses, in one line and before writing anything, a reshard the
@@ -828,13 +857,8 @@ async fn a_reshard_is_aborted_in_its_middle_and_refused_after_its_second_barrier
     map_publisher.await.unwrap();
     recipe_publisher.await.unwrap();
     let events: Vec<_> = by_map.iter().chain(&by_recipe).cloned().collect();
-    let calls = shardline_testkit::wait_all_answered(&env, &downstream, &events).await;
-    shardline_testkit::assert_in_order_and_complete(&calls, &events);
-    assert_eq!(env.dlq_backlog().await, 0, "nothing dead-lettered");
-    for member in &mut members {
-        member.sigterm();
-        member.wait_exit(Duration::from_secs(30)).await;
-    }
+    called_in_order(&env, &downstream, &events).await;
+    stop(&mut members).await;
 }
 
 /// An order quarantined before a reshard moves it (its seq 2 dead-lettered,
@@ -930,17 +954,12 @@ async fn a_concurrent_fleet_reshards_and_keeps_each_order_in_order() {
     let pace = Duration::from_millis(80);
     let map_publisher = publish_by_the_map(&env, by_map.clone(), 10, pace).await;
     let recipe_publisher = publish_like_the_recipe(&env, by_recipe.clone(), 10, pace).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    processing(&downstream, 150).await;
     let stdout = reshard(&env, 6).await;
     assert!(stdout.contains("resharded 4 → 6 shards"), "{stdout}");
     map_publisher.await.unwrap();
     recipe_publisher.await.unwrap();
     let events: Vec<_> = by_map.iter().chain(&by_recipe).cloned().collect();
-    let calls = shardline_testkit::wait_all_answered(&env, &downstream, &events).await;
-    shardline_testkit::assert_in_order_and_complete(&calls, &events);
-    assert_eq!(env.dlq_backlog().await, 0, "nothing dead-lettered");
-    for member in &mut members {
-        member.sigterm();
-        member.wait_exit(Duration::from_secs(30)).await;
-    }
+    called_in_order(&env, &downstream, &events).await;
+    stop(&mut members).await;
 }
