@@ -83,6 +83,17 @@ pub(crate) fn redis_error<'a>(
     }
 }
 
+/// An error of the recorded topology's read or write, its password blanked out.
+pub(crate) fn record_error(
+    fleet: &Fleet,
+) -> impl FnOnce(shardline_connect::record::RecordIoError) -> Error + '_ {
+    move |e| Error::RedisCommand {
+        what: "the recorded topology",
+        url: fleet.redis.to_string(),
+        cause: fleet.redis.scrub(&e.to_string()),
+    }
+}
+
 /// Every key matching `pattern` (`SCAN MATCH`, a page at a time).
 pub(crate) async fn scan(
     conn: &mut impl redis::aio::ConnectionLike,
@@ -125,7 +136,7 @@ impl OrderShards {
         let mut redis = fleet.redis.connect().await?;
         let (record, drained, _) = shardline_connect::reshard::standing(&mut redis, &fleet.keys)
             .await
-            .map_err(crate::topology::record_error(fleet))?;
+            .map_err(record_error(fleet))?;
         let routing = match record {
             Some(record) => Some(
                 record

@@ -627,7 +627,7 @@ async fn write_record(
     record.recorded_at_ms = shardline_contract::status::unix_ms();
     record::replace(redis, &fleet.keys, record)
         .await
-        .map_err(crate::topology::record_error(fleet))
+        .map_err(crate::fleet::record_error(fleet))
 }
 
 /// The reshard a record holds.
@@ -850,7 +850,7 @@ impl<'a> Steps<'a> {
             let now = shardline_contract::status::unix_ms();
             let registered = publishers::all(&mut self.redis, &self.fleet.keys)
                 .await
-                .map_err(crate::topology::record_error(self.fleet))?;
+                .map_err(crate::fleet::record_error(self.fleet))?;
             let leases: Vec<Lease> = registered.iter().map(|p| p.lease).collect();
             match barrier(&leases, target, now) {
                 Barrier::Open => {
@@ -897,7 +897,7 @@ impl<'a> Steps<'a> {
         loop {
             let (drained, closed) = stored::released(&mut self.redis, &self.fleet.keys)
                 .await
-                .map_err(crate::topology::record_error(self.fleet))?;
+                .map_err(crate::fleet::record_error(self.fleet))?;
             let released = match kind {
                 MarkerKind::Drain => drained,
                 MarkerKind::Close => closed,
@@ -916,7 +916,7 @@ impl<'a> Steps<'a> {
                 let marker = MarkerId(rand::random::<u64>() >> 1);
                 stored::record_marker(&mut self.redis, &self.fleet.keys, marker, id, kind)
                     .await
-                    .map_err(crate::topology::record_error(self.fleet))?;
+                    .map_err(crate::fleet::record_error(self.fleet))?;
                 let (routing_key, control) = match kind {
                     MarkerKind::Drain => (Names::routing_key(m.from), headers::CONTROL_DRAIN),
                     MarkerKind::Close => (

@@ -93,7 +93,7 @@ pub async fn recorded(fleet: &Fleet, who: &str) -> Result<Option<TopologyRecord>
     let mut redis = fleet.redis.connect().await?;
     if let Some(record) = record::read(&mut redis, &fleet.keys)
         .await
-        .map_err(record_error(fleet))?
+        .map_err(crate::fleet::record_error(fleet))?
     {
         return Ok(Some(record));
     }
@@ -104,7 +104,7 @@ pub async fn recorded(fleet: &Fleet, who: &str) -> Result<Option<TopologyRecord>
     let adopted =
         record::read_or_adopt(&mut redis, &fleet.keys, &conn, &fleet.names, who, unix_ms())
             .await
-            .map_err(record_error(fleet));
+            .map_err(crate::fleet::record_error(fleet));
     close(&conn).await;
     adopted
 }
@@ -123,33 +123,24 @@ async fn record_for_apply(
     let mut redis = fleet.redis.connect().await?;
     let standing = match record::read(&mut redis, &fleet.keys)
         .await
-        .map_err(record_error(fleet))?
+        .map_err(crate::fleet::record_error(fleet))?
     {
         Some(record) => record,
         None => {
             let found = record::shard_count_on_broker(conn, &fleet.names)
                 .await
-                .map_err(record_error(fleet))?;
+                .map_err(crate::fleet::record_error(fleet))?;
             let count = found.filter(|n| n.get() > shards.get()).unwrap_or(shards);
             let first = TopologyRecord::first(count, WHO, unix_ms());
             record::write_first(&mut redis, &fleet.keys, &first)
                 .await
-                .map_err(record_error(fleet))?
+                .map_err(crate::fleet::record_error(fleet))?
         }
     };
     if standing.agrees(shards) {
         Ok(())
     } else {
         Err(Error::Refused(standing.apply_refusal(shards)))
-    }
-}
-
-/// A failure of the recorded topology, with Redis's address (redacted).
-pub(crate) fn record_error(fleet: &Fleet) -> impl FnOnce(record::RecordIoError) -> Error + '_ {
-    move |e| Error::RedisCommand {
-        what: "the recorded topology",
-        url: fleet.redis.to_string(),
-        cause: fleet.redis.scrub(&e.to_string()),
     }
 }
 
