@@ -81,6 +81,13 @@ pub enum Violation {
         /// The letter's `x-fail-reason`.
         reason: String,
     },
+    /// A reshard of the schedule that never finished: the record is not at its count.
+    ReshardUnfinished {
+        /// The count it went to.
+        to: u16,
+        /// The recorded count at the end.
+        shards: u16,
+    },
     /// A shard without exactly one consumer at the end.
     ShardNotConsumedOnce {
         /// The shard.
@@ -134,6 +141,10 @@ impl fmt::Display for Violation {
             Self::DeadLetterNotAllowed { key, reason } => write!(
                 f,
                 "dead letter not allowed: event {key} dead-lettered {reason}, which no fault that ran allows"
+            ),
+            Self::ReshardUnfinished { to, shards } => write!(
+                f,
+                "reshard unfinished: the fleet was to go to {to} shards and is recorded at {shards}"
             ),
             Self::ShardNotConsumedOnce { shard, consumers } => write!(
                 f,
@@ -199,6 +210,7 @@ pub fn check(history: &History) -> Verdict {
     violations.extend(overlaps(history, &orders));
     let (letter_violations, allowed_letters) = judge_letters(history, &index);
     violations.extend(letter_violations);
+    violations.extend(reshards_finished(history));
     violations.extend(consumers_at_the_end(history));
     Verdict {
         violations,
@@ -355,29 +367,35 @@ fn repeat_bound(kind: &FaultKind, fleet: &Fleet) -> u64 {
         | FaultKind::SlowDownstream
         | FaultKind::MemoryAlarm { .. }
         | FaultKind::Poison => 0,
+        // "a reshard under load": a forwarded copy is absorbed by dedup before any
+        // call; a shard whose consumer moves repeats as for a graceful move.
+        FaultKind::Reshard { .. } => 0,
     }
 }
 
-/// Per shard, the 2xx calls beyond the first per key and the faults' bound.
+/// Per shard, the 2xx calls beyond the first per key and the faults' bound. A
+/// repeat counts on the shard of its own call: after a reshard an order's key
+/// may repeat on its new shard.
 fn repeats_by_shard(history: &History) -> BTreeMap<u16, Repeats> {
     let bound: u64 = history
         .faults
         .iter()
         .map(|record| repeat_bound(&record.fault.kind, &history.fleet))
         .sum();
-    let mut applied_per_key: HashMap<(u16, &str), u64> = HashMap::new();
-    for call in history.calls.iter().filter(|c| c.applied()) {
-        *applied_per_key.entry((call.shard, &call.key)).or_default() += 1;
-    }
     let mut shards: BTreeMap<u16, Repeats> = BTreeMap::new();
     for call in &history.calls {
         shards
             .entry(call.shard)
             .or_insert(Repeats { repeats: 0, bound });
     }
-    for ((shard, _), count) in applied_per_key {
-        if let Some(entry) = shards.get_mut(&shard) {
-            entry.repeats += count - 1;
+    let mut applied: Vec<&Call> = history.calls.iter().filter(|c| c.applied()).collect();
+    applied.sort_by_key(|c| c.started);
+    let mut seen = HashSet::new();
+    for call in applied {
+        if !seen.insert(call.key.as_str())
+            && let Some(entry) = shards.get_mut(&call.shard)
+        {
+            entry.repeats += 1;
         }
     }
     shards
@@ -540,9 +558,28 @@ fn is_poison_letter(letter: &Letter, index: &Index<'_>) -> bool {
     }
 }
 
-/// Rule 7: each shard has exactly one consumer at the end.
+/// Rule 7: the schedule's reshard finished (the record is at its count).
+fn reshards_finished(history: &History) -> Vec<Violation> {
+    history
+        .faults
+        .iter()
+        .filter_map(|record| match record.fault.kind {
+            FaultKind::Reshard { to } if to != history.shards => {
+                Some(Violation::ReshardUnfinished {
+                    to,
+                    shards: history.shards,
+                })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Rule 8: each shard, and each retired queue still served, has exactly one
+/// consumer at the end.
 fn consumers_at_the_end(history: &History) -> Vec<Violation> {
     (0..history.shards)
+        .chain(history.retired.iter().copied())
         .filter_map(|shard| {
             let consumers = history
                 .final_consumers
@@ -623,6 +660,7 @@ mod tests {
         let consumers = [(0, vec!["w0".to_owned()]), (1, vec!["w1".to_owned()])];
         History {
             shards: 2,
+            retired: Vec::new(),
             published,
             calls,
             letters: Vec::new(),
@@ -810,6 +848,56 @@ mod tests {
         assert_eq!(verdict.allowed_letters.len(), 1);
         assert_eq!(verdict.allowed_letters[0].key, two.key);
         assert!(verdict.allowed_letters[0].row.contains("Redis failover"));
+    }
+
+    #[test]
+    fn a_repeat_counts_on_the_shard_of_its_own_call() {
+        let mut history = clean();
+        let one = history.published[0].clone();
+        // The order moved to shard 1 by a reshard; its first event repeats there.
+        history.calls.push(Call {
+            shard: 1,
+            ..call(&one, 40, 41, 200)
+        });
+        history.faults.push(fault(FaultKind::Reshard { to: 2 }, 35, 38));
+        let verdict = check(&history);
+        assert_eq!(verdict.repeats_by_shard[&1].repeats, 1);
+        assert_eq!(verdict.repeats_by_shard[&0].repeats, 0);
+        assert_eq!(
+            verdict.violations,
+            [Violation::RepeatsOverBound {
+                shard: 1,
+                repeats: 1,
+                bound: 0,
+                faults: 1
+            }]
+        );
+    }
+
+    #[test]
+    fn a_reshard_that_did_not_finish_is_caught() {
+        let mut history = clean();
+        history.faults.push(fault(FaultKind::Reshard { to: 3 }, 5, 20));
+        assert_eq!(
+            violations(&history),
+            [Violation::ReshardUnfinished { to: 3, shards: 2 }]
+        );
+        history.shards = 3;
+        history.final_consumers.0.insert(2, vec!["w2".into()]);
+        assert!(violations(&history).is_empty());
+    }
+
+    #[test]
+    fn a_retired_queue_without_a_consumer_is_caught() {
+        let mut history = clean();
+        history.retired = vec![4];
+        assert_eq!(
+            violations(&history),
+            [Violation::ShardNotConsumedOnce {
+                shard: 4,
+                consumers: Vec::new()
+            }]
+        );
     }
 
     #[test]

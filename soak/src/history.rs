@@ -44,7 +44,8 @@ pub struct Call {
     pub order: String,
     /// The seq of its event.
     pub seq: u64,
-    /// The shard of its event.
+    /// The shard that processed it: the order's shard by the map that stood
+    /// when the call started (the old one until a reshard ended).
     pub shard: u16,
     /// When the downstream received it.
     pub started: Duration,
@@ -188,8 +189,10 @@ impl Fleet {
 /// Everything recorded in one soak.
 #[derive(Debug, Clone, PartialEq)]
 pub struct History {
-    /// The topology's shard count: shards are `0..shards`.
+    /// The recorded topology's shard count at the end: shards are `0..shards`.
     pub shards: u16,
+    /// The queues a shrink retired, still consumed (and forwarding) at the end.
+    pub retired: Vec<u16>,
     /// Every confirmed event.
     pub published: Vec<Published>,
     /// Every call the downstream saw.

@@ -28,4 +28,4 @@ pub use history::{
     WorkerFlags,
 };
 pub use report::{Recovery, ReportError, Summary, recovery, write as write_report};
-pub use schedule::{DRAIN, Fault, FaultKind, MANDATORY_FROM, Schedule, WARM_UP, clock};
+pub use schedule::{DRAIN, Fault, FaultKind, MANDATORY_FROM, SHARDS, Schedule, WARM_UP, clock};

@@ -397,14 +397,28 @@ mod tests {
             .iter()
             .map(|f| record(f.kind, f.start.as_secs(), f.end().as_secs()))
             .collect();
+        // The schedule's reshard finished: the fleet ends on its count.
+        let shards = schedule
+            .faults()
+            .iter()
+            .find_map(|f| match f.kind {
+                crate::FaultKind::Reshard { to } => Some(to),
+                _ => None,
+            })
+            .unwrap_or(1);
         History {
-            shards: 1,
+            shards,
+            retired: Vec::new(),
             published,
             calls,
             letters: Vec::new(),
             faults,
             samples: samples(180, &[(60, 75, 20.0, 40.0), (95, 105, 0.0, 35.0)]),
-            final_consumers: FinalConsumers([(0, vec!["worker-0".to_owned()])].into()),
+            final_consumers: FinalConsumers(
+                (0..shards)
+                    .map(|s| (s, vec![format!("worker-{}", s % 3)]))
+                    .collect(),
+            ),
             fleet: Fleet::soak(),
         }
     }

@@ -19,6 +19,12 @@ pub const DRAIN: Duration = Duration::from_secs(40);
 /// The shortest run that carries the mandatory faults (see [`Schedule::from_seed`]).
 pub const MANDATORY_FROM: Duration = Duration::from_secs(180);
 
+/// Shards of the soak's topology when it starts; the reshard changes them.
+pub const SHARDS: u16 = 8;
+/// The counts a reshard may go to: a shrink or a growth, never a multiple or a
+/// divisor only.
+const RESHARD_TO: RangeInclusive<u16> = 5..=12;
+
 /// Workers in the soak's fleet, numbered `0..WORKERS`.
 const WORKERS: u8 = 3;
 /// Broker nodes in the soak's cluster, numbered `0..NODES`.
@@ -75,6 +81,14 @@ pub enum FaultKind {
     },
     /// A small burst of poison and hostile events.
     Poison,
+    /// `topology reshard --to M` from [`SHARDS`] shards, run again after each
+    /// failure (a fault cuts it off, step 0 refuses while a breaker is open)
+    /// until it finishes; the fault's length is only what the schedule
+    /// reserves for it. One per soak.
+    Reshard {
+        /// The shard count it goes to, never [`SHARDS`].
+        to: u16,
+    },
 }
 
 /// What a fault holds, for the overlap rules.
@@ -84,6 +98,7 @@ enum Resource {
     Broker,
     Redis,
     Downstream,
+    Topology,
     None,
 }
 
@@ -102,6 +117,7 @@ impl FaultKind {
             Self::SlowDownstream => "slow-downstream",
             Self::MemoryAlarm { .. } => "memory-alarm",
             Self::Poison => "poison",
+            Self::Reshard { .. } => "reshard",
         }
     }
 
@@ -124,6 +140,7 @@ impl FaultKind {
             Self::DownstreamRefused | Self::Downstream503 | Self::SlowDownstream => {
                 Resource::Downstream
             }
+            Self::Reshard { .. } => Resource::Topology,
             Self::Poison => Resource::None,
         }
     }
@@ -142,6 +159,7 @@ impl fmt::Display for FaultKind {
             Self::SlowDownstream => f.write_str("downstream slow (300 ms a call)"),
             Self::MemoryAlarm { node } => write!(f, "memory alarm on broker node {node}"),
             Self::Poison => f.write_str("a burst of poison and hostile events"),
+            Self::Reshard { to } => write!(f, "reshard {SHARDS} → {to} shards"),
         }
     }
 }
@@ -190,8 +208,9 @@ impl Schedule {
     ///
     /// Faults fall between the warm-up ([`WARM_UP`]) and the drain ([`DRAIN`]); a
     /// run of [`MANDATORY_FROM`] or more has at least one worker kill -9, node
-    /// kill -9, partition and Redis failover, the worker kill -9 during the
-    /// failover; longer runs add faults of every kind, one every 25–40 s on average.
+    /// kill -9, partition, Redis failover and reshard, the worker kill -9 during
+    /// the failover; longer runs add faults of every kind but the reshard, one
+    /// every 25–40 s on average.
     #[must_use]
     pub fn from_seed(seed: u64, run: Duration) -> Schedule {
         let mut rng = Draw(ChaCha8Rng::seed_from_u64(seed));
@@ -305,13 +324,17 @@ impl Window {
 }
 
 /// The mandatory faults: a node kill -9 and a partition one after the other, a
-/// Redis failover anywhere, and a worker kill -9 that starts during the failover.
+/// Redis failover anywhere, a worker kill -9 that starts during the failover,
+/// and a reshard anywhere (over whatever else holds then).
 fn mandatory(rng: &mut Draw, window: Window) -> Vec<Fault> {
     let [first, second] = node_kill_and_partition(rng, window);
     let failover = rng.length(FaultKind::RedisFailover);
     let failover = rng.place(window, failover);
     let kill = worker_kill_during(rng, window, &failover);
-    vec![first, second, failover, kill]
+    let to = rng.reshard_to();
+    let reshard = rng.length(FaultKind::Reshard { to });
+    let reshard = rng.place(window, reshard);
+    vec![first, second, failover, kill, reshard]
 }
 
 /// A node kill -9 and a partition in either order, [`RESOURCE_GAP_SECS`] or more
@@ -386,6 +409,13 @@ impl Draw {
 
     fn node(&mut self) -> u8 {
         self.index(NODES)
+    }
+
+    /// A count in [`RESHARD_TO`] other than [`SHARDS`].
+    fn reshard_to(&mut self) -> u16 {
+        let (lo, hi) = (u64::from(*RESHARD_TO.start()), u64::from(*RESHARD_TO.end()));
+        let drawn = u16::try_from(self.between(lo, hi - 1)).unwrap_or(SHARDS + 1);
+        if drawn >= SHARDS { drawn + 1 } else { drawn }
     }
 
     fn index(&mut self, count: u8) -> u8 {
@@ -466,6 +496,22 @@ mod tests {
             }
         }
         breaks.extend(three_workers_down(faults));
+        let reshards: Vec<u16> = faults
+            .iter()
+            .filter_map(|f| match f.kind {
+                FaultKind::Reshard { to } => Some(to),
+                _ => None,
+            })
+            .collect();
+        if reshards.len() > 1 {
+            breaks.push(format!("{} reshards: {reshards:?}", reshards.len()));
+        }
+        if reshards
+            .iter()
+            .any(|to| *to == SHARDS || !RESHARD_TO.contains(to))
+        {
+            breaks.push(format!("a reshard to {reshards:?} from {SHARDS}"));
+        }
         breaks
     }
 
@@ -538,10 +584,11 @@ mod tests {
     /// this pins one schedule to its text.
     #[test]
     fn seed_42_gives_the_pinned_schedule() {
-        let expected = "soak schedule: seed 42, run 3:00, 4 faults
+        let expected = "soak schedule: seed 42, run 3:00, 5 faults
   +0:38  +0:15  kill the Redis primary (Sentinel failover)
   +0:43  +0:03  kill -9 worker 1
   +0:43  +0:30  partition node 1 from the others
+  +1:31  +0:19  reshard 8 → 9 shards
   +1:44  +0:17  kill -9 broker node 0
 ";
         assert_eq!(Schedule::from_seed(42, 3 * MINUTE).render(), expected);
@@ -564,11 +611,17 @@ mod tests {
     }
 
     #[test]
-    fn every_3_minute_schedule_has_the_mandatory_four_and_an_overlap() {
+    fn every_3_minute_schedule_has_the_mandatory_five_and_an_overlap() {
         for seed in 0..200 {
             let schedule = Schedule::from_seed(seed, 3 * MINUTE);
             let names: Vec<&str> = schedule.faults().iter().map(|f| f.kind.name()).collect();
-            for wanted in ["worker-kill9", "node-kill9", "partition", "redis-failover"] {
+            for wanted in [
+                "worker-kill9",
+                "node-kill9",
+                "partition",
+                "redis-failover",
+                "reshard",
+            ] {
                 assert!(
                     names.contains(&wanted),
                     "seed {seed}: no {wanted} in {names:?}"
@@ -587,7 +640,8 @@ mod tests {
             assert!((43..=70).contains(&count), "seed {seed}: {count} faults");
             let kinds: std::collections::BTreeSet<&str> =
                 schedule.faults().iter().map(|f| f.kind.name()).collect();
-            assert_eq!(kinds.len(), 10, "seed {seed}: {kinds:?}");
+            // The ten kinds the extras draw from, and the mandatory reshard.
+            assert_eq!(kinds.len(), 11, "seed {seed}: {kinds:?}");
         }
     }
 

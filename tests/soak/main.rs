@@ -29,6 +29,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use shardline_contract::OrderId;
 use shardline_soak::{Fleet, History, Schedule, Summary, check, write_report};
 
 use crate::record::Recorder;
@@ -79,14 +80,24 @@ async fn soak() {
     rig.stop_load().await;
     rig.settle(SETTLE).await;
     let samples = recorder.stop().await;
+    let topology = rig.topology().await;
+    let routing = topology.routing().unwrap();
+    let resharded = rig.resharded();
+    // A call before the reshard finished counts on the order's first shard
+    // (md5 mod 8), one after it on the order's shard by the final map.
+    let shard_of = |order: &str, at: Instant| match (resharded, OrderId::new(order)) {
+        (Some(done), Ok(id)) if at >= done => routing.shard_of(&id).get(),
+        _ => rig.env.shard_of(order),
+    };
     let history = History {
-        shards: rig.env.shards.get(),
+        shards: topology.shards,
+        retired: topology.retired.clone(),
         published: rig.published(start),
-        calls: record::calls(&rig.downstream.calls(), &rig.env, start),
+        calls: record::calls(&rig.downstream.calls(), start, shard_of),
         letters: record::letters(&rig.env).await,
         faults,
         samples,
-        final_consumers: rig.final_consumers().await,
+        final_consumers: rig.final_consumers(&topology).await,
         fleet,
     };
     let verdict = check(&history);

@@ -140,8 +140,13 @@ fn cpu_jiffies() -> Option<(u64, u64)> {
     Some((total - idle, total))
 }
 
-/// The downstream's calls as the check reads them.
-pub(crate) fn calls(calls: &[shardline_testkit::Call], env: &TestEnv, start: Instant) -> Vec<Call> {
+/// The downstream's calls as the check reads them, each on the shard that
+/// processed it: `shard_of(order, started)`.
+pub(crate) fn calls(
+    calls: &[shardline_testkit::Call],
+    start: Instant,
+    shard_of: impl Fn(&str, Instant) -> u16,
+) -> Vec<Call> {
     calls
         .iter()
         .map(|c| {
@@ -149,7 +154,7 @@ pub(crate) fn calls(calls: &[shardline_testkit::Call], env: &TestEnv, start: Ins
             let started = c.started.saturating_duration_since(start);
             Call {
                 key: c.key().to_owned(),
-                shard: env.shard_of(&order),
+                shard: shard_of(&order, c.started),
                 order,
                 seq: c.seq.unwrap_or(0),
                 started,

@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
-use shardline_soak::{Fault, FaultKind, FaultRecord, FinalConsumers, Fleet, PoisonKind, Schedule};
+use shardline_contract::topology::TopologyRecord;
+use shardline_soak::{
+    Fault, FaultKind, FaultRecord, FinalConsumers, Fleet, PoisonKind, SHARDS, Schedule,
+};
 use shardline_testkit::load::Load;
 use shardline_testkit::sentinel::SentinelSet;
 use shardline_testkit::wait::{check, try_wait_until, wait_until};
@@ -34,6 +37,12 @@ const STOP: Duration = Duration::from_secs(30);
 /// How long a fault waits for a node's broker app that a partition stopped
 /// (seen: about two minutes after the heal).
 const APP_BACK: Duration = Duration::from_secs(240);
+/// How long the reshard is run again after failures (a fault cut it off, step 0
+/// refused while a breaker was open or the backlog old) before the soak gives up
+/// on it; the check then reports it unfinished.
+const RESHARD_TRIES: Duration = Duration::from_secs(240);
+/// One run of the reshard command before it is killed and run again (it resumes).
+const RESHARD_RUN: Duration = Duration::from_secs(90);
 
 pub(crate) struct Rig {
     pub(crate) cluster: Cluster,
@@ -48,6 +57,8 @@ pub(crate) struct Rig {
     published: std::sync::Mutex<Vec<(Instant, Event)>>,
     /// Poison and hostile events sent, with their confirm times.
     poison: std::sync::Mutex<Vec<(Instant, shardline_soak::Published)>>,
+    /// When the reshard finished, if it did.
+    resharded: std::sync::Mutex<Option<Instant>>,
 }
 
 /// A worker's process and how often it was started.
@@ -60,8 +71,17 @@ impl Rig {
     pub(crate) async fn start(settings: &Settings, fleet: &Fleet) -> Self {
         let cluster = Cluster::start().await;
         let env = TestEnv::on_all_nodes("soak", QueueType::Quorum, &cluster).await;
-        env.apply_topology().await;
+        assert_eq!(env.shards.get(), SHARDS, "the schedule's reshard starts from SHARDS");
         let redis = SentinelSet::start(&env.id).await;
+        // The record goes where the fleet reads it: the Sentinels' Redis.
+        let applied = env
+            .shardline_command()
+            .args(["topology", "apply"])
+            .args(env.global_args_with(&env.amqp_url, &redis.url()))
+            .output()
+            .await
+            .unwrap();
+        shardline_testkit::process::assert_exited_ok("`shardline topology apply`", &applied);
         let mode = Arc::new(AtomicU8::new(NORMAL));
         let downstream = {
             let mode = mode.clone();
@@ -102,6 +122,7 @@ impl Rig {
             load: Mutex::new(None),
             published: std::sync::Mutex::new(Vec::new()),
             poison: std::sync::Mutex::new(Vec::new()),
+            resharded: std::sync::Mutex::new(None),
         };
         for i in 0..rig.workers.len() {
             rig.start_worker(i).await;
@@ -195,6 +216,7 @@ impl Rig {
             FaultKind::SlowDownstream => self.mode.store(SLOW, Ordering::SeqCst),
             FaultKind::MemoryAlarm { node } => self.set_watermark(node, ALARM).await,
             FaultKind::Poison => self.send_poison().await,
+            FaultKind::Reshard { to } => self.reshard(to).await,
         }
     }
 
@@ -210,8 +232,60 @@ impl Rig {
                 self.mode.store(NORMAL, Ordering::SeqCst);
             }
             FaultKind::MemoryAlarm { node } => self.set_watermark(node, "0.4").await,
-            FaultKind::RedisFailover | FaultKind::Poison => {}
+            FaultKind::RedisFailover | FaultKind::Poison | FaultKind::Reshard { .. } => {}
         }
+    }
+
+    /// `topology reshard --to to`, run again after every failure (it resumes
+    /// at its recorded step) until it finishes or [`RESHARD_TRIES`] passed.
+    async fn reshard(&self, to: u16) {
+        let tries = Instant::now();
+        for attempt in 1.. {
+            let redis_url = self.redis.lock().await.url();
+            let mut cmd = self.env.shardline_command();
+            cmd.args(["topology", "reshard", "--to", &to.to_string()])
+                .args(self.env.global_args_with(&self.env.amqp_url, &redis_url));
+            let outcome = tokio::time::timeout(RESHARD_RUN, cmd.output()).await;
+            match outcome {
+                Ok(Ok(out)) if out.status.success() => {
+                    *self.resharded.lock().unwrap() = Some(Instant::now());
+                    println!(
+                        "soak: reshard to {to} finished at attempt {attempt}:\n{}",
+                        String::from_utf8_lossy(&out.stdout)
+                    );
+                    return;
+                }
+                Ok(Ok(out)) => println!(
+                    "soak: reshard attempt {attempt} failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+                Ok(Err(e)) => println!("soak: reshard attempt {attempt} did not run: {e}"),
+                Err(_) => println!("soak: reshard attempt {attempt} ran {RESHARD_RUN:?}: killed"),
+            }
+            if tries.elapsed() > RESHARD_TRIES {
+                println!("soak: the reshard to {to} did not finish in {RESHARD_TRIES:?}");
+                return;
+            }
+            // A pause between attempts, not a synchronisation: what refused
+            // (an open breaker, an old backlog, a node away) has no event to await.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+
+    /// The topology the fleet is recorded at now, read from the Redis primary.
+    pub(crate) async fn topology(&self) -> TopologyRecord {
+        let port = self.redis.lock().await.primary_port().await;
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        shardline_connect::record::read(&mut conn, &self.env.keys())
+            .await
+            .unwrap()
+            .expect("the topology is recorded")
+    }
+
+    /// When the reshard finished, if it did.
+    pub(crate) fn resharded(&self) -> Option<Instant> {
+        *self.resharded.lock().unwrap()
     }
 
     /// Sets a node's memory high watermark, waiting while its broker app is
@@ -325,17 +399,20 @@ impl Rig {
         events.chain(poison).collect()
     }
 
-    /// Waits until every shard queue is empty (nothing ready, nothing
-    /// unacked) or `timeout` passes; the check then says what is missing.
+    /// Waits until every shard queue and every reshard's holding queue is
+    /// empty (nothing ready, nothing unacked) and no holding queue is left, or
+    /// `timeout` passes; the check then says what is missing.
     pub(crate) async fn settle(&self, timeout: Duration) {
+        let prefix = &self.env.names.queue_prefix;
+        let holds = format!("{}move.", prefix.strip_suffix("shard.").unwrap_or(prefix));
         let drained = try_wait_until("the shard queues to drain", timeout, || async {
             let depths = self.env.try_queue_depths().await?;
-            let drained = (0..self.env.shards.get()).all(|s| {
-                depths
-                    .get(&self.env.shard_queue(s))
-                    .is_some_and(|d| d.0 == 0)
-            });
-            check(drained, || format!("depths {depths:?}"))
+            let shards_empty = depths
+                .iter()
+                .filter(|(name, _)| name.starts_with(prefix.as_str()))
+                .all(|(_, d)| d.0 == 0);
+            let holds_gone = !depths.keys().any(|name| name.starts_with(&holds));
+            check(shards_empty && holds_gone, || format!("depths {depths:?}"))
         })
         .await;
         if let Err(e) = drained {
@@ -343,14 +420,17 @@ impl Rig {
         }
     }
 
-    /// The active consumers of each shard queue, once each has exactly one
-    /// (the elastic fleet settles after the last restart) or after a minute.
-    pub(crate) async fn final_consumers(&self) -> FinalConsumers {
+    /// The active consumers of each queue `topology` serves (its shards and
+    /// retired queues), once each has exactly one (the elastic fleet settles
+    /// after the last restart) or after a minute.
+    pub(crate) async fn final_consumers(&self, topology: &TopologyRecord) -> FinalConsumers {
+        let served = topology.served();
         let read = || async {
             let queues = self.env.shard_consumers().await;
-            let map: std::collections::BTreeMap<u16, Vec<String>> = (0..self.env.shards.get())
-                .map(|s| {
-                    let rows = queues.get(&self.env.shard_queue(s));
+            let map: std::collections::BTreeMap<u16, Vec<String>> = served
+                .iter()
+                .map(|&s| {
+                    let rows = queues.get(&self.env.names.shard_queue_named(u32::from(s)));
                     let tags = rows
                         .into_iter()
                         .flatten()

@@ -171,5 +171,6 @@ fn color(kind: &FaultKind) -> RGBColor {
             RGBColor(90, 90, 90)
         }
         FaultKind::Poison => RGBColor(20, 140, 60),
+        FaultKind::Reshard { .. } => RGBColor(30, 110, 200),
     }
 }
