@@ -859,7 +859,9 @@ mod tests {
             shard: 1,
             ..call(&one, 40, 41, 200)
         });
-        history.faults.push(fault(FaultKind::Reshard { to: 2 }, 35, 38));
+        history
+            .faults
+            .push(fault(FaultKind::Reshard { to: 2 }, 35, 38));
         let verdict = check(&history);
         assert_eq!(verdict.repeats_by_shard[&1].repeats, 1);
         assert_eq!(verdict.repeats_by_shard[&0].repeats, 0);
@@ -877,7 +879,9 @@ mod tests {
     #[test]
     fn a_reshard_that_did_not_finish_is_caught() {
         let mut history = clean();
-        history.faults.push(fault(FaultKind::Reshard { to: 3 }, 5, 20));
+        history
+            .faults
+            .push(fault(FaultKind::Reshard { to: 3 }, 5, 20));
         assert_eq!(
             violations(&history),
             [Violation::ReshardUnfinished { to: 3, shards: 2 }]

@@ -71,7 +71,11 @@ impl Rig {
     pub(crate) async fn start(settings: &Settings, fleet: &Fleet) -> Self {
         let cluster = Cluster::start().await;
         let env = TestEnv::on_all_nodes("soak", QueueType::Quorum, &cluster).await;
-        assert_eq!(env.shards.get(), SHARDS, "the schedule's reshard starts from SHARDS");
+        assert_eq!(
+            env.shards.get(),
+            SHARDS,
+            "the schedule's reshard starts from SHARDS"
+        );
         let redis = SentinelSet::start(&env.id).await;
         // The record goes where the fleet reads it: the Sentinels' Redis.
         let applied = env
