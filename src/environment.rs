@@ -226,6 +226,7 @@ mod tests {
             vec!["worker", "--handler", &handler],
             vec!["reconcile", "--orders-url", &orders],
             vec!["console", "--orders-url", &orders],
+            vec!["outbox", "install", "--database-url", &orders],
         ] {
             let args: Vec<&str> = command.iter().copied().chain(globals).collect();
             let cli = parse(&BTreeMap::new(), &args);

@@ -6,7 +6,9 @@ mod console;
 mod demo;
 mod dlq;
 mod environment;
+mod metrics_http;
 mod out;
+mod outbox;
 mod progress;
 mod publish;
 mod receive;
@@ -302,6 +304,10 @@ enum Command {
     /// Compare order snapshots in PostgreSQL with the events the fleet
     /// processed; publish a compensation event for each one missing.
     Reconcile(reconcile::ReconcileArgs),
+    /// The transactional outbox: applications append events in their own
+    /// PostgreSQL transactions.
+    #[command(subcommand)]
+    Outbox(outbox::OutboxCommand),
     /// Serve the operator web console (fleet and dead letters) behind a token.
     Console(console::ConsoleArgs),
     /// A stand-in for your service while trying shardline out: answer every
@@ -360,6 +366,7 @@ fn main() -> ExitCode {
             Command::BenchPublisher(args) => bench::run_publisher(&global, args, shutdown).await,
             Command::Dlq(cmd) => dlq::run(&global, cmd, shutdown).await,
             Command::Reconcile(args) => reconcile::run(&global, args, shutdown).await,
+            Command::Outbox(cmd) => outbox::run(&global, cmd, shutdown).await,
             Command::Console(args) => console::run(&global, args, shutdown).await,
             Command::Receive(args) => receive::run(args, shutdown).await,
         }

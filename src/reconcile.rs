@@ -2,18 +2,13 @@
 //! `--interval`; each run's report printed as text or one JSON object, and
 //! with `--metrics-addr` its counts served on `/metrics`.
 
-use std::convert::Infallible;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::{Request, Response, StatusCode};
-use shardline_ops::reconcile::{self, METRICS_CONTENT_TYPE, Metrics};
+use shardline_ops::reconcile::{self, Metrics};
 use shardline_ops::{Event, ReconcileConfig, ReconcileReport, Reconciler};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::{EXIT_ATTENTION, Flags as _, GlobalArgs};
@@ -71,6 +66,14 @@ pub(crate) struct OrdersArgs {
         value_parser = reconcile::parse_expectation
     )]
     pub expect: Vec<(String, String)>,
+    /// The schema of the transactional outbox (`shardline outbox install
+    /// --schema`) in the order database, when the application writes its
+    /// events through it: the orders and the outbox are then read in one
+    /// REPEATABLE READ snapshot, and an order with rows the relay has not
+    /// published yet is pending, not drift. Point `--orders-url` at the
+    /// primary.
+    #[arg(long, value_name = "SCHEMA")]
+    pub outbox_schema: Option<String>,
 }
 
 impl OrdersArgs {
@@ -89,11 +92,12 @@ impl OrdersArgs {
             expect: self.expect,
             dry_run,
             max_emit,
+            outbox_schema: self.outbox_schema,
         }
     }
 }
 
-fn parse_interval(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_interval(s: &str) -> Result<Duration, String> {
     match humantime::parse_duration(s) {
         Ok(d) if !d.is_zero() => Ok(d),
         Ok(_) => Err("the interval must be above 0".into()),
@@ -116,7 +120,12 @@ pub(crate) async fn run(
         let listener = shardline_worker::http::bind(addr)
             .await
             .map_err(|e| anyhow::anyhow!("--metrics-addr {e}"))?;
-        tokio::spawn(serve(listener, Arc::clone(&metrics), shutdown.clone()));
+        let served = Arc::clone(&metrics);
+        tokio::spawn(crate::metrics_http::serve(
+            listener,
+            shutdown.clone(),
+            move || served.encode(),
+        ));
     }
     let print = |report: &ReconcileReport| {
         if args.json {
@@ -147,43 +156,6 @@ pub(crate) async fn run(
         })
         .await;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Serves `/metrics` (and `/healthz`) on `listener` until `shutdown`.
-async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: CancellationToken) {
-    shardline_worker::http::serve_with(listener, shutdown, move |req| {
-        respond(Arc::clone(&metrics), req)
-    })
-    .await;
-}
-
-async fn respond(
-    metrics: Arc<Metrics>,
-    req: Request<shardline_connect::inbound::RequestBody>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    let (status, content_type, body) = match (req.method(), req.uri().path()) {
-        (&hyper::Method::GET | &hyper::Method::HEAD, "/metrics") => match metrics.encode() {
-            Ok(text) => (StatusCode::OK, METRICS_CONTENT_TYPE, text),
-            Err(_) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "text/plain",
-                "cannot encode metrics\n".into(),
-            ),
-        },
-        (&hyper::Method::GET | &hyper::Method::HEAD, "/healthz") => (
-            StatusCode::OK,
-            "application/json",
-            "{\"alive\":true}\n".into(),
-        ),
-        _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
-    };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static(content_type),
-    );
-    Ok(response)
 }
 
 #[cfg(test)]
@@ -218,5 +190,30 @@ mod tests {
         );
         assert!(parse("PAID").is_err());
         assert!(parse("PAID=a\u{7}b").is_err());
+    }
+
+    #[test]
+    fn the_outbox_schema_reaches_the_config() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: ReconcileArgs,
+        }
+        let config = |extra: &[&str]| {
+            let args = ["x", "--orders-url", "postgres://db/o"].iter().chain(extra);
+            let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
+            Ok::<_, String>(
+                cli.args
+                    .orders
+                    .config(String::new(), false, 1)
+                    .outbox_schema,
+            )
+        };
+        assert_eq!(config(&[]), Ok(None), "no outbox unless asked");
+        assert_eq!(
+            config(&["--outbox-schema", "shop"]),
+            Ok(Some("shop".to_owned()))
+        );
     }
 }

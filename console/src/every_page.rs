@@ -116,6 +116,7 @@ fn report(read_at_ms: u64) -> StatusReport {
         broker: vec![],
         topology: None,
         publishers: Vec::new(),
+        relays: Vec::new(),
     }
 }
 

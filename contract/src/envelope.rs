@@ -204,6 +204,12 @@ impl NewEvent {
     /// The envelope's JSON body, with `occurred_at` set to now. Fails when the
     /// fields would not pass [`Envelope::parse`].
     pub fn to_body(&self) -> Result<Vec<u8>, EnvelopeError> {
+        self.to_body_at(SystemTime::now())
+    }
+
+    /// [`to_body`](Self::to_body) with `occurred_at` set to `occurred_at`
+    /// (an outbox row's time of writing).
+    pub fn to_body_at(&self, occurred_at: SystemTime) -> Result<Vec<u8>, EnvelopeError> {
         let mut object = serde_json::Map::new();
         object.insert("order_id".into(), self.order_id.as_str().into());
         object.insert("event".into(), self.event.clone().into());
@@ -215,7 +221,7 @@ impl NewEvent {
         }
         object.insert(
             "occurred_at".into(),
-            humantime::format_rfc3339_millis(SystemTime::now())
+            humantime::format_rfc3339_millis(occurred_at)
                 .to_string()
                 .into(),
         );

@@ -45,6 +45,12 @@ pub const CONTROL: &str = "x-shardline-control";
 pub const MARKER_ID: &str = "x-shardline-marker";
 /// The move a drain marker hands over (its number in the reshard's plan).
 pub const MARKER_MOVE: &str = "x-shardline-move";
+/// When an outbox row was written (its `written_at`, milliseconds since the
+/// Unix epoch): set by the outbox relay. The time of writing, not of commit
+/// (PostgreSQL keeps commit times only with `track_commit_timestamp`).
+pub const WRITTEN_AT_MS: &str = "x-written-at-ms";
+/// The outbox relay that published the event (its `--name`).
+pub const RELAY: &str = "x-shardline-relay";
 /// Set on an event a worker forwarded (resharding, legacy routing) that
 /// had been delivered before: a consumer before it may hold its claim, so
 /// the next consumer treats the copy as a redelivery (it may take over).

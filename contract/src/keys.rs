@@ -18,6 +18,7 @@
 //! | `quarantine:{order}` | worker, `dlq release` | the dead letters holding an order |
 //! | `status:shard:{n}` | worker | the shard status document ([`crate::status`]) |
 //! | `status:worker:{name}` | worker | the worker status document |
+//! | `status:relay:{name}` | outbox relay | the relay status document ([`crate::status::RelayReport`]) |
 //! | `reconcile:{order}:{kind}` | `reconcile` | a compensation was emitted |
 //! | `dlq:letter:{id}` | worker, `dlq reindex`; removed by `dlq replay`/`purge` | a dead letter's index entry (a hash, [`crate::letters::IndexEntry`]) |
 //! | `dlq:letters` | the same | every indexed letter id, scored by first-failed ms (its `ZCARD` is the index's count) |
@@ -185,6 +186,16 @@ impl Keys {
     /// The pattern matching every worker status document (for `SCAN`).
     pub fn worker_status_pattern(&self) -> String {
         format!("{}status:worker:*", glob_escape(&self.prefix))
+    }
+
+    /// An outbox relay's status document, by relay name.
+    pub fn relay_status(&self, relay: &str) -> String {
+        format!("{}status:relay:{}", self.prefix, key_field(relay))
+    }
+
+    /// The pattern matching every relay status document (for `SCAN`).
+    pub fn relay_status_pattern(&self) -> String {
+        format!("{}status:relay:*", glob_escape(&self.prefix))
     }
 
     /// The fleet's downstream breaker while one of its workers has it open

@@ -445,3 +445,47 @@ mod tests {
         assert_eq!(drained.backlog_age_at(1_002_000), Duration::ZERO);
     }
 }
+
+/// What an outbox relay is doing now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RelayRole {
+    /// It holds the outbox's lock and publishes.
+    Active,
+    /// Another relay holds the lock; it takes over when that one goes.
+    Standby,
+    /// It lost the database or the broker and retries (`error` says why).
+    Retrying,
+}
+
+impl RelayRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Standby => "standby",
+            Self::Retrying => "retrying",
+        }
+    }
+}
+
+/// One outbox relay as it reports itself (JSON, `status:relay:{name}`),
+/// written every [`WRITE_EVERY`] with a [`TTL`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RelayReport {
+    /// The relay's name (`--name`).
+    pub relay: String,
+    /// The database it relays from, password hidden, and the outbox's schema.
+    pub database: String,
+    pub schema: String,
+    pub role: RelayRole,
+    /// Age of the oldest unpublished row it saw, from its `written_at`, in
+    /// milliseconds; 0 when the outbox was empty.
+    pub lag_ms: u64,
+    /// Rows published, confirmed and deleted since it started.
+    pub relayed: u64,
+    /// Why it retries, one line; `None` while it works.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Unix milliseconds when written.
+    pub updated_at_ms: u64,
+}

@@ -67,6 +67,20 @@ pub enum OnItsWay {
     Replaying,
     /// The DLQ holds more letters than its index: it could be one of those.
     IndexBehind { depth: u64, indexed: u64 },
+    /// The order has rows in the transactional outbox that the relay has
+    /// not published yet, read in the orders' snapshot: `rows` in all,
+    /// `of_kind` of the event's kind, the oldest written `oldest` ago. The
+    /// relay publishes an order's rows in seq order; until it is done with
+    /// the order, the event is among them, or just ahead of them.
+    Outbox {
+        rows: u64,
+        of_kind: u64,
+        oldest: Duration,
+    },
+    /// The transactional outbox's oldest unpublished row was written `lag`
+    /// ago, more than the grace: what the relay publishes now waits in
+    /// backlogs younger than its orders, so it could be any missing event.
+    RelayBehind { lag: Duration },
 }
 
 impl OnItsWay {
@@ -80,6 +94,8 @@ impl OnItsWay {
             Self::Unconsumed { .. } => "unconsumed",
             Self::Replaying => "replaying",
             Self::IndexBehind { .. } => "index_behind",
+            Self::Outbox { .. } => "outbox",
+            Self::RelayBehind { .. } => "relay_behind",
         }
     }
 
@@ -89,10 +105,7 @@ impl OnItsWay {
             Self::Compensated => "compensation already emitted, not processed yet".into(),
             Self::Held => "held by the sequence gate".into(),
             Self::DeadLettered { id } => format!("in the DLQ (dead letter {id})"),
-            Self::Backlog { age } => format!(
-                "the shard's backlog is {} old",
-                humantime::format_duration(Duration::from_secs(age.as_secs()))
-            ),
+            Self::Backlog { age } => format!("the shard's backlog is {} old", seconds(*age)),
             Self::Unconsumed { messages } => {
                 format!("the shard has {messages} message(s) and no worker reporting it")
             }
@@ -100,8 +113,26 @@ impl OnItsWay {
             Self::IndexBehind { depth, indexed } => format!(
                 "the DLQ holds {depth} letters and its index {indexed}: reindex needed (`shardline dlq reindex`)"
             ),
+            Self::Outbox {
+                rows,
+                of_kind,
+                oldest,
+            } => format!(
+                "unpublished in the outbox ({rows} row{} of the order, {of_kind} of this kind, oldest written {} ago)",
+                if *rows == 1 { "" } else { "s" },
+                seconds(*oldest)
+            ),
+            Self::RelayBehind { lag } => format!(
+                "the outbox relay is behind: its oldest unpublished row was written {} ago, more than the grace",
+                seconds(*lag)
+            ),
         }
     }
+}
+
+/// `d` in whole seconds, for people (`2m 5s`).
+fn seconds(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(Duration::from_secs(d.as_secs()))
 }
 
 /// A missing event that may still arrive.
@@ -395,10 +426,52 @@ pub(crate) mod tests {
         assert_eq!(json["drift"][0]["error"], "3 drifted, over --max-emit 2");
         assert_eq!(json["pending"][0]["reason"], "dead_lettered");
         assert_eq!(json["counts"]["pending"], 1);
+        report.pending.push(Pending {
+            expected: expected("A3", "payment.captured"),
+            why: OnItsWay::Outbox {
+                rows: 1,
+                of_kind: 1,
+                oldest: Duration::from_millis(12_700),
+            },
+        });
+        let text = report.text(&flag);
+        assert!(
+            text.contains(
+                "pending      order=A3 event=payment.captured status=PAID shard="
+            ) && text.contains(
+                ": unpublished in the outbox (1 row of the order, 1 of this kind, oldest written 12s ago)\n"
+            ),
+            "{text}"
+        );
+        let json = report.json(&flag);
+        assert_eq!(json["pending"][1]["reason"], "outbox");
+        assert_eq!(json["counts"]["pending"], 2);
         assert_eq!(
             NotEmitted::Cancelled.text(&flag),
             "stopped by a signal",
             "the caller words cancellation"
+        );
+    }
+
+    #[test]
+    fn outbox_reasons_say_how_much_waits() {
+        let other_kinds = OnItsWay::Outbox {
+            rows: 3,
+            of_kind: 0,
+            oldest: Duration::from_secs(125),
+        };
+        assert_eq!(other_kinds.reason(), "outbox");
+        assert_eq!(
+            other_kinds.detail(),
+            "unpublished in the outbox (3 rows of the order, 0 of this kind, oldest written 2m 5s ago)"
+        );
+        let behind = OnItsWay::RelayBehind {
+            lag: Duration::from_secs(600),
+        };
+        assert_eq!(behind.reason(), "relay_behind");
+        assert_eq!(
+            behind.detail(),
+            "the outbox relay is behind: its oldest unpublished row was written 10m ago, more than the grace"
         );
     }
 }

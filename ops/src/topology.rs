@@ -20,8 +20,8 @@ use shardline_contract::QueueType;
 use shardline_contract::Version;
 use shardline_contract::fleet::{FleetAssignment, MemberRecord};
 use shardline_contract::status::{
-    BreakerState, Level, PUBLISHER_CLAIMED, PauseCause, ShardReport, StampSource, Thresholds,
-    WorkerReport, unix_ms,
+    BreakerState, Level, PUBLISHER_CLAIMED, PauseCause, RelayReport, ShardReport, StampSource,
+    Thresholds, WorkerReport, unix_ms,
 };
 use shardline_contract::topology::TopologyRecord;
 use shardline_contract::{Keys, Names, ShardCount, ShardId};
@@ -365,6 +365,8 @@ pub struct StatusReport {
     /// The registered publishers (resharding's confirm barrier), live or
     /// lapsed, as Redis has them.
     pub publishers: Vec<Registered>,
+    /// The outbox relays' own documents, by name.
+    pub relays: Vec<RelayReport>,
 }
 
 /// The elastic fleet as Redis has it: its members and the assignment.
@@ -409,10 +411,22 @@ pub async fn status(fleet: &Fleet, config: &StatusConfig) -> Result<StatusReport
     dlq.indexed = index_count(fleet).await;
 
     let shard_ids: Vec<ShardId> = fleet.shards.ids().collect();
-    let (reports, workers, elastic, status_error) = match read_documents(fleet, &shard_ids).await {
-        Ok((reports, workers, elastic)) => (reports, workers, elastic, None),
-        Err(e) => (vec![None; shard_ids.len()], Vec::new(), None, Some(e)),
-    };
+    let (reports, workers, elastic, relays, status_error) =
+        match read_documents(fleet, &shard_ids).await {
+            Ok(Documents {
+                shards,
+                workers,
+                elastic,
+                relays,
+            }) => (shards, workers, elastic, relays, None),
+            Err(e) => (
+                vec![None; shard_ids.len()],
+                Vec::new(),
+                None,
+                Vec::new(),
+                Some(e),
+            ),
+        };
     let now = unix_ms();
     let shards = queues
         .into_iter()
@@ -431,6 +445,7 @@ pub async fn status(fleet: &Fleet, config: &StatusConfig) -> Result<StatusReport
         broker,
         topology,
         publishers,
+        relays,
     })
 }
 
@@ -509,19 +524,17 @@ async fn index_count(fleet: &Fleet) -> Option<u64> {
     }
 }
 
-/// The shard and worker status documents, within [`REDIS_TIMEOUT`]; the
-/// error is fit to print.
-async fn read_documents(
-    fleet: &Fleet,
-    shards: &[ShardId],
-) -> Result<
-    (
-        Vec<Option<ShardReport>>,
-        Vec<WorkerReport>,
-        Option<FleetView>,
-    ),
-    String,
-> {
+/// The status documents `topology status` reads from Redis.
+struct Documents {
+    shards: Vec<Option<ShardReport>>,
+    workers: Vec<WorkerReport>,
+    elastic: Option<FleetView>,
+    relays: Vec<RelayReport>,
+}
+
+/// The shard, worker and relay status documents, within [`REDIS_TIMEOUT`];
+/// the error is fit to print.
+async fn read_documents(fleet: &Fleet, shards: &[ShardId]) -> Result<Documents, String> {
     let read = async {
         let mut conn = fleet.redis.connect().await.map_err(|e| e.to_string())?;
         let scrub = |e: redis::RedisError| fleet.redis.scrub(&e.to_string());
@@ -532,7 +545,15 @@ async fn read_documents(
             .await
             .map_err(scrub)?;
         let elastic = fleet_view(&mut conn, &fleet.keys).await.map_err(scrub)?;
-        Ok((reports, workers, elastic))
+        let relays = documents(&mut conn, &fleet.keys.relay_status_pattern())
+            .await
+            .map_err(scrub)?;
+        Ok(Documents {
+            shards: reports,
+            workers,
+            elastic,
+            relays,
+        })
     };
     match tokio::time::timeout(REDIS_TIMEOUT, read).await {
         Ok(result) => result,
@@ -588,17 +609,26 @@ pub(crate) async fn worker_reports(
     conn: &mut impl redis::aio::ConnectionLike,
     keys: &Keys,
 ) -> Result<Vec<WorkerReport>, redis::RedisError> {
-    let found = crate::fleet::scan(conn, &keys.worker_status_pattern()).await?;
+    let mut workers: Vec<WorkerReport> = documents(conn, &keys.worker_status_pattern()).await?;
+    workers.sort_by(|a, b| a.worker.cmp(&b.worker));
+    Ok(workers)
+}
+
+/// Every fresh document under `pattern` that parses as `T`, in key order.
+async fn documents<T: serde::de::DeserializeOwned>(
+    conn: &mut impl redis::aio::ConnectionLike,
+    pattern: &str,
+) -> Result<Vec<T>, redis::RedisError> {
+    let mut found = crate::fleet::scan(conn, pattern).await?;
     if found.is_empty() {
         return Ok(Vec::new());
     }
+    found.sort();
     let values: Vec<Option<String>> = redis::cmd("MGET").arg(&found).query_async(conn).await?;
-    let mut workers: Vec<WorkerReport> = values
+    Ok(values
         .into_iter()
         .filter_map(|v| serde_json::from_str(&v?).ok())
-        .collect();
-    workers.sort_by(|a, b| a.worker.cmp(&b.worker));
-    Ok(workers)
+        .collect())
 }
 
 fn secs(d: Duration) -> f64 {
@@ -613,7 +643,7 @@ impl StatusReport {
     pub fn topology_lines(&self) -> Vec<String> {
         let mut lines = Vec::new();
         let Some(record) = &self.topology else {
-            return lines;
+            return self.relay_lines();
         };
         lines.push(format!(
             "topology: {}; publishers outside shardline route by {}",
@@ -671,7 +701,31 @@ impl StatusReport {
             behind,
             self.publishers.len() - live.len()
         ));
+        lines.extend(self.relay_lines());
         lines
+    }
+
+    /// One line per outbox relay reporting: its role, lag and rows relayed,
+    /// and why it retries.
+    pub fn relay_lines(&self) -> Vec<String> {
+        self.relays
+            .iter()
+            .map(|r| {
+                let mut line = format!(
+                    "outbox relay {}: {} on {} schema {}, lag {:.1} s, {} rows relayed",
+                    r.relay,
+                    r.role.as_str(),
+                    r.database,
+                    r.schema,
+                    r.lag_ms as f64 / 1000.0,
+                    r.relayed
+                );
+                if let Some(error) = &r.error {
+                    line.push_str(&format!(" ({error})"));
+                }
+                line
+            })
+            .collect()
     }
 
     /// A shard at PAGE, events waiting with nobody consuming them, a
@@ -792,6 +846,7 @@ impl StatusReport {
                 "lease_left_seconds": secs(Duration::from_millis(p.lease.deadline_ms.saturating_sub(self.read_at_ms))),
                 "lapsed": p.lease.deadline_ms <= self.read_at_ms,
             })).collect::<Vec<_>>(),
+            "outbox_relays": self.relays,
             "needs_attention": self.needs_attention(),
         })
     }
@@ -1052,6 +1107,7 @@ mod tests {
             broker: Vec::new(),
             topology: None,
             publishers: Vec::new(),
+            relays: Vec::new(),
         }
     }
 
@@ -1158,6 +1214,36 @@ mod tests {
         );
         assert!(!lines.contains("old routing"), "{lines}");
         assert!(status.table().contains("reshard to 6 shards in progress"));
+    }
+
+    #[test]
+    fn the_outbox_relays_are_shown_with_their_role_lag_and_error() {
+        use shardline_contract::status::RelayRole;
+        let mut status = status_of(Vec::new(), Thresholds::default());
+        let relay = |name: &str, role, error: Option<&str>| RelayReport {
+            relay: name.into(),
+            database: "postgres://app:***@db/shop".into(),
+            schema: "public".into(),
+            role,
+            lag_ms: 1_250,
+            relayed: 40,
+            error: error.map(Into::into),
+            updated_at_ms: 1_000_000,
+        };
+        status.relays = vec![
+            relay("a", RelayRole::Active, None),
+            relay("b", RelayRole::Retrying, Some("the database: refused")),
+        ];
+        // Shown with or without a recorded topology.
+        let lines = status.topology_lines();
+        assert_eq!(
+            lines,
+            [
+                "outbox relay a: active on postgres://app:***@db/shop schema public, lag 1.2 s, 40 rows relayed",
+                "outbox relay b: retrying on postgres://app:***@db/shop schema public, lag 1.2 s, 40 rows relayed (the database: refused)",
+            ]
+        );
+        assert_eq!(status.json()["outbox_relays"][1]["role"], "retrying");
     }
 
     #[test]

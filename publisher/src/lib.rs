@@ -43,4 +43,4 @@ pub use config::Config;
 pub use confirm::{ConfirmChannel, ConfirmError, Refusal};
 pub use error::PublishError;
 pub use latency::LatencyHistogram;
-pub use publisher::{Counts, Publisher};
+pub use publisher::{Counts, Publisher, Written};

@@ -374,13 +374,28 @@ impl Publisher {
         envelope: &Envelope,
         body: Vec<u8>,
     ) -> Result<(), PublishError> {
-        let about = About {
-            order_id: &envelope.order_id,
-            event: &envelope.event,
-            seq: envelope.seq,
-            event_id: envelope.event_id.as_deref(),
+        let about = About::of(envelope);
+        self.publish_traced(&about, body, &Context::current(), FieldTable::default())
+            .await
+    }
+
+    /// Like [`publish_envelope`](Self::publish_envelope) for an event
+    /// written elsewhere before it is published (an outbox row): its producer
+    /// span continues the writer's trace (`written.traceparent`, when valid;
+    /// otherwise the current context), and `written.headers` go with it.
+    pub async fn publish_written(
+        &mut self,
+        envelope: &Envelope,
+        body: Vec<u8>,
+        written: Written<'_>,
+    ) -> Result<(), PublishError> {
+        let about = About::of(envelope);
+        let parent = match w3c::decode(written.traceparent, None) {
+            Some(remote) => Context::new().with_remote_span_context(remote),
+            None => Context::current(),
         };
-        self.publish_traced(&about, body).await
+        self.publish_traced(&about, body, &parent, written.headers)
+            .await
     }
 
     /// Publishes a generated event (the `publish` flags, the load generator).
@@ -392,22 +407,32 @@ impl Publisher {
             seq: event.seq,
             event_id: event.event_id.as_deref(),
         };
-        self.publish_traced(&about, body).await
+        self.publish_traced(&about, body, &Context::current(), FieldTable::default())
+            .await
     }
 
-    /// Opens the event's producer span (a child of the current context) and
-    /// publishes the event with that span's context in its headers.
+    /// Opens the event's producer span (a child of `parent`) and publishes
+    /// the event with that span's context and `extra` in its headers.
     async fn publish_traced(
         &mut self,
         about: &About<'_>,
         body: Vec<u8>,
+        parent: &Context,
+        extra: FieldTable,
     ) -> Result<(), PublishError> {
         self.keep_lease().await?;
         let (shard, routing_key) = self.route(about.order_id);
         let message_id = message_id(about.event_id);
         let (trace, recording) =
-            self.publish_span(about, shard, &routing_key, &message_id, body.len());
-        let props = headers::traced_event_properties(&message_id, SystemTime::now(), &trace);
+            self.publish_span(about, parent, shard, &routing_key, &message_id, body.len());
+        let mut props = headers::traced_event_properties(&message_id, SystemTime::now(), &trace);
+        if !extra.inner().is_empty() {
+            let mut all = props.headers().clone().unwrap_or_default();
+            for (name, value) in extra.inner() {
+                all.insert(name.clone(), value.clone());
+            }
+            props = props.with_headers(all);
+        }
         self.last_trace = Some(trace);
         let outgoing = Outgoing {
             routing_key: short("routing key", &routing_key)?,
@@ -426,17 +451,17 @@ impl Publisher {
     fn publish_span(
         &self,
         about: &About<'_>,
+        parent: &Context,
         shard: ShardId,
         routing_key: &str,
         message_id: &str,
         body_len: usize,
     ) -> (SpanContext, Option<Context>) {
-        let parent = Context::current();
         let span = self
             .tracer
             .span_builder(self.span_name.clone())
             .with_kind(SpanKind::Producer)
-            .start_with_context(&self.tracer, &parent);
+            .start_with_context(&self.tracer, parent);
         let cx = parent.with_span(span);
         let trace = w3c::propagated(&cx);
         if !cx.span().is_recording() {
@@ -901,12 +926,33 @@ fn message_id(event_id: Option<&str>) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// What an event written before its publish brings to it (see
+/// [`Publisher::publish_written`]).
+#[derive(Debug, Default)]
+pub struct Written<'a> {
+    /// The writer's W3C `traceparent`, continued when valid.
+    pub traceparent: Option<&'a str>,
+    /// Headers added to the event's own (a stamp of when it was written).
+    pub headers: FieldTable,
+}
+
 /// What the publish span says about an event.
 struct About<'a> {
     order_id: &'a OrderId,
     event: &'a str,
     seq: Option<u64>,
     event_id: Option<&'a str>,
+}
+
+impl<'a> About<'a> {
+    fn of(envelope: &'a Envelope) -> Self {
+        Self {
+            order_id: &envelope.order_id,
+            event: &envelope.event,
+            seq: envelope.seq,
+            event_id: envelope.event_id.as_deref(),
+        }
+    }
 }
 
 /// A confirm-mode channel, after checking that `exchange` exists (a publish to a

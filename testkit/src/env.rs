@@ -116,17 +116,7 @@ impl TestEnv {
             QueueType::Classic => name.to_owned(),
             QueueType::Quorum => format!("{name}-quorum"),
         };
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let stamp = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_micros()
-            % 1_000_000_000;
-        let id = format!(
-            "{name}-{}-{}-{stamp}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
+        let id = unique_name(&name, '-');
         let vhost = format!("shardline-test.{id}");
         broker.run(&["add_vhost", &vhost]).await;
         broker
@@ -709,4 +699,20 @@ pub(crate) fn percent_encode(s: &str) -> String {
         }
     }
     out
+}
+
+/// `{prefix}{sep}{pid}{sep}{n}{sep}{stamp}`: a name no other test of this
+/// run or a run before it takes (the process id, a counter, the time).
+pub fn unique_name(prefix: &str, sep: char) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let stamp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+        % 1_000_000_000;
+    format!(
+        "{prefix}{sep}{}{sep}{}{sep}{stamp}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }

@@ -22,7 +22,10 @@
 //! - [`dlq`]: waiting for dead letters, taking them off, `dlq` CLI helpers.
 //! - [`checks`]: assertions on what the downstream saw (order, exactly once, shape).
 //! - [`metrics`]: `GET` on a worker's `/metrics`, `/readyz`, `/healthz`.
-//! - [`pg`]: the test's PostgreSQL schema with an `orders` table, for `reconcile`.
+//! - [`pg`]: the test's PostgreSQL schema with an `orders` table, for `reconcile`,
+//!   or a bare schema name a test creates itself ([`ScratchSchema`]).
+//! - [`pg_private`]: a private PostgreSQL 15 server ([`PrivatePostgres`]) that a
+//!   test may stop, restart or configure.
 //! - [`redis`]: a private `redis-server` (plain or TLS) that a test may kill.
 //! - [`sentinel`]: a private primary, replica and three Sentinels, for failovers.
 //! - [`tls`]: a throwaway CA, a TLS terminator in front of a broker, a broker user.
@@ -48,6 +51,7 @@ pub mod load;
 pub mod metrics;
 pub mod paths;
 pub mod pg;
+pub mod pg_private;
 pub mod process;
 pub mod publish;
 pub mod redis;
@@ -69,7 +73,8 @@ pub use child::ChildWorker;
 pub use cluster::Cluster;
 pub use downstream::{Call, Downstream, Reply, describe};
 pub use env::{SHARDS, TestEnv};
-pub use pg::OrdersDb;
+pub use pg::{OrdersDb, ScratchSchema};
+pub use pg_private::PrivatePostgres;
 pub use publish::{Event, Publisher, interleaved, order_ids};
 pub use shardline_contract::QueueType;
 pub use wait::wait_until;

@@ -1,5 +1,7 @@
-//! A PostgreSQL schema per test with an `orders` table, dropped on drop: the
-//! order database `shardline reconcile` reads.
+//! A PostgreSQL schema per test, dropped on drop: with an `orders` table,
+//! the order database `shardline reconcile` reads ([`OrdersDb`]); or a bare
+//! name for a test that creates the schema itself ([`ScratchSchema`], the
+//! outbox tests).
 
 use std::time::{Duration, SystemTime};
 
@@ -72,33 +74,59 @@ impl OrdersDb {
 impl Drop for OrdersDb {
     fn drop(&mut self) {
         self.connection.abort();
-        let schema = self.schema.clone();
-        // Drop runs outside any async context: a thread of its own with a
-        // one-off runtime, joined so that the schema is gone when it returns.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
+        drop_schema(&self.schema);
+    }
+}
+
+/// A schema name unique to the test (`{prefix}_{pid}_{n}_{stamp}`, lower
+/// case), not created: the test creates it. Dropped with everything in it
+/// on drop, if it exists.
+pub struct ScratchSchema {
+    pub name: String,
+}
+
+impl ScratchSchema {
+    pub fn new(prefix: &str) -> Self {
+        let name = crate::env::unique_name(prefix, '_');
+        assert!(name.len() <= 63, "schema name {name} over 63 bytes");
+        Self { name }
+    }
+}
+
+impl Drop for ScratchSchema {
+    fn drop(&mut self) {
+        drop_schema(&self.name);
+    }
+}
+
+/// `DROP SCHEMA IF EXISTS schema CASCADE` on [`PG_URL`]. Drop runs outside
+/// any async context: a thread of its own with a one-off runtime, joined so
+/// that the schema is gone when it returns.
+fn drop_schema(schema: &str) {
+    let owned = schema.to_owned();
+    let dropped = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        runtime.block_on(async {
+            let (client, connection) = tokio_postgres::connect(PG_URL, NoTls)
+                .await
                 .map_err(|e| e.to_string())?;
-            runtime.block_on(async {
-                let (client, connection) = tokio_postgres::connect(PG_URL, NoTls)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let connection = tokio::spawn(connection);
-                let dropped = client
-                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-                    .await
-                    .map_err(|e| e.to_string());
-                drop(client);
-                let _ = connection.await;
-                dropped
-            })
+            let connection = tokio::spawn(connection);
+            let dropped = client
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{owned}\" CASCADE"))
+                .await
+                .map_err(|e| e.to_string());
+            drop(client);
+            let _ = connection.await;
+            dropped
         })
-        .join();
-        match dropped {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("cleanup: DROP SCHEMA {}: {e}", self.schema),
-            Err(_) => eprintln!("cleanup: DROP SCHEMA {} panicked", self.schema),
-        }
+    })
+    .join();
+    match dropped {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("cleanup: DROP SCHEMA {schema}: {e}"),
+        Err(_) => eprintln!("cleanup: DROP SCHEMA {schema} panicked"),
     }
 }

@@ -28,7 +28,8 @@ pub mod names {
     pub const DRIFTED: &str = "shardline_reconcile_drifted";
     /// Counter: compensation events published and confirmed.
     pub const EMITTED: &str = "shardline_reconcile_emitted";
-    /// Counter: expected events missing but possibly on their way (not compensated).
+    /// Counter: expected events missing but possibly on their way (not
+    /// compensated), unpublished outbox rows included.
     pub const PENDING: &str = "shardline_reconcile_pending";
     /// Counter `{outcome}`: runs, `ok` or `error`.
     pub const RUNS: &str = "shardline_reconcile_runs";
@@ -93,7 +94,7 @@ impl Metrics {
             ),
             pending: counter(
                 names::PENDING,
-                "Expected events missing but possibly on their way (held, dead-lettered, behind a backlog, compensated earlier)",
+                "Expected events missing but possibly on their way (held, dead-lettered, behind a backlog, compensated earlier, unpublished in the outbox)",
             ),
             runs: {
                 let runs = Family::<RunLabel, Counter>::default();

@@ -5,13 +5,17 @@
 //!
 //! 1. read the order snapshots updated within the window from PostgreSQL, in
 //!    a read-only transaction (the order database is never written; `orders`);
+//!    with the transactional outbox, also its unpublished rows of the orders
+//!    whose events are missing, in the same `REPEATABLE READ` snapshot
+//!    (`outbox`, which says why that is sound);
 //! 2. skip orders updated within the grace, and statuses that imply no event;
 //! 3. look up whether the workers processed each expected kind (the `kind`
 //!    key of [`shardline_contract::Keys`], written with each dedup commit);
 //! 4. look for each missing event on its way (`pending`): a compensation
-//!    emitted before, an event held by the sequence gate, a dead letter, a
-//!    shard backlog older than the grace, or a shard with messages and no
-//!    worker reporting. Those are *pending* and never compensated;
+//!    emitted before, a row of its order not relayed from the outbox yet, an
+//!    event held by the sequence gate, a dead letter, a shard backlog older
+//!    than the grace, or a shard with messages and no worker reporting.
+//!    Those are *pending* and never compensated;
 //! 5. read the processed kinds once more (the event may have gone through
 //!    meanwhile), then claim each drifted (order, kind) in Redis and publish
 //!    its compensation, confirmed.
@@ -23,6 +27,7 @@
 mod history;
 mod metrics;
 mod orders;
+mod outbox;
 mod pending;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -41,6 +46,7 @@ use tokio_util::sync::CancellationToken;
 pub use history::{RUNS_CAP, RunSummary, record_run, runs};
 pub use metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics, names};
 use orders::{Columns, one_line};
+use outbox::Outbox;
 use pending::Whereabouts;
 use shardline_connect::{redact, scrub};
 
@@ -97,6 +103,14 @@ pub struct ReconcileConfig {
     /// compensations: a mass drift is an outage or a misconfiguration, not
     /// something to paper over. Default 1000.
     pub max_emit: usize,
+    /// The schema of the transactional outbox (`shardline outbox install
+    /// --schema`) in the order database, when the application writes its
+    /// events through it. The orders and the outbox are then read in one
+    /// `REPEATABLE READ` snapshot, and an order with rows the relay has not
+    /// published yet is pending, never drift. Read it on the primary. A
+    /// schema name the outbox accepts (lower-case letters, digits, `_`).
+    /// Default none: no outbox.
+    pub outbox_schema: Option<String>,
 }
 
 /// The orders URL shown redacted.
@@ -110,6 +124,7 @@ impl std::fmt::Debug for ReconcileConfig {
             .field("expect", &self.expect)
             .field("dry_run", &self.dry_run)
             .field("max_emit", &self.max_emit)
+            .field("outbox_schema", &self.outbox_schema)
             .finish()
     }
 }
@@ -124,6 +139,7 @@ impl Default for ReconcileConfig {
             expect: Vec::new(),
             dry_run: false,
             max_emit: 1000,
+            outbox_schema: None,
         }
     }
 }
@@ -192,10 +208,12 @@ pub struct Reconciler {
     orders_url: String,
     config: ReconcileConfig,
     expectations: Expectations,
+    /// The outbox read in the orders' snapshot, if any.
+    outbox: Option<Outbox>,
 }
 
 impl Reconciler {
-    /// Checks `config` (window, grace, the orders URL).
+    /// Checks `config` (window, grace, the orders URL, the outbox schema).
     pub fn new(fleet: Fleet, config: ReconcileConfig) -> Result<Self, Error> {
         if config.window.is_zero() {
             return Err(Error::config(&["window"], "window must be above 0"));
@@ -227,10 +245,26 @@ impl Reconciler {
         if orders.get_application_name().is_none() {
             orders.application_name("shardline reconcile");
         }
+        let outbox = match &config.outbox_schema {
+            None => None,
+            Some(name) => {
+                let schema = shardline_outbox::validate_schema(name).map_err(|e| {
+                    let why = match e {
+                        shardline_outbox::OutboxError::InvalidSchema { reason, .. } => {
+                            reason.to_owned()
+                        }
+                        other => other.to_string(),
+                    };
+                    Error::config(&["outbox_schema"], format!("outbox_schema {name:?}: {why}"))
+                })?;
+                Some(Outbox::new(&schema))
+            }
+        };
         let expectations = Expectations::new(&config.expect);
         tracing::debug!(
             orders = %orders_url,
             expectations = %expectations.describe(),
+            outbox = outbox.as_ref().map(Outbox::table),
             "reconcile configured"
         );
         Ok(Self {
@@ -239,6 +273,7 @@ impl Reconciler {
             orders_url,
             config,
             expectations,
+            outbox,
         })
     }
 
@@ -333,9 +368,9 @@ impl Run<'_> {
             grace: c.grace,
             ..ReconcileReport::default()
         };
-        let missing = self.scan(&mut report).await?;
+        let (missing, outbox) = self.scan(&mut report).await?;
         if !missing.is_empty() {
-            let (missing, pending) = self.on_their_way(missing).await?;
+            let (missing, pending) = self.on_their_way(missing, outbox).await?;
             report.pending = pending;
             // Processed while we looked: not drift.
             let drifted = self.unprocessed(missing.clone()).await?;
@@ -347,8 +382,11 @@ impl Run<'_> {
     }
 
     /// Steps 1–3: the orders query, classified, and the expected events the
-    /// fleet has not processed.
-    async fn scan(&mut self, report: &mut ReconcileReport) -> Result<Vec<Expected>, Error> {
+    /// fleet has not processed, with what the outbox holds of their orders.
+    async fn scan(
+        &mut self,
+        report: &mut ReconcileReport,
+    ) -> Result<(Vec<Expected>, outbox::Seen), Error> {
         let r = self.r;
         let (mut client, connection) =
             r.orders.connect(tokio_postgres::NoTls).await.map_err(|e| {
@@ -376,18 +414,32 @@ impl Run<'_> {
         &mut self,
         client: &mut tokio_postgres::Client,
         report: &mut ReconcileReport,
-    ) -> Result<Vec<Expected>, Error> {
+    ) -> Result<(Vec<Expected>, outbox::Seen), Error> {
         let r = self.r;
         let db = |e: tokio_postgres::Error| Error::Orders {
             url: r.orders_url.clone(),
             cause: r.scrub_orders(&chain(&e)),
         };
-        let tx = client
-            .build_transaction()
-            .read_only(true)
-            .start()
-            .await
-            .map_err(db)?;
+        let mut tx = client.build_transaction().read_only(true);
+        if r.outbox.is_some() {
+            // One snapshot for every statement, taken at the first: the
+            // orders and the outbox as of one moment.
+            tx = tx.isolation_level(tokio_postgres::IsolationLevel::RepeatableRead);
+        }
+        let tx = tx.start().await.map_err(db)?;
+        let outbox = match &r.outbox {
+            Some(outbox) => Some(outbox.prepare(&tx).await.map_err(|e| {
+                Error::target(
+                    &["outbox_schema"],
+                    format!(
+                        "outbox_schema: reading {}: {}",
+                        outbox.table(),
+                        r.scrub_orders(&chain(&e))
+                    ),
+                )
+            })?),
+            None => None,
+        };
         let statement = tx.prepare(&r.config.orders_query).await.map_err(|e| {
             Error::target(
                 &["orders_query"],
@@ -446,6 +498,16 @@ impl Run<'_> {
             }
         }
         missing.extend(self.unprocessed_counted(candidates, report).await?);
+        let seen = match outbox {
+            Some(statements) if !missing.is_empty() => {
+                let orders = orders_of(&missing);
+                statements
+                    .read(&tx, &orders, r.config.grace)
+                    .await
+                    .map_err(db)?
+            }
+            _ => outbox::Seen::default(),
+        };
         // Read only: nothing to commit.
         tx.rollback().await.map_err(db)?;
         if report.outside_window > 0 {
@@ -460,7 +522,7 @@ impl Run<'_> {
                 "the orders query returned rows without order_id or updated_at; ignored"
             );
         }
-        Ok(missing)
+        Ok((missing, seen))
     }
 
     /// [`Self::unprocessed`], counting the processed ones in `report`.
@@ -512,6 +574,7 @@ impl Run<'_> {
     async fn on_their_way(
         &mut self,
         missing: Vec<Expected>,
+        outbox: outbox::Seen,
     ) -> Result<(Vec<Expected>, Vec<Pending>), Error> {
         let r = self.r;
         let names = &r.fleet.names;
@@ -528,12 +591,7 @@ impl Run<'_> {
             .messages;
         let mut index = crate::dlq::Index::on(&r.fleet, self.redis.clone());
         let indexed = index.count().await?;
-        let orders: Vec<&str> = missing
-            .iter()
-            .map(|e| e.order_id.as_str())
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
+        let orders = orders_of(&missing);
         let mut dead_letters = HashMap::new();
         for (order, entries) in index.of_orders(&orders).await? {
             for entry in entries {
@@ -589,6 +647,8 @@ impl Run<'_> {
             dead_letters,
             replaying,
             index_behind: (u64::from(depth) > indexed).then_some((u64::from(depth), indexed)),
+            outbox: outbox.unpublished,
+            relay_behind: outbox.relay_behind,
             grace: r.config.grace,
             now_ms: unix_ms(),
         };
@@ -757,6 +817,17 @@ async fn redis_op<T>(
         url: redis.to_string(),
         cause,
     })
+}
+
+
+/// The distinct orders of `missing`, sorted.
+fn orders_of(missing: &[Expected]) -> Vec<&str> {
+    missing
+        .iter()
+        .map(|e| e.order_id.as_str())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
 }
 
 #[cfg(test)]

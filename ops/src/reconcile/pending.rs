@@ -1,7 +1,9 @@
 //! The pending rules: why an event the fleet has not processed may still
 //! arrive, in the order they are checked. A pending event is never
 //! compensated, so that a compensation cannot double an event that is
-//! merely late.
+//! merely late. With the transactional outbox, an order's unpublished rows
+//! come first after reconcile's own compensation: an event not relayed yet
+//! is nowhere in the fleet (`outbox` says why the snapshot makes that sound).
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
@@ -9,6 +11,7 @@ use std::time::{Duration, SystemTime};
 use shardline_contract::status::ShardReport;
 use shardline_contract::{Envelope, Keys, ShardId};
 
+use super::outbox::Unpublished;
 use crate::findings::{Expected, OnItsWay};
 
 /// Reconcile's own side of an expected event: its claim and its
@@ -50,6 +53,11 @@ pub(super) struct Whereabouts {
     pub replaying: HashSet<String>,
     /// The DLQ's depth and the index's count, when the DLQ holds more.
     pub index_behind: Option<(u64, u64)>,
+    /// The missing orders' unpublished outbox rows, by order id (none
+    /// without an outbox).
+    pub outbox: HashMap<String, Unpublished>,
+    /// The age of the outbox's oldest unpublished row, when over the grace.
+    pub relay_behind: Option<Duration>,
     pub grace: Duration,
     pub now_ms: u64,
 }
@@ -61,6 +69,13 @@ impl Whereabouts {
         let report = self.reports.get(&e.shard);
         if compensated {
             return Some(OnItsWay::Compensated);
+        }
+        if let Some(rows) = self.outbox.get(&e.order_id) {
+            return Some(OnItsWay::Outbox {
+                rows: rows.rows,
+                of_kind: rows.of_kind(&e.kind),
+                oldest: rows.oldest,
+            });
         }
         if report.is_some_and(|r| {
             r.held
@@ -86,6 +101,9 @@ impl Whereabouts {
         }
         if let Some((depth, indexed)) = self.index_behind {
             return Some(OnItsWay::IndexBehind { depth, indexed });
+        }
+        if let Some(lag) = self.relay_behind {
+            return Some(OnItsWay::RelayBehind { lag });
         }
         None
     }

@@ -150,6 +150,8 @@ fn pending_reasons_in_their_order() {
         dead_letters: HashMap::new(),
         replaying: HashSet::new(),
         index_behind: None,
+        outbox: HashMap::new(),
+        relay_behind: None,
         grace: Duration::from_secs(120),
         now_ms: 1_000_000,
     };
@@ -231,6 +233,106 @@ fn pending_reasons_in_their_order() {
         behind.detail(),
         "the DLQ holds 5 letters and its index 3: reindex needed (`shardline dlq reindex`)"
     );
+    seen.index_behind = None;
+    seen.relay_behind = Some(Duration::from_secs(300));
+    assert_eq!(
+        seen.on_its_way(&e, false),
+        Some(OnItsWay::RelayBehind {
+            lag: Duration::from_secs(300)
+        }),
+        "a relay behind by more than the grace: any missing event"
+    );
+}
+
+#[test]
+fn unpublished_outbox_rows_make_their_order_pending() {
+    let e = expected("A1", "payment.captured");
+    let s = Duration::from_secs;
+    let mut seen = Whereabouts {
+        grace: s(120),
+        now_ms: 1_000_000,
+        ..Whereabouts::default()
+    };
+    assert_eq!(seen.on_its_way(&e, false), None);
+
+    // A row of another order: nothing to do with this one.
+    seen.outbox = outbox::by_order([("A2".into(), "payment.captured".into(), 1, s(5))]);
+    assert_eq!(seen.on_its_way(&e, false), None);
+
+    // The event's own row, not relayed yet.
+    seen.outbox = outbox::by_order([("A1".into(), "payment.captured".into(), 1, s(5))]);
+    assert_eq!(
+        seen.on_its_way(&e, false),
+        Some(OnItsWay::Outbox {
+            rows: 1,
+            of_kind: 1,
+            oldest: s(5)
+        })
+    );
+    // Rows of the order, none of the kind: the relay is not done with the
+    // order, so it is pending too.
+    seen.outbox = outbox::by_order([
+        ("A1".into(), "order.fulfilled".into(), 2, s(7)),
+        ("A1".into(), "order.packed".into(), 1, s(9)),
+    ]);
+    assert_eq!(
+        seen.on_its_way(&e, false),
+        Some(OnItsWay::Outbox {
+            rows: 3,
+            of_kind: 0,
+            oldest: s(9)
+        })
+    );
+    // Reconcile's own compensation still comes first; a relay behind
+    // changes nothing for an order with rows of its own.
+    assert_eq!(seen.on_its_way(&e, true), Some(OnItsWay::Compensated));
+    seen.relay_behind = Some(s(600));
+    assert!(matches!(
+        seen.on_its_way(&e, false),
+        Some(OnItsWay::Outbox { rows: 3, .. })
+    ));
+}
+
+#[test]
+fn the_outbox_schema_is_checked_and_named() {
+    let config = |schema: &str| ReconcileConfig {
+        orders_url: "postgres://db/orders".into(),
+        outbox_schema: Some(schema.into()),
+        ..ReconcileConfig::default()
+    };
+    for ok in ["public", "shop", "_private", "user"] {
+        assert!(
+            Reconciler::new(Fleet::default(), config(ok)).is_ok(),
+            "{ok}"
+        );
+    }
+    for (bad, why) in [
+        ("", "empty"),
+        ("Shop", "lower-case"),
+        ("shop\"; drop table orders; --", "lower-case ASCII"),
+        ("pg_catalog", "reserved"),
+    ] {
+        let e = Reconciler::new(Fleet::default(), config(bad))
+            .err()
+            .unwrap();
+        assert!(e.is_usage(), "{bad:?}");
+        let text = e.rename_fields(flag);
+        assert!(
+            text.starts_with(&format!("--outbox-schema {bad:?}: ")) && text.contains(why),
+            "{text}"
+        );
+    }
+    let none = ReconcileConfig {
+        orders_url: "postgres://db/orders".into(),
+        ..ReconcileConfig::default()
+    };
+    assert_eq!(none.outbox_schema, None, "no outbox unless asked");
+    assert!(
+        Reconciler::new(Fleet::default(), none)
+            .unwrap()
+            .outbox
+            .is_none()
+    );
 }
 
 #[test]
@@ -243,6 +345,14 @@ fn metrics_are_exposed_under_their_names() {
             expected: expected("A1", "payment.captured"),
             compensation: Compensation::Emitted,
         }],
+        pending: vec![Pending {
+            expected: expected("A2", "payment.captured"),
+            why: OnItsWay::Outbox {
+                rows: 1,
+                of_kind: 1,
+                oldest: Duration::from_secs(3),
+            },
+        }],
         ..ReconcileReport::default()
     };
     metrics.record(Some(&report));
@@ -254,7 +364,7 @@ fn metrics_are_exposed_under_their_names() {
         "shardline_reconcile_no_expectation_total 0",
         "shardline_reconcile_drifted_total 1",
         "shardline_reconcile_emitted_total 1",
-        "shardline_reconcile_pending_total 0",
+        "shardline_reconcile_pending_total 1",
         "shardline_reconcile_runs_total{outcome=\"ok\"} 1",
         "shardline_reconcile_runs_total{outcome=\"error\"} 1",
     ] {
