@@ -819,7 +819,6 @@ async fn redis_op<T>(
     })
 }
 
-
 /// The distinct orders of `missing`, sorted.
 fn orders_of(missing: &[Expected]) -> Vec<&str> {
     missing
