@@ -179,6 +179,39 @@ fn applied_by_order(downstream: &Downstream) -> BTreeMap<String, Vec<(u64, Strin
     by_order
 }
 
+/// Waits until every committed (order, seq) is called, then checks each
+/// order's first calls ascend from seq 1 without a gap: those calls.
+async fn all_called_in_seq_order(
+    downstream: &Downstream,
+    committed: &BTreeSet<(String, u64)>,
+) -> BTreeMap<String, Vec<(u64, String)>> {
+    let keys: BTreeSet<String> = committed
+        .iter()
+        .map(|(order, seq)| format!("{order}:order.updated:{seq}"))
+        .collect();
+    downstream
+        .wait_for(
+            "every committed row called",
+            Duration::from_secs(90),
+            |calls| {
+                let called: BTreeSet<&str> =
+                    calls.iter().filter(|c| c.ok()).map(|c| c.key()).collect();
+                keys.iter().all(|k| called.contains(k.as_str()))
+            },
+        )
+        .await;
+    let applied = applied_by_order(downstream);
+    for (order, calls) in &applied {
+        let seqs: Vec<u64> = calls.iter().map(|(seq, _)| *seq).collect();
+        let gapless: Vec<u64> = (1..=seqs.len() as u64).collect();
+        assert_eq!(
+            seqs, gapless,
+            "order {order}: seqs ascending from 1, no gap"
+        );
+    }
+    applied
+}
+
 /// Eight writers append concurrently to a shared pool of orders (two
 /// writers on one order at once is common: 24 orders, one to three per
 /// transaction); a third of the transactions stay open up to 1.5 s, a tenth
@@ -231,30 +264,8 @@ async fn committed_rows_reach_the_downstream_in_seq_order_across_a_relay_kill() 
         (w.committed.clone(), w.rolled_back.clone())
     };
     assert!(!rolled_back.is_empty(), "some transactions roll back");
-    let keys: BTreeSet<String> = committed
-        .iter()
-        .map(|(order, seq)| format!("{order}:order.updated:{seq}"))
-        .collect();
-    downstream
-        .wait_for(
-            "every committed row called",
-            Duration::from_secs(90),
-            |calls| {
-                let called: BTreeSet<&str> =
-                    calls.iter().filter(|c| c.ok()).map(|c| c.key()).collect();
-                keys.iter().all(|k| called.contains(k.as_str()))
-            },
-        )
-        .await;
-
-    let applied = applied_by_order(&downstream);
+    let applied = all_called_in_seq_order(&downstream, &committed).await;
     for (order, calls) in &applied {
-        let seqs: Vec<u64> = calls.iter().map(|(seq, _)| *seq).collect();
-        let expected: Vec<u64> = (1..=seqs.len() as u64).collect();
-        assert_eq!(
-            seqs, expected,
-            "order {order}: seqs ascending from 1, no gap"
-        );
         for (seq, token) in calls {
             assert!(
                 !rolled_back.contains(token),
@@ -536,4 +547,69 @@ async fn a_seeded_order_goes_on_from_its_published_seqs() {
         .collect();
     assert_eq!(seqs, [1, 2, 3, 4, 5, 6, 7]);
     assert_eq!(env.dlq_backlog().await, 0, "nothing dead-lettered");
+}
+
+/// A reshard 4 → 6 while writers append and the relay publishes: the relay
+/// is a registered publisher of the reshard's barriers, so every committed
+/// row is processed and each order's seqs still ascend from 1 without a gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reshard_while_relaying_keeps_every_row_and_each_orders_order() {
+    let env = TestEnv::new("outbox-reshard").await.with_shards(4);
+    env.apply_topology().await;
+    let schema = installed(&env, "outbox_reshard").await;
+    let downstream = Downstream::start().await;
+    let mut members = ["a", "b"].map(|name| {
+        ChildWorker::start(
+            &env,
+            name,
+            &downstream.url(),
+            &["--assign", "auto", "--member-id", name],
+        )
+    });
+    for member in &mut members {
+        member.wait_consuming(&env).await;
+    }
+    let _relay = relay(&env, &schema, "relay-r");
+    let orders = order_ids(&format!("{}-o", env.id), 40);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (written, writers) = start_writers(4, &schema, &orders, stop.clone());
+    wait_until("some rows relayed", Duration::from_secs(60), || async {
+        let called = downstream.calls().len();
+        check(called >= 50, || format!("{called} calls"))
+    })
+    .await;
+    let out = env
+        .shardline_command()
+        .args(["topology", "reshard", "--to", "6"])
+        .args(env.global_args())
+        .output()
+        .await
+        .unwrap();
+    shardline_testkit::process::assert_exited_ok("`shardline topology reshard --to 6`", &out);
+    wait_until(
+        "writing after the reshard",
+        Duration::from_secs(60),
+        || async {
+            let done = written.lock().unwrap().transactions;
+            check(done >= 150, || format!("{done} transactions"))
+        },
+    )
+    .await;
+    stop.cancel();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let committed = written.lock().unwrap().committed.clone();
+    let applied = all_called_in_seq_order(&downstream, &committed).await;
+    assert_eq!(
+        applied.values().map(Vec::len).sum::<usize>(),
+        committed.len()
+    );
+    assert_eq!(env.dlq_backlog().await, 0, "nothing dead-lettered");
+    let moved = downstream
+        .calls()
+        .iter()
+        .filter_map(|c| c.shard())
+        .any(|shard| shard >= 4);
+    assert!(moved, "some events processed on the new shards 4 and 5");
 }

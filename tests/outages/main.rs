@@ -16,10 +16,13 @@
 //! ```
 //!
 //! The workers run in-process ([`shardline_testkit::Worker`]); what they did is
-//! read from their progress, the broker and `/readyz`.
+//! read from their progress, the broker and `/readyz` (the outbox test runs the
+//! worker and the relay as child processes).
 //!
 //! - [`broker`]: the worker survives `close_connection` and a broker restart, on
 //!   classic and on quorum shard queues.
+//! - [`outbox`]: the outbox relay across a broker restart and a restart of a
+//!   private PostgreSQL: nothing lost, each order's seqs in order.
 //! - [`probe_policies`]: with `--management-url`, policies on the shard queues
 //!   that would undercut the worker (a lower delivery limit, a TTL) refuse it.
 //! - [`publisher`]: the publisher re-sends, in order, across the same outages.
@@ -35,6 +38,7 @@
 
 mod alarm;
 mod broker;
+mod outbox;
 mod probe_policies;
 mod publisher;
 mod redis_outage;

@@ -13,17 +13,25 @@ use shardline_soak::{
     Fault, FaultKind, FaultRecord, FinalConsumers, Fleet, PoisonKind, SHARDS, Schedule,
 };
 use shardline_testkit::load::Load;
+use shardline_testkit::pg::{PG_URL, ScratchSchema};
 use shardline_testkit::sentinel::SentinelSet;
 use shardline_testkit::wait::{check, try_wait_until, wait_until};
 use shardline_testkit::{
     ChildWorker, Cluster, Downstream, Event, Publisher, QueueType, Reply, TestEnv, order_ids,
 };
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use crate::Settings;
 
 /// Orders of the load: the resharding issue's "at least 200 orders".
 const ORDERS: usize = 200;
+/// Orders the outbox writer appends to (apart from the load's).
+const OUTBOX_ORDERS: usize = 40;
+/// One outbox transaction (one row) per this long.
+const OUTBOX_PACE: Duration = Duration::from_millis(50);
+/// The event name of the outbox's rows.
+const OUTBOX_EVENT: &str = "order.updated";
 /// What the downstream answers in each mode.
 const NORMAL: u8 = 0;
 const UNAVAILABLE: u8 = 1;
@@ -59,6 +67,13 @@ pub(crate) struct Rig {
     poison: std::sync::Mutex<Vec<(Instant, shardline_soak::Published)>>,
     /// When the reshard finished, if it did.
     resharded: std::sync::Mutex<Option<Instant>>,
+    /// The outbox's schema in the machine's PostgreSQL (dropped on drop).
+    outbox: ScratchSchema,
+    /// The two relays: one publishes, the other stands by.
+    relays: Vec<Mutex<Option<ChildWorker>>>,
+    /// The outbox writer and what it committed: (order, seq, commit time).
+    writer: Mutex<Option<(CancellationToken, tokio::task::JoinHandle<()>)>>,
+    committed: Arc<std::sync::Mutex<Vec<(String, u64, Instant)>>>,
 }
 
 /// A worker's process and how often it was started.
@@ -127,10 +142,16 @@ impl Rig {
             published: std::sync::Mutex::new(Vec::new()),
             poison: std::sync::Mutex::new(Vec::new()),
             resharded: std::sync::Mutex::new(None),
+            outbox: ScratchSchema::new("soak_outbox"),
+            relays: Vec::new(),
+            writer: Mutex::new(None),
+            committed: Arc::new(std::sync::Mutex::new(Vec::new())),
         };
         for i in 0..rig.workers.len() {
             rig.start_worker(i).await;
         }
+        let mut rig = rig;
+        rig.start_outbox().await;
         let orders = order_ids(&format!("{}-order", rig.env.id), ORDERS);
         let pace = Duration::from_secs_f64(
             shardline_testkit::load::BATCH as f64 / f64::from(settings.rate.max(1)),
@@ -141,6 +162,59 @@ impl Rig {
         .await;
         *rig.load.lock().await = Some(load);
         rig
+    }
+
+    /// The outbox in a schema of the soak's own, two relays on it (through
+    /// the cluster and the Sentinels, like the workers), and a writer that
+    /// appends one row per transaction to orders of its own.
+    async fn start_outbox(&mut self) {
+        let installed = self
+            .env
+            .shardline_command()
+            .args(["outbox", "install", "--database-url", PG_URL])
+            .args(["--schema", &self.outbox.name])
+            .output()
+            .await
+            .unwrap();
+        shardline_testkit::process::assert_exited_ok("`shardline outbox install`", &installed);
+        let redis_url = self.redis.lock().await.url();
+        for name in ["relay-0", "relay-1"] {
+            let mut cmd = self.env.shardline_command();
+            cmd.args(["outbox", "relay", "--database-url", PG_URL])
+                .args(["--schema", &self.outbox.name, "--name", name])
+                .args(self.env.global_args_with(&self.env.amqp_url, &redis_url));
+            self.relays
+                .push(Mutex::new(Some(ChildWorker::spawn(&self.env, name, cmd))));
+        }
+        let stop = CancellationToken::new();
+        let (stopped, committed) = (stop.clone(), Arc::clone(&self.committed));
+        let (schema, orders) = (
+            self.outbox.name.clone(),
+            order_ids(&format!("{}-outbox", self.env.id), OUTBOX_ORDERS),
+        );
+        let task = tokio::spawn(async move {
+            let (client, connection) = tokio_postgres::connect(PG_URL, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(connection);
+            let append =
+                format!("SELECT {schema}.shardline_outbox_append($1, '{OUTBOX_EVENT}', '{{}}')");
+            let mut tick = tokio::time::interval(OUTBOX_PACE);
+            for i in 0.. {
+                tokio::select! {
+                    () = stopped.cancelled() => break,
+                    _ = tick.tick() => {}
+                }
+                let order = &orders[i % orders.len()];
+                let row = client.query_one(&append, &[order]).await.unwrap();
+                let seq = u64::try_from(row.get::<_, i64>(0)).unwrap();
+                committed
+                    .lock()
+                    .unwrap()
+                    .push((order.clone(), seq, Instant::now()));
+            }
+        });
+        *self.writer.lock().await = Some((stop, task));
     }
 
     async fn start_worker(&self, i: usize) {
@@ -371,8 +445,13 @@ impl Rig {
             .map_or_else(Vec::new, |load| load.confirmed_since(from))
     }
 
-    /// Stops the load between two batches; every event it sent was confirmed.
+    /// Stops the load between two batches (every event it sent was
+    /// confirmed) and the outbox writer after its transaction.
     pub(crate) async fn stop_load(&self) {
+        if let Some((stop, task)) = self.writer.lock().await.take() {
+            stop.cancel();
+            task.await.unwrap();
+        }
         if let Some(load) = self.load.lock().await.take() {
             let published = load.stop().await;
             *self.published.lock().unwrap() = published
@@ -400,12 +479,26 @@ impl Rig {
             confirmed_at: since(*at),
             ..p.clone()
         });
-        events.chain(poison).collect()
+        // A committed outbox row is an event the relay must publish: it
+        // counts as published from its commit.
+        let committed = self.committed.lock().unwrap();
+        let rows = committed
+            .iter()
+            .map(|(order, seq, at)| shardline_soak::Published {
+                key: format!("{order}:{OUTBOX_EVENT}:{seq}"),
+                order: order.clone(),
+                seq: *seq,
+                shard: self.env.shard_of(order),
+                confirmed_at: since(*at),
+                poison: None,
+            });
+        events.chain(poison).chain(rows).collect()
     }
 
     /// Waits until every shard queue and every reshard's holding queue is
-    /// empty (nothing ready, nothing unacked) and no holding queue is left, or
-    /// `timeout` passes; the check then says what is missing.
+    /// empty (nothing ready, nothing unacked), no holding queue is left and
+    /// the outbox is empty, or `timeout` passes; the check then says what is
+    /// missing.
     pub(crate) async fn settle(&self, timeout: Duration) {
         let prefix = &self.env.names.queue_prefix;
         let holds = format!("{}move.", prefix.strip_suffix("shard.").unwrap_or(prefix));
@@ -416,12 +509,29 @@ impl Rig {
                 .filter(|(name, _)| name.starts_with(prefix.as_str()))
                 .all(|(_, d)| d.0 == 0);
             let holds_gone = !depths.keys().any(|name| name.starts_with(&holds));
-            check(shards_empty && holds_gone, || format!("depths {depths:?}"))
+            let outbox_left = self.outbox_left().await?;
+            check(shards_empty && holds_gone && outbox_left == 0, || {
+                format!("depths {depths:?}, {outbox_left} outbox rows")
+            })
         })
         .await;
         if let Err(e) = drained {
             println!("soak: {e}");
         }
+    }
+
+    /// Rows still in the outbox (not yet published and confirmed).
+    async fn outbox_left(&self) -> Result<i64, String> {
+        let (client, connection) = tokio_postgres::connect(PG_URL, tokio_postgres::NoTls)
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(connection);
+        let query = format!("SELECT count(*) FROM {}.shardline_outbox", self.outbox.name);
+        let row = client
+            .query_one(&query, &[])
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(row.get(0))
     }
 
     /// The active consumers of each queue `topology` serves (its shards and
@@ -465,6 +575,12 @@ impl Rig {
 
     /// Ends every process of the stage (also done on drop, on failure).
     pub(crate) async fn stop(&self) {
+        for relay in &self.relays {
+            if let Some(mut child) = relay.lock().await.take() {
+                child.sigterm();
+                let _ = tokio::time::timeout(STOP, child.wait_exit(STOP)).await;
+            }
+        }
         for slot in &self.workers {
             if let Some(mut child) = slot.lock().await.child.take() {
                 child.sigterm();

@@ -279,7 +279,12 @@ impl Relay {
             cause,
         };
         if publisher.is_none() {
-            let connected = Publisher::connect(self.config.publisher.clone())
+            let mut config = self.config.publisher.clone();
+            // No reconnecting inside the publisher: a channel or connection it
+            // cannot reopen at once fails the batch, so that the relay names
+            // the row, counts the stop, backs off and reads the rows again.
+            config.reconnect_give_up = Duration::ZERO;
+            let connected = Publisher::connect(config)
                 .await
                 .map_err(|e| broker(e.to_string()))?;
             *publisher = Some(connected);
