@@ -24,7 +24,7 @@ use shardline_connect::broker::{BlockedWatch, soft_error};
 use shardline_connect::{probe, record};
 use shardline_contract::reshard::Generation;
 use shardline_contract::telemetry::{self, attr, op};
-use shardline_contract::{Envelope, NewEvent, OrderId, ShardId, headers, w3c};
+use shardline_contract::{Envelope, EnvelopeError, NewEvent, OrderId, ShardId, headers, w3c};
 
 use crate::config::Config;
 use crate::confirm::{self, ConfirmChannel, Refusal};
@@ -379,36 +379,44 @@ impl Publisher {
             .await
     }
 
-    /// Like [`publish_envelope`](Self::publish_envelope) for an event
-    /// written elsewhere before it is published (an outbox row): its producer
-    /// span continues the writer's trace (`written.traceparent`, when valid;
-    /// otherwise the current context), and `written.headers` go with it.
+    /// Publishes an event written elsewhere before it is published (an
+    /// outbox row): its body with `occurred_at` the time of writing, its
+    /// producer span continuing the writer's trace (`written.traceparent`,
+    /// when valid; otherwise the current context), `written.headers` added.
+    /// A body over `max_body_bytes` is refused, nothing sent.
     pub async fn publish_written(
         &mut self,
-        envelope: &Envelope,
-        body: Vec<u8>,
+        event: &NewEvent,
+        occurred_at: SystemTime,
         written: Written<'_>,
     ) -> Result<(), PublishError> {
-        let about = About::of(envelope);
+        let body = event.to_body_at(occurred_at)?;
+        if body.len() > self.config.max_body_bytes {
+            return Err(EnvelopeError::Invalid(format!(
+                "{} bytes, over the publisher's limit of {}",
+                body.len(),
+                self.config.max_body_bytes
+            ))
+            .into());
+        }
         let parent = match w3c::decode(written.traceparent, None) {
             Some(remote) => Context::new().with_remote_span_context(remote),
             None => Context::current(),
         };
-        self.publish_traced(&about, body, &parent, written.headers)
+        self.publish_traced(&About::of_event(event), body, &parent, written.headers)
             .await
     }
 
     /// Publishes a generated event (the `publish` flags, the load generator).
     pub async fn publish_event(&mut self, event: &NewEvent) -> Result<(), PublishError> {
         let body = event.to_body()?;
-        let about = About {
-            order_id: &event.order_id,
-            event: &event.event,
-            seq: event.seq,
-            event_id: event.event_id.as_deref(),
-        };
-        self.publish_traced(&about, body, &Context::current(), FieldTable::default())
-            .await
+        self.publish_traced(
+            &About::of_event(event),
+            body,
+            &Context::current(),
+            FieldTable::default(),
+        )
+        .await
     }
 
     /// Opens the event's producer span (a child of `parent`) and publishes
@@ -945,6 +953,15 @@ struct About<'a> {
 }
 
 impl<'a> About<'a> {
+    fn of_event(event: &'a NewEvent) -> Self {
+        Self {
+            order_id: &event.order_id,
+            event: &event.event,
+            seq: event.seq,
+            event_id: event.event_id.as_deref(),
+        }
+    }
+
     fn of(envelope: &'a Envelope) -> Self {
         Self {
             order_id: &envelope.order_id,

@@ -16,7 +16,7 @@ pub mod names {
     /// Counter: batches published (each confirmed, then deleted).
     pub const BATCHES: &str = "shardline_outbox_batches";
     /// Counter `{cause}`: stops, each followed by a retry with backoff:
-    /// `database`, `broker`, `lock`.
+    /// `database`, `broker`, `lock`, `row` (a row that cannot be published).
     pub const ERRORS: &str = "shardline_outbox_errors";
     /// Gauge: seconds since the oldest unpublished row was written.
     pub const LAG: &str = "shardline_outbox_lag_seconds";
@@ -33,6 +33,8 @@ pub enum Cause {
     Broker,
     /// The lock was lost.
     Lock,
+    /// A row that cannot be published (its event over the publisher's limit).
+    Row,
 }
 
 impl Cause {
@@ -41,6 +43,7 @@ impl Cause {
             Self::Database => "database",
             Self::Broker => "broker",
             Self::Lock => "lock",
+            Self::Row => "row",
         }
     }
 }
@@ -86,7 +89,7 @@ impl Metrics {
         );
         registry.register(
             names::ERRORS,
-            "Relay stops by cause (database, broker, lock), each followed by a retry",
+            "Relay stops by cause (database, broker, lock, row), each followed by a retry",
             errors.clone(),
         );
         registry.register(

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures_util::StreamExt as _;
-use shardline_publisher::{Publisher, Written};
+use shardline_publisher::{PublishError, Publisher, Written};
 use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, Client};
 use tokio_util::sync::CancellationToken;
@@ -88,6 +88,11 @@ enum Stop {
     Database(String),
     #[error("{at}: the broker: {cause}")]
     Broker { at: String, cause: String },
+    #[error(
+        "stopped at {at}: it cannot be published ({cause}); nothing behind it goes out \
+         until it is deleted or mended"
+    )]
+    Row { at: String, cause: String },
     #[error("the outbox lock of schema {0} is no longer this relay's (its session ended)")]
     LockLost(String),
     #[error("stopping")]
@@ -99,6 +104,7 @@ impl Stop {
         match self {
             Self::Database(_) => Some(Cause::Database),
             Self::Broker { .. } => Some(Cause::Broker),
+            Self::Row { .. } => Some(Cause::Row),
             Self::LockLost(_) => Some(Cause::Lock),
             Self::Shutdown => None,
         }
@@ -292,15 +298,14 @@ impl Relay {
         let Some(out) = publisher.as_mut() else {
             return Ok(0);
         };
-        let published = self.publish(out, &rows).await;
-        let confirmed = match published {
-            Ok(()) => out.flush().await.map_err(|e| e.to_string()),
-            Err(e) => Err(e),
+        let confirmed = match self.publish(out, &rows).await {
+            Ok(()) => out.flush().await.map_err(|e| broker(e.to_string())),
+            Err(stop) => Err(stop),
         };
-        if let Err(cause) = confirmed {
+        if let Err(stop) = confirmed {
             // Its window goes with it: the rows are read again.
             *publisher = None;
-            return Err(broker(cause));
+            return Err(stop);
         }
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         statements.delete(client, &ids).await.map_err(|e| {
@@ -318,28 +323,35 @@ impl Relay {
 
     /// Publishes `rows` in id order (one channel: the broker keeps that
     /// order per queue).
-    async fn publish(&self, publisher: &mut Publisher, rows: &[Row]) -> Result<(), String> {
+    async fn publish(&self, publisher: &mut Publisher, rows: &[Row]) -> Result<(), Stop> {
         for row in rows {
+            let unpublishable = |cause: String| Stop::Row {
+                at: row.describe(),
+                cause,
+            };
             let headers = row.headers(&self.config.name);
             let Some(event) = row.event() else {
-                return Err(format!(
-                    "{}: its order id is not one the fleet accepts",
-                    row.describe()
+                return Err(unpublishable(
+                    "its order id is not one the fleet accepts".into(),
                 ));
             };
-            let body = event
-                .to_body_at(row.written_at)
-                .map_err(|e| format!("{}: {e}", row.describe()))?;
-            let envelope = shardline_contract::Envelope::parse(&body, usize::MAX)
-                .map_err(|e| format!("{}: {e}", row.describe()))?;
             let written = Written {
                 traceparent: row.traceparent.as_deref(),
                 headers,
             };
-            publisher
-                .publish_written(&envelope, body, written)
+            match publisher
+                .publish_written(&event, row.written_at, written)
                 .await
-                .map_err(|e| format!("{}: {e}", row.describe()))?;
+            {
+                Ok(()) => {}
+                Err(PublishError::Envelope(e)) => return Err(unpublishable(e.to_string())),
+                Err(e) => {
+                    return Err(Stop::Broker {
+                        at: format!("stopped at {}", row.describe()),
+                        cause: e.to_string(),
+                    });
+                }
+            }
         }
         Ok(())
     }
