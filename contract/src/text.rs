@@ -102,9 +102,51 @@ pub fn json_line(json: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// An error with its causes, `: `-separated, each cause once (some errors
+/// repeat their source in their own message): the one line every crate
+/// logs or returns for an error chain.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug)]
+    struct Failed(&'static str, Option<Box<Failed>>);
+
+    impl std::fmt::Display for Failed {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Failed {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1
+                .as_deref()
+                .map(|e| e as &(dyn std::error::Error + 'static))
+        }
+    }
+
+    #[test]
+    fn a_chain_names_each_cause_once() {
+        let refused = Failed("connection refused", None);
+        let io = Failed("io error: connection refused", Some(Box::new(refused)));
+        let top = Failed("cannot connect", Some(Box::new(io)));
+        assert_eq!(chain(&top), "cannot connect: io error: connection refused");
+    }
 
     #[test]
     fn lines_stay_lines_and_nothing_else_is_obeyed() {

@@ -166,21 +166,7 @@ impl Error {
 #[error("{0}")]
 pub struct Usage(pub String);
 
-/// An error with its causes, `: `-separated, each cause once (some errors
-/// repeat their source in their own message).
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
+pub use shardline_contract::text::chain;
 
 #[cfg(test)]
 mod tests {

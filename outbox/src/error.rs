@@ -70,15 +70,5 @@ pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
         }
         return text;
     }
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text.replace('\n', " ")
+    shardline_contract::text::chain(e).replace('\n', " ")
 }
