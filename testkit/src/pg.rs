@@ -13,6 +13,22 @@ use crate::env::TestEnv;
 /// The test database (trust authentication).
 pub const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
+/// A client on `url`, its connection driven by a task of its own.
+pub async fn try_client(url: &str) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// A client on the test database ([`PG_URL`]); fails the test when it cannot connect.
+pub async fn client() -> Client {
+    try_client(PG_URL)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at {PG_URL}: {e}"))
+}
+
 pub struct OrdersDb {
     /// The schema, unique to the test.
     pub schema: String,

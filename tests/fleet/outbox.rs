@@ -8,19 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::RngExt as _;
-use shardline_testkit::pg::{PG_URL, ScratchSchema};
+use shardline_testkit::pg::{PG_URL, ScratchSchema, client};
 use shardline_testkit::wait::{check, wait_until};
 use shardline_testkit::{ChildWorker, Downstream, TestEnv, order_ids};
-use tokio_postgres::{Client, NoTls};
-
-/// A client on the test database, its connection driven by a task.
-async fn client() -> Client {
-    let (client, connection) = tokio_postgres::connect(PG_URL, NoTls).await.unwrap();
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    client
-}
+use tokio_postgres::Client;
 
 /// The outbox installed in a schema of the test's own (`outbox install`).
 async fn installed(env: &TestEnv, prefix: &str) -> ScratchSchema {
@@ -368,21 +359,20 @@ async fn a_standby_relay_takes_over_within_seconds_of_a_kill() {
             }
         })
     };
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let queue = env.shard_queue(env.shard_of(&order));
+    let holds = |what: &'static str, n: u64| {
+        let (env, queue) = (&env, &queue);
+        wait_until(what, Duration::from_secs(30), move || async move {
+            let depth = env.queue_depths().await.get(queue).map_or(0, |d| d.0);
+            check(depth >= n, || format!("{depth} in {queue}"))
+        })
+    };
+    holds("relay-a publishing the appends", 20).await;
     a.kill9();
     let killed_ms = shardline_contract::status::unix_ms();
     a.wait_exit(Duration::from_secs(10)).await;
     writing.await.unwrap();
-    let queue = env.shard_queue(env.shard_of(&order));
-    wait_until(
-        "all 201 events in the queue",
-        Duration::from_secs(30),
-        || async {
-            let depth = env.queue_depths().await.get(&queue).map_or(0, |d| d.0);
-            check(depth >= 201, || format!("{depth} in {queue}"))
-        },
-    )
-    .await;
+    holds("all 201 events in the queue", 201).await;
 
     // (relay, seq, published at) of every message, in queue order.
     let conn = env.connect().await;

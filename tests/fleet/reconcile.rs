@@ -23,7 +23,7 @@ use shardline_testkit::{
 const PAID: &str = "payment.captured";
 const SETTLED: Duration = Duration::from_secs(600);
 
-async fn reconcile(env: &TestEnv, db: &OrdersDb, extra: &[&str]) -> Output {
+pub(crate) async fn reconcile(env: &TestEnv, db: &OrdersDb, extra: &[&str]) -> Output {
     let url = db.url();
     let mut args = vec!["reconcile", "--orders-url", url.as_str()];
     args.extend_from_slice(extra);
@@ -31,7 +31,7 @@ async fn reconcile(env: &TestEnv, db: &OrdersDb, extra: &[&str]) -> Output {
 }
 
 /// `reconcile --json`, which must exit with `code`; its report.
-async fn reconcile_json(
+pub(crate) async fn reconcile_json(
     env: &TestEnv,
     db: &OrdersDb,
     extra: &[&str],
@@ -313,7 +313,7 @@ async fn reconcile_leaves_events_on_their_way_alone() {
 }
 
 /// The orders a `reconcile --json` report left pending, with their reasons.
-fn pending_reasons(report: &serde_json::Value) -> Vec<(String, String)> {
+pub(crate) fn pending_reasons(report: &serde_json::Value) -> Vec<(String, String)> {
     let mut reasons: Vec<(String, String)> = report["pending"]
         .as_array()
         .unwrap()

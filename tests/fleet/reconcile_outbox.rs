@@ -15,15 +15,15 @@ use std::time::Duration;
 
 use serde_json::json;
 use shardline_contract::{NewEvent, OrderId};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use shardline_testkit::dlq::text;
-use shardline_testkit::pg::PG_URL;
+use shardline_testkit::pg::{PG_URL, client};
 use shardline_testkit::{
     Downstream, OrdersDb, PROCESSING, Publisher, Reply, STARTUP, TestEnv, wait_until,
 };
 
-use crate::reconcile::answered;
+use crate::reconcile::{answered, pending_reasons};
 
 const PAID: &str = "payment.captured";
 const SETTLED: Duration = Duration::from_secs(600);
@@ -51,7 +51,7 @@ impl Shop {
             .await;
         assert!(out.status.success(), "outbox install: {}", text(&out));
         Self {
-            client: connect().await,
+            client: client().await,
             db,
         }
     }
@@ -163,16 +163,6 @@ impl Shop {
     }
 }
 
-async fn connect() -> Client {
-    let (client, connection) = tokio_postgres::connect(PG_URL, NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {PG_URL}: {e}"));
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    client
-}
-
 fn upsert(orders: &str) -> String {
     format!(
         "INSERT INTO {orders} (order_id, status, updated_at) VALUES ($1, $2, $3)
@@ -185,10 +175,7 @@ fn settled() -> std::time::SystemTime {
 }
 
 async fn reconcile(env: &TestEnv, shop: &Shop, extra: &[&str]) -> Output {
-    let url = shop.db.url();
-    let mut args = vec!["reconcile", "--orders-url", url.as_str()];
-    args.extend_from_slice(extra);
-    env.cli(&args).await
+    super::reconcile::reconcile(env, &shop.db, extra).await
 }
 
 /// `reconcile --json --outbox-schema …` (plus `extra`), which must exit
@@ -199,29 +186,9 @@ async fn reconcile_json(
     extra: &[&str],
     code: i32,
 ) -> serde_json::Value {
-    let mut args = vec!["--json", "--outbox-schema", shop.db.schema.as_str()];
+    let mut args = vec!["--outbox-schema", shop.db.schema.as_str()];
     args.extend_from_slice(extra);
-    let out = reconcile(env, shop, &args).await;
-    assert_eq!(out.status.code(), Some(code), "{}", text(&out));
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("`reconcile --json` printed no JSON ({e}): {}", text(&out)))
-}
-
-/// The pending orders of a report, with their reasons, sorted.
-fn pending(report: &serde_json::Value) -> Vec<(String, String)> {
-    let mut reasons: Vec<(String, String)> = report["pending"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p["order_id"].as_str().unwrap().to_owned(),
-                p["reason"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
-    reasons.sort();
-    reasons
+    super::reconcile::reconcile_json(env, &shop.db, &args, code).await
 }
 
 fn pair(order: &str, reason: &str) -> (String, String) {
@@ -280,7 +247,7 @@ async fn an_unpublished_outbox_row_is_pending_and_drift_once_gone_unprocessed() 
     assert_eq!(report["counts"]["drifted"], 0, "{report:#}");
     assert_eq!(report["counts"]["emitted"], 0, "{report:#}");
     assert_eq!(
-        pending(&report),
+        pending_reasons(&report),
         [pair("ob-other", "outbox"), pair("ob-paid", "outbox")],
         "{report:#}"
     );
@@ -325,7 +292,7 @@ async fn an_unpublished_outbox_row_is_pending_and_drift_once_gone_unprocessed() 
     shop.age_rows(Duration::from_secs(900)).await;
     let behind = reconcile_json(&env, &shop, &[], 0).await;
     assert_eq!(
-        pending(&behind),
+        pending_reasons(&behind),
         [pair("ob-other", "outbox"), pair("ob-paid", "relay_behind")],
         "{behind:#}"
     );
@@ -340,10 +307,14 @@ async fn an_unpublished_outbox_row_is_pending_and_drift_once_gone_unprocessed() 
     assert_eq!(drift["counts"]["emitted"], 1, "{drift:#}");
     assert_eq!(drift["drift"][0]["order_id"], "ob-paid", "{drift:#}");
     assert_eq!(drift["drift"][0]["compensation"], "emitted", "{drift:#}");
-    assert_eq!(pending(&drift), [pair("ob-other", "outbox")], "{drift:#}");
+    assert_eq!(
+        pending_reasons(&drift),
+        [pair("ob-other", "outbox")],
+        "{drift:#}"
+    );
     let again = reconcile_json(&env, &shop, &[], 0).await;
     assert_eq!(
-        pending(&again),
+        pending_reasons(&again),
         [
             pair("ob-other", "outbox"),
             pair("ob-paid", "compensation_emitted")
@@ -403,7 +374,7 @@ async fn a_row_committed_or_relayed_during_a_run_takes_effect_once() {
     shop.write(LATE, "CREATED", None).await;
     shop.write(RELAYED, "PAID", Some(PAID)).await;
     // The application's transaction for ob-late, open across the run's snapshot.
-    let writer = connect().await;
+    let writer = client().await;
     writer
         .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
         .await
@@ -435,7 +406,7 @@ async fn a_row_committed_or_relayed_during_a_run_takes_effect_once() {
     let run = reconcile_json(&env, &shop, &args, 0);
     let meanwhile = async {
         // The run's query runs, so its snapshot is taken.
-        let watcher = connect().await;
+        let watcher = client().await;
         wait_until("the run's paused orders query", STARTUP, || {
             let (watcher, schema) = (&watcher, &schema);
             async move {
@@ -462,7 +433,11 @@ async fn a_row_committed_or_relayed_during_a_run_takes_effect_once() {
     assert_eq!(first["counts"]["no_expectation"], 1, "{first:#}");
     assert_eq!(first["counts"]["emitted"], 0, "{first:#}");
     assert_eq!(first["counts"]["drifted"], 0, "{first:#}");
-    assert_eq!(pending(&first), [pair(RELAYED, "outbox")], "{first:#}");
+    assert_eq!(
+        pending_reasons(&first),
+        [pair(RELAYED, "outbox")],
+        "{first:#}"
+    );
     assert_eq!(shop.rows(RELAYED).await, 0);
 
     downstream
@@ -474,7 +449,11 @@ async fn a_row_committed_or_relayed_during_a_run_takes_effect_once() {
     let second = reconcile_json(&env, &shop, &[], 0).await;
     assert_eq!(second["counts"]["processed"], 1, "{second:#}");
     assert_eq!(second["counts"]["emitted"], 0, "{second:#}");
-    assert_eq!(pending(&second), [pair(LATE, "outbox")], "{second:#}");
+    assert_eq!(
+        pending_reasons(&second),
+        [pair(LATE, "outbox")],
+        "{second:#}"
+    );
     assert_eq!(shop.rows(LATE).await, 1, "the row waits for the relay");
 
     shop.relay(&env, &publisher, LATE).await;

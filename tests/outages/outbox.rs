@@ -14,7 +14,7 @@ use shardline_testkit::{
     BrokerNode, ChildWorker, Downstream, PROCESSING, PrivatePostgres, QueueType, STARTUP, TestEnv,
     order_ids, wait_until,
 };
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::assert_nothing_dead_lettered;
@@ -60,7 +60,7 @@ async fn the_relay_loses_nothing_across_a_broker_restart_and_a_database_restart(
     shardline_testkit::process::assert_exited_ok("`shardline outbox install`", &out);
     // Each transaction's token beside its outbox row: what committed, in
     // doubt included, is still readable after the relay deleted the rows.
-    connect(&url)
+    shardline_testkit::pg::try_client(&url)
         .await
         .unwrap()
         .batch_execute(
@@ -91,7 +91,7 @@ async fn the_relay_loses_nothing_across_a_broker_restart_and_a_database_restart(
     // Down until the outbox holds a backlog: the relay must drain it after.
     let outage = Instant::now();
     node.stop_app().await;
-    let probe = connect(&url).await.unwrap();
+    let probe = shardline_testkit::pg::try_client(&url).await.unwrap();
     wait_until("a backlog in the outbox", PROCESSING, || async {
         let left = rows_left(&probe).await?;
         check(left >= 100, || format!("{left} rows in the outbox"))
@@ -115,7 +115,7 @@ async fn the_relay_loses_nothing_across_a_broker_restart_and_a_database_restart(
 
     // The ledger row commits with its outbox row: what it holds committed,
     // in doubt or not.
-    let db = connect(&url).await.unwrap();
+    let db = shardline_testkit::pg::try_client(&url).await.unwrap();
     let committed: BTreeMap<String, (String, u64)> = db
         .query("SELECT token, order_id, seq FROM ledger", &[])
         .await
@@ -271,7 +271,7 @@ impl Writers {
                 let (written, next, stop) = (Arc::clone(&written), Arc::clone(&next), stop.clone());
                 tokio::spawn(async move {
                     while !stop.is_cancelled() {
-                        let Ok(mut client) = connect(&url).await else {
+                        let Ok(mut client) = shardline_testkit::pg::try_client(&url).await else {
                             tokio::time::sleep(PACE * 4).await;
                             continue;
                         };
@@ -399,15 +399,6 @@ async fn rows_left(client: &Client) -> Result<i64, String> {
         .await
         .map_err(|e| e.to_string())?;
     Ok(row.get(0))
-}
-
-/// A client on `url`, its connection driven by a task.
-async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(client)
 }
 
 /// A call's token and transaction number, from its event's data.

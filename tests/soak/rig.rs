@@ -193,10 +193,7 @@ impl Rig {
             order_ids(&format!("{}-outbox", self.env.id), OUTBOX_ORDERS),
         );
         let task = tokio::spawn(async move {
-            let (client, connection) = tokio_postgres::connect(PG_URL, tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            tokio::spawn(connection);
+            let client = shardline_testkit::pg::client().await;
             let append =
                 format!("SELECT {schema}.shardline_outbox_append($1, '{OUTBOX_EVENT}', '{{}}')");
             let mut tick = tokio::time::interval(OUTBOX_PACE);
@@ -522,10 +519,9 @@ impl Rig {
 
     /// Rows still in the outbox (not yet published and confirmed).
     async fn outbox_left(&self) -> Result<i64, String> {
-        let (client, connection) = tokio_postgres::connect(PG_URL, tokio_postgres::NoTls)
+        let client = shardline_testkit::pg::try_client(PG_URL)
             .await
             .map_err(|e| e.to_string())?;
-        tokio::spawn(connection);
         let query = format!("SELECT count(*) FROM {}.shardline_outbox", self.outbox.name);
         let row = client
             .query_one(&query, &[])

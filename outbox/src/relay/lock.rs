@@ -43,11 +43,16 @@ impl OutboxLock {
         row.try_get(0)
     }
 
+    /// The key's halves as `pg_locks` shows them: `classid`, `objid`.
+    fn halves(self) -> (u32, u32) {
+        let bits = u64::from_ne_bytes(self.key.to_ne_bytes());
+        ((bits >> 32) as u32, bits as u32)
+    }
+
     /// Whether this session still holds it: read before each batch is
     /// published, so a session that lost it (ended and replaced) stops.
     pub(super) async fn held(self, client: &Client) -> Result<bool, tokio_postgres::Error> {
-        let bits = u64::from_ne_bytes(self.key.to_ne_bytes());
-        let (class, object) = ((bits >> 32) as u32, bits as u32);
+        let (class, object) = self.halves();
         let row = client
             .query_one(
                 "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
@@ -64,8 +69,7 @@ impl OutboxLock {
         self,
         client: &Client,
     ) -> Result<Option<i32>, tokio_postgres::Error> {
-        let bits = u64::from_ne_bytes(self.key.to_ne_bytes());
-        let (class, object) = ((bits >> 32) as u32, bits as u32);
+        let (class, object) = self.halves();
         let row = client
             .query_opt(
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
@@ -87,8 +91,7 @@ mod tests {
         let public = OutboxLock::of(&validate_schema("public").expect("valid"));
         let shop = OutboxLock::of(&validate_schema("shop").expect("valid"));
         assert_ne!(public, shop);
-        let bits = u64::from_ne_bytes(public.key.to_ne_bytes());
-        assert_eq!((bits >> 32) as u32, CLASS);
+        assert_eq!(public.halves().0, CLASS);
         assert_eq!(
             public,
             OutboxLock::of(&validate_schema("public").expect("valid"))

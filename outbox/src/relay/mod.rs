@@ -284,19 +284,20 @@ impl Relay {
             at: format!("stopped at {at}"),
             cause,
         };
-        if publisher.is_none() {
-            let mut config = self.config.publisher.clone();
-            // No reconnecting inside the publisher: a channel or connection it
-            // cannot reopen at once fails the batch, so that the relay names
-            // the row, counts the stop, backs off and reads the rows again.
-            config.reconnect_give_up = Duration::ZERO;
-            let connected = Publisher::connect(config)
-                .await
-                .map_err(|e| broker(e.to_string()))?;
-            *publisher = Some(connected);
-        }
-        let Some(out) = publisher.as_mut() else {
-            return Ok(0);
+        let out = match publisher {
+            Some(out) => out,
+            None => {
+                let mut config = self.config.publisher.clone();
+                // No reconnecting inside the publisher: a channel or connection
+                // it cannot reopen at once fails the batch, so that the relay
+                // names the row, counts the stop, backs off and reads the rows
+                // again.
+                config.reconnect_give_up = Duration::ZERO;
+                let connected = Publisher::connect(config)
+                    .await
+                    .map_err(|e| broker(e.to_string()))?;
+                publisher.insert(connected)
+            }
         };
         let confirmed = match self.publish(out, &rows).await {
             Ok(()) => out.flush().await.map_err(|e| broker(e.to_string())),
